@@ -1,0 +1,1 @@
+//! tollgate: a fast HTTP reverse proxy with throttling built in.
