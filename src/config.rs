@@ -222,8 +222,10 @@ pub(crate) fn parse_header(
     name: &str,
     value: &str,
 ) -> Result<(HeaderName, HeaderValue), Invalid> {
-    let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| (at(), format!("`{name}` is not a valid header name")))?;
-    let v = HeaderValue::from_str(value).map_err(|_| (at(), format!("the value of `{name}` is not a valid header value")))?;
+    let n =
+        HeaderName::from_bytes(name.as_bytes()).map_err(|_| (at(), format!("`{name}` is not a valid header name")))?;
+    let v = HeaderValue::from_str(value)
+        .map_err(|_| (at(), format!("the value of `{name}` is not a valid header value")))?;
     Ok((n, v))
 }
 
@@ -234,7 +236,8 @@ pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, Str
         Some("https") => return Err("https upstreams are not supported yet; expected an http:// URL".to_owned()),
         _ => return Err(format!("`{url}` has no http:// scheme; expected http://host:port")),
     }
-    let authority = uri.authority().cloned().ok_or_else(|| format!("`{url}` has no host; expected http://host:port"))?;
+    let authority =
+        uri.authority().cloned().ok_or_else(|| format!("`{url}` has no host; expected http://host:port"))?;
     if authority.as_str().contains('@') {
         return Err("credentials in an upstream URL are not supported; remove the user:password@ part".to_owned());
     }

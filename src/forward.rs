@@ -78,7 +78,12 @@ impl HttpForwarder {
     }
 
     /// Forwards `req`, dropping the first `strip` bytes of its path (the route's prefix).
-    pub async fn forward(&self, mut req: Request<Incoming>, strip: usize, down: &Downstream) -> (Response<Body>, Option<Failure>) {
+    pub async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream,
+    ) -> (Response<Body>, Option<Failure>) {
         let received = req.version();
         let path = req.uri().path().get(strip..).unwrap_or("");
         let uri = match self.upstream_uri(path, req.uri().query()) {
@@ -134,7 +139,7 @@ impl HttpForwarder {
             pq.push_str(q);
         }
         let pq = PathAndQuery::try_from(pq)?;
-        Ok(Uri::builder().scheme(Scheme::HTTP).authority(self.authority.clone()).path_and_query(pq).build()?)
+        Uri::builder().scheme(Scheme::HTTP).authority(self.authority.clone()).path_and_query(pq).build()
     }
 
     /// The problem answer for `failure`; it names the upstream, never its address.

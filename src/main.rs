@@ -88,9 +88,8 @@ fn run(listen: Option<SocketAddr>, log_format: Option<Format>, mut config: Confi
     init_logging(config.log.format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         tracing::info!(listen = %config.listen, routes = config.routes.len(), "tollgate listening");
         let shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
         tollgate::server::serve(listener, shared, shutdown_signal()).await;
@@ -117,7 +116,13 @@ async fn shutdown_signal() {
 fn summary(config: &Config) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(out, "config ok: listen {}, {} upstream(s), {} route(s)", config.listen, config.upstreams.len(), config.routes.len());
+    let _ = writeln!(
+        out,
+        "config ok: listen {}, {} upstream(s), {} route(s)",
+        config.listen,
+        config.upstreams.len(),
+        config.routes.len()
+    );
     for (i, r) in config.routes.iter().enumerate() {
         let host = match &r.host {
             None => "*".to_owned(),

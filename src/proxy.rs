@@ -14,7 +14,7 @@ use crate::{problem, route};
 
 /// Where a route sends admitted requests.
 pub enum Target {
-    Http(HttpForwarder),
+    Http(Box<HttpForwarder>),
     Respond(crate::config::Responder),
 }
 
@@ -30,7 +30,7 @@ impl Proxy {
             .iter()
             .map(|u| {
                 Arc::new(match &u.kind {
-                    UpstreamKind::Http(h) => Target::Http(HttpForwarder::new(&u.name, h)),
+                    UpstreamKind::Http(h) => Target::Http(Box::new(HttpForwarder::new(&u.name, h))),
                     UpstreamKind::Respond(r) => Target::Respond(r.clone()),
                 })
             })

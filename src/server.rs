@@ -29,9 +29,7 @@ fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .header_read_timeout(cfg.header_read_timeout)
         .max_buf_size(cfg.max_header_bytes)
         .keep_alive(true);
-    b.http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
+    b.http2().timer(TokioTimer::new()).max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
     b
 }
 
@@ -74,7 +72,11 @@ pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<O
     }
 }
 
-async fn handle(proxy: Shared, req: hyper::Request<Incoming>, peer: SocketAddr) -> Result<hyper::Response<crate::body::Body>, Infallible> {
+async fn handle(
+    proxy: Shared,
+    req: hyper::Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<hyper::Response<crate::body::Body>, Infallible> {
     let proxy = proxy.load_full();
     Ok(proxy.handle(req, peer).await)
 }

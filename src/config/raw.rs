@@ -159,7 +159,10 @@ impl Config {
             }
             let upstream = upstreams.iter().position(|u| u.name == route.upstream).ok_or_else(|| {
                 let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-                (at(&["upstream"]), format!("unknown upstream `{}`; expected one of: {}", route.upstream, known.join(", ")))
+                (
+                    at(&["upstream"]),
+                    format!("unknown upstream `{}`; expected one of: {}", route.upstream, known.join(", ")),
+                )
             })?;
             let m = route.matcher;
             let host = m.host.map(|h| parse_host(&h)).transpose().map_err(|e| (at(&["match", "host"]), e))?;
@@ -167,7 +170,9 @@ impl Config {
                 (Some(_), Some(_)) => {
                     return Err((at(&["match", "path"]), "give either `path` or `path_prefix`, not both".to_owned()))
                 }
-                (Some(p), None) => super::PathMatch::Prefix(check_path(&p).map_err(|e| (at(&["match", "path_prefix"]), e))?),
+                (Some(p), None) => {
+                    super::PathMatch::Prefix(check_path(&p).map_err(|e| (at(&["match", "path_prefix"]), e))?)
+                }
                 (None, Some(p)) => super::PathMatch::Exact(check_path(&p).map_err(|e| (at(&["match", "path"]), e))?),
                 (None, None) => super::PathMatch::Prefix("/".to_owned()),
             };
@@ -250,10 +255,9 @@ impl Upstream {
                     p.push(key(f));
                     p
                 };
-                let status = StatusCode::from_u16(r.status)
-                    .ok()
-                    .filter(|s| s.as_u16() >= 200)
-                    .ok_or_else(|| (at_respond("status"), format!("{} is not a status code; expected 200-999", r.status)))?;
+                let status = StatusCode::from_u16(r.status).ok().filter(|s| s.as_u16() >= 200).ok_or_else(|| {
+                    (at_respond("status"), format!("{} is not a status code; expected 200-999", r.status))
+                })?;
                 let mut headers = HeaderMap::with_capacity(r.headers.len());
                 for (n, v) in &r.headers {
                     let (n, v) = parse_header(

@@ -77,10 +77,8 @@ impl Rate {
     pub fn parse(s: &str) -> Result<Rate, String> {
         let s = s.trim();
         let (q, p) = s.split_once('/').ok_or_else(|| format!("`{s}` has no `/`; expected {RATE_EXPECTED}"))?;
-        let quantity: u64 = q
-            .trim()
-            .parse()
-            .map_err(|_| format!("`{q}` is not a whole number in `{s}`; expected {RATE_EXPECTED}"))?;
+        let quantity: u64 =
+            q.trim().parse().map_err(|_| format!("`{q}` is not a whole number in `{s}`; expected {RATE_EXPECTED}"))?;
         if quantity == 0 {
             return Err(format!("`{s}` admits nothing; the quantity must be at least 1"));
         }

@@ -63,23 +63,17 @@ pub fn append_via(headers: &mut HeaderMap, received: Version) {
 /// is what we saw. `X-Forwarded-Proto` and `-Host` are ours unless a trusted peer set them.
 pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool, host: Option<&HeaderValue>) {
     let mut buf = itoa_ip(peer);
-    match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        // Several XFF fields are one list; fold them into one value, ours last.
-        Some(_) => {
-            let mut joined = String::new();
-            for v in headers.get_all(&X_FORWARDED_FOR) {
-                if let Ok(s) = v.to_str() {
-                    if !joined.is_empty() {
-                        joined.push_str(", ");
-                    }
-                    joined.push_str(s);
-                }
+    // Several XFF fields are one list; fold them into one value, ours last.
+    if headers.contains_key(&X_FORWARDED_FOR) {
+        let mut joined = String::new();
+        for v in headers.get_all(&X_FORWARDED_FOR) {
+            if let Ok(s) = v.to_str() {
+                joined.push_str(s);
+                joined.push_str(", ");
             }
-            joined.push_str(", ");
-            joined.push_str(&buf);
-            buf = joined;
         }
-        None => {}
+        joined.push_str(&buf);
+        buf = joined;
     }
     if let Ok(v) = HeaderValue::from_str(&buf) {
         headers.insert(X_FORWARDED_FOR, v);
