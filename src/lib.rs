@@ -1,1 +1,3 @@
 //! tollgate: a fast HTTP reverse proxy with throttling built in.
+
+pub mod limit;
