@@ -10,9 +10,11 @@
 
 pub mod algo;
 pub mod clock;
+pub mod key;
 
 pub use algo::{decide, max_cost, refund, Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
 
 /// Microseconds; for [`SystemClock`] since the unix epoch.
 pub type Micros = u64;
