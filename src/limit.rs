@@ -11,10 +11,12 @@
 pub mod algo;
 pub mod clock;
 pub mod key;
+pub mod store;
 
 pub use algo::{decide, max_cost, refund, Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
+pub use store::{LocalStore, Store, StoreError};
 
 /// Microseconds; for [`SystemClock`] since the unix epoch.
 pub type Micros = u64;
