@@ -1,0 +1,46 @@
+//! Rate-limit decisions: the algorithms as pure functions of (params, state, now, cost), the
+//! clock, request keys and the stores that keep per-key state. Time is integer microseconds and
+//! all arithmetic saturates; a rejected request never consumes quota.
+//!
+//! # Layout
+//! - [`algo`]: the five algorithms ([`Algorithm`], [`State`], [`decide`], [`refund`]).
+//! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
+//! - [`key`]: [`KeySpec`] → [`KeyHash`], and [`TrustedProxies`] for the client IP.
+//! - [`store`]: [`Store`] (today only [`LocalStore`], a sharded in-process map).
+
+pub mod algo;
+pub mod clock;
+pub mod key;
+pub mod store;
+
+pub use algo::{decide, max_cost, refund, Algorithm, State};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
+pub use store::{LocalStore, Store, StoreError};
+
+/// Microseconds; for [`SystemClock`] since the unix epoch.
+pub type Micros = u64;
+
+/// The outcome of one decision. A value, not an error: only a store failure is an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted now. `remaining`: units still admissible now; `reset`: µs until quota fully restored.
+    Allow { remaining: u64, reset: Micros },
+    /// Admitted after waiting `wait` µs (leaky bucket). The slot is already taken.
+    Delay {
+        wait: Micros,
+        remaining: u64,
+        reset: Micros,
+    },
+    /// Rejected, nothing consumed. The same request retried after `retry_after` µs with no other
+    /// traffic in between IS admitted (this is the contract behind an honest Retry-After).
+    /// `retry_after == Micros::MAX` means never: the cost exceeds [`max_cost`].
+    Deny { retry_after: Micros, reset: Micros },
+}
+
+impl Decision {
+    /// True for `Allow` and `Delay` (the request goes through, possibly later).
+    pub fn is_admitted(&self) -> bool {
+        !matches!(self, Decision::Deny { .. })
+    }
+}

@@ -1,0 +1,268 @@
+//! Token bucket as GCRA (generic cell rate algorithm), with optional linear warm-up.
+//! Invariant: only `tat` and `start` are stored; a key with `tat <= now` has a full bucket and
+//! is indistinguishable from a key never seen.
+//!
+//! # Math (the Redis port must reproduce this exactly; all values u64 µs, saturating)
+//!
+//! Parameters: `T = interval` (µs per unit, >= 1), `B = burst` (>= 1), `W = warmup` (0 = off),
+//! tolerance `tau = B*T`. State: `tat` (theoretical arrival time), `start` (when the key's
+//! warm-up began). Initial state (a missing Redis key): `tat = 0, start = 0`.
+//! `cold(now) = tat == 0 || tat + W <= now` (with `W = 0`: bucket full); a cold state is
+//! initial and may be forgotten (Redis TTL = `tat + W - now`).
+//!
+//! For a request of cost `c` at `now`:
+//! 1. `c > B` → Deny { retry_after = u64::MAX } (never admissible; config validation forbids it).
+//! 2. `tat0 = max(tat, now)`; `start' = now if cold(now) else start`.
+//! 3. Admission check at the warm rate: `late = tat0 + c*T - now`. Admit iff `late <= tau`.
+//!    Deny: `retry_after = late - tau`, `reset = max(tat - now, 0)`, state unchanged.
+//! 4. Charge per unit: `Ti = T` if `W == 0`, else
+//!    `Ti = floor(3*T*W / (W + 2*min(W, now - start')))` (u128 intermediate): `3T` on a cold
+//!    key, `T` once it has been active for `W`, so its rate ramps from rate/3 to rate.
+//!    New state: `tat' = tat0 + c*Ti`, `start'`.
+//! 5. `reset = tat' - now` (saturating). `remaining`: with `slack = now + tau - max(tat', now)`
+//!    and `Tn` = the per-unit charge of step 4 for a request at the same `now` after this one:
+//!    `remaining = 0` if `slack < T`, else `1 + (slack - T) / Tn`. Without warm-up this is
+//!    `slack / T`.
+//!
+//! Refund of `c` at `now` (exact when `now` equals the admission's): if `tat <= now` nothing;
+//! else `tat = max(tat - c*Ti, now)` with `Ti` from `start`; if then `tat <= now` and
+//! `start == now` the admission was a cold start, so the state goes back to initial.
+//!
+//! Without warm-up this is textbook GCRA: a burst of `B` at one instant, then exactly one unit
+//! per `T`, so a saturating client gets `B + floor(t/T)` units in `[0, t]`, and waiting
+//! `retry_after` always fits (the same `late` minus the wait equals `tau`, or the key refilled).
+//! Warm-up only ever charges more than `T` per unit, so it never admits more than the plain
+//! bucket; because the check uses `c*T` (not `c*Ti`), any `c <= B` still fits into a full bucket
+//! and `retry_after` stays exact. "Idle" (back to cold) means: the bucket refilled and then `W`
+//! more passed without a request — so a steady client below the full rate stays warm.
+
+use super::{mul, never};
+use crate::limit::{Decision, Micros};
+
+/// GCRA state: theoretical arrival time and warm-up start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gcra {
+    pub tat: Micros,
+    pub start: Micros,
+}
+
+impl Gcra {
+    /// Back to initial (cold, full bucket) at `now` for warm-up `w`.
+    pub fn is_idle(&self, w: Micros, now: Micros) -> bool {
+        self.tat == 0 || self.tat.saturating_add(w) <= now
+    }
+
+    /// Earliest time this state is idle without further traffic.
+    pub fn idle_at(&self, w: Micros) -> Micros {
+        self.tat.saturating_add(w)
+    }
+}
+
+/// The µs charged per unit at `now` for a key warming up since `start` (step 4).
+fn charge(t: u64, w: Micros, start: Micros, now: Micros) -> u64 {
+    if w == 0 {
+        return t;
+    }
+    let warm = now.saturating_sub(start).min(w);
+    let num = 3u128 * u128::from(t) * u128::from(w);
+    let den = u128::from(w) + 2 * u128::from(warm);
+    u64::try_from(num / den).unwrap_or(u64::MAX)
+}
+
+/// One decision; see the module docs.
+pub fn decide(t: u64, b: u64, w: Micros, st: &mut Gcra, now: Micros, cost: u64) -> Decision {
+    let tau = mul(b, t);
+    if cost > b {
+        return never(st.tat.saturating_sub(now));
+    }
+    let tat0 = st.tat.max(now);
+    let start = if st.is_idle(w, now) { now } else { st.start };
+    let late = tat0.saturating_add(mul(cost, t)) - now;
+    if late > tau {
+        return Decision::Deny {
+            retry_after: late - tau,
+            reset: st.tat.saturating_sub(now),
+        };
+    }
+    st.tat = tat0.saturating_add(mul(cost, charge(t, w, start, now)));
+    st.start = start;
+    Decision::Allow {
+        remaining: remaining(t, tau, w, st, now),
+        reset: st.tat.saturating_sub(now),
+    }
+}
+
+/// Unit requests admissible now after the state `st` (step 5).
+fn remaining(t: u64, tau: u64, w: Micros, st: &Gcra, now: Micros) -> u64 {
+    let slack = now.saturating_add(tau).saturating_sub(st.tat.max(now));
+    if slack < t {
+        return 0;
+    }
+    let start = if st.is_idle(w, now) { now } else { st.start };
+    1 + (slack - t) / charge(t, w, start, now).max(1)
+}
+
+/// Gives back `cost` units charged at `now` (same `Ti` as the admission when `now` is equal).
+pub fn refund(t: u64, w: Micros, st: &mut Gcra, now: Micros, cost: u64) {
+    if st.tat <= now {
+        return;
+    }
+    let back = mul(cost, charge(t, w, st.start, now));
+    // Never below `now`: a bucket cannot be fuller than full.
+    st.tat = st.tat.saturating_sub(back).max(now);
+    if st.tat <= now && st.start == now {
+        // The refunded admission was this key's cold start: it is cold again.
+        *st = Gcra::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(t: u64, b: u64, w: u64, st: &mut Gcra, now: u64, c: u64) -> Decision {
+        decide(t, b, w, st, now, c)
+    }
+
+    #[test]
+    fn admits_burst_then_denies_when_bucket_empty() {
+        let mut s = Gcra::default();
+        for left in (0..3).rev() {
+            assert_eq!(
+                run(100, 3, 0, &mut s, 1_000, 1),
+                Decision::Allow {
+                    remaining: left,
+                    reset: 100 * (3 - left)
+                }
+            );
+        }
+        assert_eq!(
+            run(100, 3, 0, &mut s, 1_000, 1),
+            Decision::Deny {
+                retry_after: 100,
+                reset: 300
+            }
+        );
+    }
+
+    #[test]
+    fn waiting_retry_after_is_admitted() {
+        let mut s = Gcra::default();
+        run(100, 3, 0, &mut s, 0, 3);
+        let Decision::Deny { retry_after, .. } = run(100, 3, 0, &mut s, 10, 2) else {
+            panic!("expected deny");
+        };
+        assert_eq!(retry_after, 190);
+        assert!(!run(100, 3, 0, &mut s, 10 + retry_after - 1, 2).is_admitted());
+        assert!(run(100, 3, 0, &mut s, 10 + retry_after, 2).is_admitted());
+    }
+
+    #[test]
+    fn saturation_admits_burst_plus_elapsed_over_interval() {
+        for (t, b, horizon) in [(100, 5, 10_000), (7, 1, 1_000), (1_000, 40, 123_456)] {
+            let mut s = Gcra::default();
+            let mut admitted = 0;
+            for now in 0..=horizon {
+                while run(t, b, 0, &mut s, now, 1).is_admitted() {
+                    admitted += 1;
+                }
+            }
+            assert_eq!(admitted, b + horizon / t, "t={t} b={b}");
+        }
+    }
+
+    #[test]
+    fn refund_restores_admission() {
+        let mut s = Gcra::default();
+        run(100, 2, 0, &mut s, 0, 2);
+        assert!(!run(100, 2, 0, &mut s, 0, 1).is_admitted());
+        refund(100, 0, &mut s, 0, 1);
+        assert!(run(100, 2, 0, &mut s, 0, 1).is_admitted());
+        refund(100, 0, &mut s, 0, 2);
+        assert!(s.is_idle(0, 0));
+    }
+
+    #[test]
+    fn warmup_starts_at_a_third_of_the_rate() {
+        // T=100, B=3, W=10_000. Cold: each unit is charged 300 but checked at 100.
+        let (t, b, w) = (100, 3, 10_000);
+        let mut s = Gcra::default();
+        assert!(run(t, b, w, &mut s, 0, 1).is_admitted()); // tat = 300
+        assert_eq!(
+            run(t, b, w, &mut s, 0, 1),
+            Decision::Deny {
+                retry_after: 100,
+                reset: 300
+            }
+        );
+        // Fully warm after W of continuous activity: the charge is back to T.
+        assert_eq!(charge(t, w, 0, w), t);
+        assert_eq!(charge(t, w, 0, 5 * w), t);
+        assert_eq!(charge(t, w, 0, 0), 3 * t);
+        assert_eq!(charge(t, w, 0, w / 2), 150);
+    }
+
+    #[test]
+    fn warmup_cold_key_still_fits_a_full_burst_request() {
+        let mut s = Gcra::default();
+        assert!(run(100, 3, 10_000, &mut s, 0, 3).is_admitted());
+        assert_eq!(s.tat, 900);
+    }
+
+    #[test]
+    fn steady_client_below_full_rate_stays_warm_until_idle_for_warmup() {
+        let (t, b, w) = (100, 2, 1_000);
+        let mut s = Gcra::default();
+        // One unit every 150 µs: above the cold rate (1/300), below the warm rate (1/100).
+        let mut denied_after_warm = 0;
+        for now in (0..=5_000).step_by(150) {
+            let d = run(t, b, w, &mut s, now, 1);
+            if now > 2 * w && !d.is_admitted() {
+                denied_after_warm += 1;
+            }
+        }
+        assert_eq!(s.start, 0, "never went cold");
+        assert_eq!(denied_after_warm, 0);
+        // Bucket refilled, but not yet idle for W: still warm, charged T.
+        let now = s.tat + w - 1;
+        assert!(run(t, b, w, &mut s, now, 1).is_admitted());
+        assert_eq!((s.start, s.tat), (0, now + t));
+        // Idle for W after refilling: the next admission restarts warm-up at 3T.
+        let now = s.tat + w;
+        assert!(run(t, b, w, &mut s, now, 1).is_admitted());
+        assert_eq!((s.start, s.tat), (now, now + 3 * t));
+    }
+
+    #[test]
+    fn warmup_ramps_a_saturating_single_unit_bucket_to_full_rate() {
+        let (t, b, w) = (100, 1, 10_000);
+        let mut s = Gcra::default();
+        let mut admitted = Vec::new();
+        for now in 0..=4 * w {
+            if run(t, b, w, &mut s, now, 1).is_admitted() {
+                admitted.push(now);
+            }
+        }
+        // Cold gaps are 3T; after W the gaps are exactly T.
+        assert_eq!(admitted[1] - admitted[0], 3 * t);
+        let late: Vec<u64> = admitted.windows(2).map(|p| p[1] - p[0]).skip(100).collect();
+        assert!(late.iter().all(|&g| g == t), "{late:?}");
+        assert!(admitted.len() as u64 <= 1 + 4 * w / t);
+    }
+
+    #[test]
+    fn refund_of_a_cold_start_makes_the_key_cold_again() {
+        let mut s = Gcra::default();
+        assert!(run(100, 3, 1_000, &mut s, 5_000, 1).is_admitted());
+        refund(100, 1_000, &mut s, 5_000, 1);
+        assert_eq!(s, Gcra::default());
+    }
+
+    #[test]
+    fn saturates_instead_of_overflowing() {
+        let mut s = Gcra::default();
+        let d = run(u64::MAX / 2, u64::MAX, 0, &mut s, u64::MAX - 5, 3);
+        assert!(d.is_admitted());
+        assert_eq!(s.tat, u64::MAX);
+    }
+}

@@ -1,0 +1,175 @@
+//! Leaky bucket as a meter: admitted units leave at exactly one per `interval`; a request may
+//! wait for its slot up to `max_delay`. Invariant: only `tat` (next free slot) is stored, and
+//! `tat - now <= max_delay + cost*T` right after any admission, so the queue is bounded.
+//!
+//! # Math (the Redis port must reproduce this exactly; all values u64 µs, saturating)
+//!
+//! Parameters: `T = interval` (>= 1), `D = max_delay` (0 = strict meter, never delays).
+//! State: `tat` = time the next slot is free. Initial: `tat = 0`; idle iff `tat <= now`.
+//! `max_cost = D / T + 1` (one slot now plus the queue; a bigger cost would hold the meter
+//! longer than the whole queue and is denied with `retry_after = u64::MAX`).
+//!
+//! For a request of cost `c` at `now`:
+//! - `slot = max(tat, now)`, `wait = slot - now`.
+//! - Admit iff `wait <= D`: `tat' = slot + c*T`; `Allow` if `wait == 0`, else `Delay { wait }`
+//!   (the request goes through at its first slot; the next request queues behind all `c`).
+//!   `reset = tat' - now`; `remaining = 0` if `tat' - now > D`, else `(D - (tat' - now))/T + 1`
+//!   (unit requests that would still be admitted now, each waiting one more `T`).
+//! - Deny: `retry_after = wait - D`, `reset = tat - now`, state unchanged. After that wait the
+//!   same request waits exactly `D`, so it is admitted (as a `Delay`, or `Allow` when `D = 0`).
+//!
+//! Refund of `c` at `now`: if `tat > now`, `tat = max(tat - c*T, now)`.
+
+use super::{mul, never};
+use crate::limit::{Decision, Micros};
+
+/// Meter state: the time the next slot is free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meter {
+    pub tat: Micros,
+}
+
+impl Meter {
+    /// Back to initial: the queue is empty.
+    pub fn is_idle(&self, now: Micros) -> bool {
+        self.tat <= now
+    }
+}
+
+/// Largest admissible cost: one slot now plus `D / T` queued.
+pub fn max_cost(t: u64, d: Micros) -> u64 {
+    (d / t.max(1)).saturating_add(1)
+}
+
+/// One decision; see the module docs.
+pub fn decide(t: u64, d: Micros, st: &mut Meter, now: Micros, cost: u64) -> Decision {
+    if cost > max_cost(t, d) {
+        return never(st.tat.saturating_sub(now));
+    }
+    let slot = st.tat.max(now);
+    let wait = slot - now;
+    if wait > d {
+        return Decision::Deny {
+            retry_after: wait - d,
+            reset: wait,
+        };
+    }
+    st.tat = slot.saturating_add(mul(cost, t));
+    let reset = st.tat - now;
+    let remaining = match d.checked_sub(reset) {
+        Some(room) => room / t + 1,
+        None => 0,
+    };
+    if wait == 0 {
+        Decision::Allow { remaining, reset }
+    } else {
+        Decision::Delay {
+            wait,
+            remaining,
+            reset,
+        }
+    }
+}
+
+/// Gives back `cost` slots (exact at the admission's `now`).
+pub fn refund(t: u64, st: &mut Meter, now: Micros, cost: u64) {
+    if st.tat > now {
+        st.tat = st.tat.saturating_sub(mul(cost, t)).max(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queues_up_to_max_delay_then_denies() {
+        // One unit per 100 µs, wait at most 250 µs: slots at 0, 100, 200 (wait 200), not 300.
+        let mut s = Meter::default();
+        assert_eq!(
+            decide(100, 250, &mut s, 1_000, 1),
+            Decision::Allow {
+                remaining: 2,
+                reset: 100
+            }
+        );
+        assert_eq!(
+            decide(100, 250, &mut s, 1_000, 1),
+            Decision::Delay {
+                wait: 100,
+                remaining: 1,
+                reset: 200
+            }
+        );
+        assert_eq!(
+            decide(100, 250, &mut s, 1_000, 1),
+            Decision::Delay {
+                wait: 200,
+                remaining: 0,
+                reset: 300
+            }
+        );
+        assert_eq!(
+            decide(100, 250, &mut s, 1_000, 1),
+            Decision::Deny {
+                retry_after: 50,
+                reset: 300
+            }
+        );
+        assert_eq!(
+            decide(100, 250, &mut s, 1_050, 1),
+            Decision::Delay {
+                wait: 250,
+                remaining: 0,
+                reset: 350
+            }
+        );
+    }
+
+    #[test]
+    fn strict_meter_never_delays() {
+        let mut s = Meter::default();
+        assert!(matches!(
+            decide(100, 0, &mut s, 0, 1),
+            Decision::Allow { remaining: 0, .. }
+        ));
+        assert_eq!(
+            decide(100, 0, &mut s, 40, 1),
+            Decision::Deny {
+                retry_after: 60,
+                reset: 60
+            }
+        );
+        assert!(matches!(
+            decide(100, 0, &mut s, 100, 1),
+            Decision::Allow { .. }
+        ));
+    }
+
+    #[test]
+    fn refund_restores_admission() {
+        let mut s = Meter::default();
+        decide(100, 0, &mut s, 0, 1);
+        assert!(!decide(100, 0, &mut s, 0, 1).is_admitted());
+        refund(100, &mut s, 0, 1);
+        assert!(s.is_idle(0));
+        assert!(decide(100, 0, &mut s, 0, 1).is_admitted());
+    }
+
+    #[test]
+    fn outflow_never_exceeds_one_unit_per_interval() {
+        // Whatever the arrivals, admitted slots are spaced by at least T.
+        let mut s = Meter::default();
+        let mut slots = Vec::new();
+        for now in (0..5_000).step_by(7) {
+            let at = match decide(100, 300, &mut s, now, 1) {
+                Decision::Allow { .. } => now,
+                Decision::Delay { wait, .. } => now + wait,
+                Decision::Deny { .. } => continue,
+            };
+            slots.push(at);
+        }
+        assert!(slots.windows(2).all(|p| p[1] - p[0] >= 100));
+        assert_eq!(slots.len(), 50 + 3);
+    }
+}

@@ -1,0 +1,182 @@
+//! Sliding log: the exact list of admitted (timestamp, cost) within the last `window`.
+//! Invariant: entries are sorted by time, `sum` is the sum of their costs, and every entry
+//! counted at `now` has `ts + W > now`. Exact, but O(limit) memory per key.
+//!
+//! # Math (the Redis port must reproduce this exactly; all values u64 µs)
+//!
+//! Parameters: `W = window` (>= 1), `L = limit` (>= 1). State: a queue of `(ts, cost)` and
+//! `sum`. Initial: empty; idle iff no entry has `ts + W > now`.
+//!
+//! For a request of cost `c` at `now`:
+//! - Prune: drop entries from the front while `ts + W <= now` (saturating add).
+//! - `c > L` → Deny { retry_after = u64::MAX }.
+//! - Admit iff `sum + c <= L`: append `(max(now, newest ts), c)` (merged into the newest entry
+//!   when the timestamp is equal; the `max` keeps the queue sorted if the clock steps back);
+//!   `remaining = L - sum`; `reset = newest ts + W - now`.
+//! - Deny (state unchanged): `need = sum + c - L`; walk from the oldest entry adding costs
+//!   until the total is `>= need`; at that entry `i`, `retry_after = ts_i + W - now` (the
+//!   moment entry `i` leaves the window; one µs earlier it still counts).
+//!   `reset = newest ts + W - now`.
+//!
+//! Any `W`-long interval therefore admits at most `L`. Memory: one 16-byte entry per distinct
+//! admitted µs, so up to `L` entries (and a `VecDeque` rounds capacity up to a power of two):
+//! a 60,000/min limit may hold ~1 MiB per key here, and a 60,000-member ZSET is 7.1 MB in
+//! Redis. Prefer the sliding window counter for large limits.
+//!
+//! Refund of `c` at `now`: take `c` units off the newest entries (the admission being undone).
+
+use std::collections::VecDeque;
+
+use super::never;
+use crate::limit::{Decision, Micros};
+
+/// Sliding log state: admitted `(timestamp, cost)`, oldest first, and their total.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Log {
+    pub entries: VecDeque<(Micros, u64)>,
+    pub sum: u64,
+}
+
+impl Log {
+    fn prune(&mut self, w: u64, now: Micros) {
+        while let Some(&(ts, cost)) = self.entries.front() {
+            if ts.saturating_add(w) > now {
+                break;
+            }
+            self.sum = self.sum.saturating_sub(cost);
+            self.entries.pop_front();
+        }
+        if self.entries.is_empty() {
+            // Release the buffer of a key that went quiet: memory follows live traffic.
+            self.entries = VecDeque::new();
+            self.sum = 0;
+        }
+    }
+
+    /// Back to initial: no entry left in the window.
+    pub fn is_idle(&self, w: u64, now: Micros) -> bool {
+        self.idle_at(w) <= now
+    }
+
+    /// Earliest time this state is idle without further traffic.
+    pub fn idle_at(&self, w: u64) -> Micros {
+        self.entries
+            .back()
+            .map_or(0, |&(ts, _)| ts.saturating_add(w))
+    }
+
+    fn reset(&self, w: u64, now: Micros) -> Micros {
+        self.idle_at(w).saturating_sub(now)
+    }
+}
+
+/// One decision; see the module docs.
+pub fn decide(w: u64, l: u64, st: &mut Log, now: Micros, cost: u64) -> Decision {
+    st.prune(w, now);
+    if cost > l {
+        return never(st.reset(w, now));
+    }
+    let Some(need) = st
+        .sum
+        .saturating_add(cost)
+        .checked_sub(l)
+        .filter(|&n| n > 0)
+    else {
+        if cost > 0 {
+            let ts = st.entries.back().map_or(now, |&(ts, _)| ts.max(now));
+            match st.entries.back_mut() {
+                Some(last) if last.0 == ts => last.1 = last.1.saturating_add(cost),
+                _ => st.entries.push_back((ts, cost)),
+            }
+            st.sum = st.sum.saturating_add(cost);
+        }
+        return Decision::Allow {
+            remaining: l.saturating_sub(st.sum),
+            reset: st.reset(w, now),
+        };
+    };
+    let mut freed = 0u64;
+    let mut retry_after = Micros::MAX;
+    for &(ts, c) in &st.entries {
+        freed = freed.saturating_add(c);
+        if freed >= need {
+            retry_after = ts.saturating_add(w).saturating_sub(now);
+            break;
+        }
+    }
+    Decision::Deny {
+        retry_after,
+        reset: st.reset(w, now),
+    }
+}
+
+/// Takes `cost` units off the newest entries.
+pub fn refund(w: u64, st: &mut Log, now: Micros, cost: u64) {
+    st.prune(w, now);
+    let mut left = cost;
+    while left > 0 {
+        let Some(last) = st.entries.back_mut() else {
+            break;
+        };
+        let take = left.min(last.1);
+        last.1 -= take;
+        left -= take;
+        st.sum = st.sum.saturating_sub(take);
+        if last.1 == 0 {
+            st.entries.pop_back();
+        }
+    }
+    st.prune(w, now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_when_enough_old_entries_leave() {
+        let (w, l) = (1_000, 3);
+        let mut s = Log::default();
+        for now in [100, 200, 300] {
+            assert!(decide(w, l, &mut s, now, 1).is_admitted());
+        }
+        assert_eq!(
+            decide(w, l, &mut s, 400, 2),
+            Decision::Deny {
+                retry_after: 800,
+                reset: 900
+            }
+        );
+        assert!(!decide(w, l, &mut s, 1_199, 2).is_admitted());
+        assert_eq!(
+            decide(w, l, &mut s, 1_200, 2),
+            Decision::Allow {
+                remaining: 0,
+                reset: 1_000
+            }
+        );
+    }
+
+    #[test]
+    fn merges_equal_timestamps_and_forgets_old_entries() {
+        let mut s = Log::default();
+        for _ in 0..5 {
+            decide(1_000, 10, &mut s, 7, 1);
+        }
+        assert_eq!(s.entries, VecDeque::from([(7, 5)]));
+        assert!(s.is_idle(1_000, 1_007));
+        decide(1_000, 10, &mut s, 1_007, 1);
+        assert_eq!((s.entries.len(), s.sum), (1, 1));
+    }
+
+    #[test]
+    fn refund_restores_admission() {
+        let mut s = Log::default();
+        decide(100, 2, &mut s, 10, 1);
+        decide(100, 2, &mut s, 20, 1);
+        assert!(!decide(100, 2, &mut s, 20, 1).is_admitted());
+        refund(100, &mut s, 20, 1);
+        assert_eq!(s.entries, VecDeque::from([(10, 1)]));
+        assert!(decide(100, 2, &mut s, 20, 1).is_admitted());
+    }
+}

@@ -1,0 +1,586 @@
+//! Which client a request counts against: a [`KeySpec`] hashed to a 128-bit [`KeyHash`], and
+//! the client IP resolved through [`TrustedProxies`]. Invariants: request bytes are never
+//! stored (only the digest), each part's material is capped, and hashing never fails.
+//!
+//! The digest is XXH3-128 (`xxhash-rust`) over a versioned, domain-separated encoding (below).
+//! XXH3's output is frozen by its specification since xxHash 0.8, so it is stable across
+//! processes, versions and architectures, which the shared Redis keys need; it hashes short
+//! keys in a few tens of ns, and 128 bits make accidental collisions negligible (~1e-20 at a
+//! billion keys). It is not a cryptographic hash: someone who can choose a key part could in
+//! principle aim for another client's digest, but every part of a key is either the client's
+//! own (its headers) or not under its control (peer IP, route), so nothing is gained that
+//! sending the other client's header value would not give. BLAKE3 would cost ~5x more per call.
+//!
+//! Encoding (`v1`): `"tollgate/key/v1"`, then per part a tag byte and its material:
+//! route `0x01 len:u32le bytes`; client IP `0x02` then `0x04 + 4 bytes` or `0x06 + 16 bytes`
+//! (IPv4-mapped IPv6 is folded to IPv4); header `0x03 len name`, then `0x00` if missing, else
+//! `0x01 (len value)* 0xFFFFFFFF` over all values in order; query `0x04 len name`, then `0x00`
+//! if missing, else `0x01 len value` (first occurrence, percent-decoded); path `0x05 len bytes`.
+//! Lengths are after capping: at most [`MAX_PART_BYTES`] of each part's values are hashed.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+
+use http::header::{HeaderMap, HeaderName, FORWARDED};
+use ipnet::IpNet;
+use xxhash_rust::xxh3::Xxh3;
+
+/// At most this many bytes of each part's value are hashed; longer values share a prefix key.
+pub const MAX_PART_BYTES: usize = 1024;
+
+const DOMAIN: &[u8] = b"tollgate/key/v1";
+const END: [u8; 4] = [0xFF; 4];
+
+/// One component of a key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    /// The matched route's name.
+    Route,
+    /// The client IP, after [`TrustedProxies`].
+    ClientIp,
+    /// All values of a request header (missing → one shared "missing" key).
+    Header(HeaderName),
+    /// The first value of a query parameter, percent-decoded (missing → shared "missing" key).
+    /// Parameter names are compared decoded, up to 255 bytes.
+    Query(String),
+    /// The request path (without query).
+    Path,
+}
+
+/// Errors from [`KeySpec::parse`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    #[error("empty key: expected e.g. \"client_ip\" or \"route, header:x-api-key\"")]
+    Empty,
+    #[error("unknown key part {0:?}: expected route, client_ip, path, header:NAME or query:NAME")]
+    Unknown(String),
+    #[error("invalid header name {0:?}")]
+    Header(String),
+    #[error("empty query parameter name")]
+    Query,
+}
+
+impl FromStr for KeyPart {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        let s = s.trim();
+        if let Some(name) = s.strip_prefix("header:") {
+            let name = name.trim();
+            return HeaderName::from_bytes(name.as_bytes())
+                .map(KeyPart::Header)
+                .map_err(|_| KeyError::Header(name.to_owned()));
+        }
+        if let Some(name) = s.strip_prefix("query:") {
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(KeyError::Query);
+            }
+            return Ok(KeyPart::Query(name.to_owned()));
+        }
+        match s {
+            "route" => Ok(KeyPart::Route),
+            "client_ip" => Ok(KeyPart::ClientIp),
+            "path" => Ok(KeyPart::Path),
+            other => Err(KeyError::Unknown(other.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::Route => f.write_str("route"),
+            KeyPart::ClientIp => f.write_str("client_ip"),
+            KeyPart::Header(h) => write!(f, "header:{h}"),
+            KeyPart::Query(q) => write!(f, "query:{q}"),
+            KeyPart::Path => f.write_str("path"),
+        }
+    }
+}
+
+/// An ordered list of key parts (never empty).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KeySpec(Vec<KeyPart>);
+
+/// 128-bit digest of the key material; request bytes never stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyHash(pub u128);
+
+/// What a key is computed from.
+pub struct KeyCtx<'a> {
+    pub route: &'a str,
+    pub client_ip: IpAddr,
+    pub parts: &'a http::request::Parts,
+}
+
+impl KeySpec {
+    /// Parses `"client_ip"` or a comma-separated list like `"route, header:x-api-key"`.
+    ///
+    /// # Errors
+    /// [`KeyError`] for an empty list, an unknown part or an invalid header name.
+    pub fn parse(s: &str) -> Result<Self, KeyError> {
+        let parts = s
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<Vec<KeyPart>, _>>()?;
+        Self::new(parts)
+    }
+
+    /// A spec from parts (as from a YAML list).
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] if `parts` is empty.
+    pub fn new(parts: Vec<KeyPart>) -> Result<Self, KeyError> {
+        if parts.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        Ok(Self(parts))
+    }
+
+    pub fn parts(&self) -> &[KeyPart] {
+        &self.0
+    }
+
+    /// The digest of this request's key (see the module docs for the encoding).
+    pub fn hash(&self, ctx: &KeyCtx) -> KeyHash {
+        let mut h = Xxh3::new();
+        h.update(DOMAIN);
+        for part in &self.0 {
+            match part {
+                KeyPart::Route => {
+                    h.update(&[0x01]);
+                    bytes(&mut h, ctx.route.as_bytes());
+                }
+                KeyPart::ClientIp => {
+                    h.update(&[0x02]);
+                    match ctx.client_ip.to_canonical() {
+                        IpAddr::V4(a) => {
+                            h.update(&[0x04]);
+                            h.update(&a.octets());
+                        }
+                        IpAddr::V6(a) => {
+                            h.update(&[0x06]);
+                            h.update(&a.octets());
+                        }
+                    }
+                }
+                KeyPart::Header(name) => {
+                    h.update(&[0x03]);
+                    bytes(&mut h, name.as_str().as_bytes());
+                    let mut values = ctx.parts.headers.get_all(name).iter().peekable();
+                    if values.peek().is_none() {
+                        h.update(&[0x00]);
+                        continue;
+                    }
+                    h.update(&[0x01]);
+                    // One budget for all values: repeating a header cannot grow the material.
+                    let mut budget = MAX_PART_BYTES;
+                    for v in values {
+                        let v = v.as_bytes();
+                        let v = &v[..v.len().min(budget)];
+                        budget -= v.len();
+                        bytes(&mut h, v);
+                    }
+                    h.update(&END);
+                }
+                KeyPart::Query(name) => {
+                    h.update(&[0x04]);
+                    bytes(&mut h, name.as_bytes());
+                    let mut buf = [0u8; MAX_PART_BYTES];
+                    match query_value(ctx.parts.uri.query(), name, &mut buf) {
+                        None => h.update(&[0x00]),
+                        Some(n) => {
+                            h.update(&[0x01]);
+                            bytes(&mut h, &buf[..n]);
+                        }
+                    }
+                }
+                KeyPart::Path => {
+                    h.update(&[0x05]);
+                    bytes(&mut h, ctx.parts.uri.path().as_bytes());
+                }
+            }
+        }
+        KeyHash(h.digest128())
+    }
+}
+
+/// Length-prefixed, capped material: the prefix keeps `[a, bc]` apart from `[ab, c]`.
+fn bytes(h: &mut Xxh3, b: &[u8]) {
+    let b = &b[..b.len().min(MAX_PART_BYTES)];
+    // b.len() <= 1024, so the cast is lossless.
+    h.update(&(b.len() as u32).to_le_bytes());
+    h.update(b);
+}
+
+/// Decodes `%XX` and `+` from `raw` into `out`, stopping when `out` is full; returns the length.
+fn percent_decode(raw: &[u8], out: &mut [u8]) -> usize {
+    fn hex(b: u8) -> Option<u8> {
+        (b as char).to_digit(16).map(|d| d as u8)
+    }
+    let (mut i, mut n) = (0, 0);
+    while i < raw.len() && n < out.len() {
+        let decoded = match raw[i] {
+            b'+' => b' ',
+            b'%' => match (
+                raw.get(i + 1).and_then(|&b| hex(b)),
+                raw.get(i + 2).and_then(|&b| hex(b)),
+            ) {
+                (Some(hi), Some(lo)) => {
+                    i += 2;
+                    hi << 4 | lo
+                }
+                _ => b'%',
+            },
+            b => b,
+        };
+        out[n] = decoded;
+        n += 1;
+        i += 1;
+    }
+    n
+}
+
+/// The first value of parameter `name` in `query`, decoded into `buf`.
+fn query_value(query: Option<&str>, name: &str, buf: &mut [u8]) -> Option<usize> {
+    let mut name_buf = [0u8; 256];
+    for pair in query?.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let kn = percent_decode(k.as_bytes(), &mut name_buf);
+        if kn < name_buf.len() && &name_buf[..kn] == name.as_bytes() {
+            return Some(percent_decode(v.as_bytes(), buf));
+        }
+    }
+    None
+}
+
+/// Proxies whose `X-Forwarded-For` / `Forwarded` headers are believed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<IpNet>);
+
+impl TrustedProxies {
+    pub fn new(nets: Vec<IpNet>) -> Self {
+        Self(nets)
+    }
+
+    /// True if `ip` (IPv4-mapped folded to IPv4) is inside a trusted network.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client's address.
+    ///
+    /// The peer, unless the peer is trusted; then `X-Forwarded-For` (all values, comma lists)
+    /// is read right to left, skipping trusted hops: the first untrusted address is the client,
+    /// and if every hop is trusted the leftmost is. Without `X-Forwarded-For`, the `for=` of
+    /// `Forwarded` (RFC 7239) is read the same way. An entry that is not an address (garbage,
+    /// `unknown`, an obfuscated `_name`, an element without `for=`) stops the walk: the last
+    /// good address seen (a trusted hop, or the peer) is the client. That fails safe: whatever
+    /// lies left of an unreadable hop could have been written by the client itself.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let xff = headers.get_all("x-forwarded-for");
+        if xff.iter().next().is_some() {
+            let hops = xff.iter().rev().flat_map(|v| {
+                let s = v.to_str().unwrap_or("\0");
+                s.rsplit(',').map(parse_xff)
+            });
+            return self.walk(peer, hops);
+        }
+        let fwd = headers.get_all(FORWARDED);
+        let hops = fwd.iter().rev().flat_map(|v| {
+            let s = v.to_str().unwrap_or("\0");
+            s.rsplit(',').map(parse_forwarded_element)
+        });
+        self.walk(peer, hops)
+    }
+
+    fn walk(&self, peer: IpAddr, hops: impl Iterator<Item = Option<IpAddr>>) -> IpAddr {
+        let mut last = peer;
+        for hop in hops {
+            let Some(ip) = hop else {
+                return last;
+            };
+            let ip = ip.to_canonical();
+            if !self.is_trusted(ip) {
+                return ip;
+            }
+            last = ip;
+        }
+        last
+    }
+}
+
+/// One `X-Forwarded-For` entry: an address, optionally with a port (`1.2.3.4:80`, `[::1]:80`).
+fn parse_xff(entry: &str) -> Option<IpAddr> {
+    let e = entry.trim();
+    if let Ok(ip) = IpAddr::from_str(e) {
+        return Some(ip);
+    }
+    if let Ok(sa) = SocketAddr::from_str(e) {
+        return Some(sa.ip());
+    }
+    e.strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .and_then(|r| Ipv6Addr::from_str(r).ok())
+        .map(IpAddr::V6)
+}
+
+/// The `for=` node of one `Forwarded` element, if it is an address.
+fn parse_forwarded_element(element: &str) -> Option<IpAddr> {
+    let node = element.split(';').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        k.trim().eq_ignore_ascii_case("for").then_some(v.trim())
+    })?;
+    let node = node
+        .strip_prefix('"')
+        .and_then(|n| n.strip_suffix('"'))
+        .unwrap_or(node);
+    if let Some(rest) = node.strip_prefix('[') {
+        // "[2001:db8::1]" or "[2001:db8::1]:port" (the port may be obfuscated: ignored).
+        let (addr, after) = rest.split_once(']')?;
+        if !(after.is_empty() || after.starts_with(':')) {
+            return None;
+        }
+        return Ipv6Addr::from_str(addr).ok().map(IpAddr::V6);
+    }
+    // "192.0.2.43" or "192.0.2.43:47011"; "unknown" and "_hidden" fail to parse.
+    let addr = node.split_once(':').map_or(node, |(a, _)| a);
+    Ipv4Addr::from_str(addr).ok().map(IpAddr::V4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = Request::builder().uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).expect("valid request").into_parts().0
+    }
+
+    fn hash(spec: &str, route: &str, ip: &str, p: &http::request::Parts) -> KeyHash {
+        let ctx = KeyCtx {
+            route,
+            client_ip: ip.parse().expect("ip"),
+            parts: p,
+        };
+        KeySpec::parse(spec).expect("spec").hash(&ctx)
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        parts("/", pairs).headers
+    }
+
+    fn trusted(nets: &[&str]) -> TrustedProxies {
+        TrustedProxies::new(nets.iter().map(|n| n.parse().expect("net")).collect())
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn parses_single_part_and_lists() {
+        assert_eq!(
+            KeySpec::parse("client_ip").expect("ok").parts(),
+            &[KeyPart::ClientIp]
+        );
+        let spec = KeySpec::parse(" route, header:X-Api-Key ,query:user,path").expect("ok");
+        assert_eq!(
+            spec.parts(),
+            &[
+                KeyPart::Route,
+                KeyPart::Header(HeaderName::from_static("x-api-key")),
+                KeyPart::Query("user".into()),
+                KeyPart::Path,
+            ]
+        );
+        assert_eq!(KeySpec::parse("ip"), Err(KeyError::Unknown("ip".into())));
+        assert_eq!(KeySpec::parse("query:"), Err(KeyError::Query));
+        assert!(matches!(
+            KeySpec::parse("header:bad name"),
+            Err(KeyError::Header(_))
+        ));
+        assert_eq!(KeySpec::new(vec![]), Err(KeyError::Empty));
+    }
+
+    #[test]
+    fn digest_is_stable_across_versions() {
+        // Pinned: Redis keys are shared by instances and survive upgrades. If this changes,
+        // bump the encoding version in DOMAIN instead.
+        let p = parts("/a?user=bob", &[("x-api-key", "k1")]);
+        let h = hash(
+            "route, client_ip, header:x-api-key, query:user, path",
+            "r",
+            "10.0.0.1",
+            &p,
+        );
+        assert_eq!(h, KeyHash(PINNED));
+    }
+
+    const PINNED: u128 = 182024283052744900161319907794309170810;
+
+    #[test]
+    fn digest_matches_the_documented_encoding() {
+        let p = parts("/a?user=b%6fb", &[("x-api-key", "k1"), ("x-api-key", "k2")]);
+        let got = hash(
+            "route, client_ip, header:x-api-key, query:user, query:none, path",
+            "r",
+            "::ffff:10.0.0.1",
+            &p,
+        );
+        let mut m: Vec<u8> = b"tollgate/key/v1".to_vec();
+        m.extend([0x01, 1, 0, 0, 0, b'r']);
+        m.extend([0x02, 0x04, 10, 0, 0, 1]);
+        m.extend([0x03, 9, 0, 0, 0]);
+        m.extend(b"x-api-key");
+        m.extend([
+            0x01, 2, 0, 0, 0, b'k', b'1', 2, 0, 0, 0, b'k', b'2', 0xFF, 0xFF, 0xFF, 0xFF,
+        ]);
+        m.extend([0x04, 4, 0, 0, 0]);
+        m.extend(b"user");
+        m.extend([0x01, 3, 0, 0, 0, b'b', b'o', b'b']);
+        m.extend([0x04, 4, 0, 0, 0]);
+        m.extend(b"none");
+        m.extend([0x00]);
+        m.extend([0x05, 2, 0, 0, 0, b'/', b'a']);
+        assert_eq!(got, KeyHash(xxhash_rust::xxh3::xxh3_128(&m)));
+    }
+
+    #[test]
+    fn parts_are_length_prefixed_and_ordered() {
+        let p = parts("/", &[("a", "x"), ("b", "yz")]);
+        let q = parts("/", &[("a", "xy"), ("b", "z")]);
+        assert_ne!(
+            hash("header:a, header:b", "r", "1.1.1.1", &p),
+            hash("header:a, header:b", "r", "1.1.1.1", &q)
+        );
+        assert_ne!(
+            hash("route, path", "r", "1.1.1.1", &p),
+            hash("path, route", "r", "1.1.1.1", &p)
+        );
+        // Same bytes under different part kinds stay apart.
+        let r = parts("/?r=r", &[("r", "r")]);
+        assert_ne!(
+            hash("header:r", "r", "1.1.1.1", &r),
+            hash("query:r", "r", "1.1.1.1", &r)
+        );
+        assert_ne!(
+            hash("route", "/", "1.1.1.1", &r),
+            hash("path", "x", "1.1.1.1", &r)
+        );
+    }
+
+    #[test]
+    fn missing_header_has_its_own_marker() {
+        let none = parts("/", &[]);
+        let empty = parts("/", &[("x-api-key", "")]);
+        let other = parts("/", &[("x-other", "v")]);
+        let h = |p| hash("header:x-api-key", "r", "1.1.1.1", p);
+        assert_eq!(
+            h(&none),
+            h(&other),
+            "all requests without it share one bucket"
+        );
+        assert_ne!(h(&none), h(&empty));
+        let q = |u: &str| hash("query:user", "r", "1.1.1.1", &parts(u, &[]));
+        assert_eq!(q("/"), q("/?other=1"));
+        assert_ne!(q("/"), q("/?user="));
+        assert_eq!(q("/?user=a%20b"), q("/?user=a+b&user=c"));
+    }
+
+    #[test]
+    fn values_are_capped_before_hashing() {
+        let long = "a".repeat(5 * MAX_PART_BYTES);
+        let longer = format!("{long}b");
+        let h = |v: &str| hash("header:x", "r", "1.1.1.1", &parts("/", &[("x", v)]));
+        assert_eq!(h(&long), h(&longer));
+        // Repeating the header does not grow the material past the cap either.
+        let many: Vec<(&str, &str)> = (0..10).map(|_| ("x", long.as_str())).collect();
+        let _ = hash("header:x", "r", "1.1.1.1", &parts("/", &many));
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_is_the_same_client() {
+        let p = parts("/", &[]);
+        assert_eq!(
+            hash("client_ip", "r", "::ffff:10.1.2.3", &p),
+            hash("client_ip", "r", "10.1.2.3", &p)
+        );
+        assert_ne!(
+            hash("client_ip", "r", "10.1.2.4", &p),
+            hash("client_ip", "r", "10.1.2.3", &p)
+        );
+    }
+
+    #[test]
+    fn xff_from_untrusted_peer_is_ignored() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(t.client_ip(ip("203.0.113.9"), &h), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn trusted_chain_is_read_right_to_left() {
+        let t = trusted(&["10.0.0.0/8", "fd00::/8"]);
+        // Client spoofs "6.6.6.6"; the real client 7.7.7.7 was appended by our proxies.
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6, 7.7.7.7"),
+            ("x-forwarded-for", "10.0.0.2,10.0.0.3"),
+        ]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("7.7.7.7"));
+        assert_eq!(t.client_ip(ip("::ffff:10.0.0.4"), &h), ip("7.7.7.7"));
+        let all = headers(&[("x-forwarded-for", "10.9.9.9, [fd00::1]:443, 10.0.0.2")]);
+        assert_eq!(
+            t.client_ip(ip("10.0.0.4"), &all),
+            ip("10.9.9.9"),
+            "leftmost"
+        );
+        let ported = headers(&[("x-forwarded-for", "[2001:db8::7]:1234, 10.0.0.2:80")]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &ported), ip("2001:db8::7"));
+    }
+
+    #[test]
+    fn garbage_stops_at_the_last_good_address() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "1.2.3.4, junk, 10.0.0.2")]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("10.0.0.2"));
+        let h = headers(&[("x-forwarded-for", "1.2.3.4,")]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("10.0.0.4"));
+        // With no header at all, a trusted peer is the client.
+        assert_eq!(
+            t.client_ip(ip("10.0.0.4"), &HeaderMap::new()),
+            ip("10.0.0.4")
+        );
+    }
+
+    #[test]
+    fn forwarded_is_used_without_xff() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let h = headers(&[(
+            "forwarded",
+            "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https, For=10.0.0.2",
+        )]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("2001:db8:cafe::17"));
+        let h = headers(&[("forwarded", "for=192.0.2.43:47011;by=10.0.0.1")]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("192.0.2.43"));
+        // Obfuscated and unknown identifiers are not addresses: stop at the trusted hop.
+        let h = headers(&[("forwarded", "for=1.2.3.4, for=_hidden, for=10.0.0.2")]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("10.0.0.2"));
+        let h = headers(&[("forwarded", "for=unknown")]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("10.0.0.4"));
+        // XFF wins when both are present.
+        let h = headers(&[("forwarded", "for=1.1.1.1"), ("x-forwarded-for", "2.2.2.2")]);
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("2.2.2.2"));
+    }
+}
