@@ -4,6 +4,7 @@
 //! unknown fields, and validation turns it into types that cannot hold an invalid value.
 //! Every error names the file, line, column, field path and what was expected.
 
+mod limits;
 mod locate;
 mod raw;
 pub mod units;
@@ -17,6 +18,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
+pub use limits::{algorithm_name, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
 
 /// A config error, positioned in its file.
@@ -123,6 +125,11 @@ pub struct Route {
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
     pub strip_prefix: bool,
+    /// Every limit must admit a request.
+    pub limits: Vec<LimitConfig>,
+    pub concurrency: Option<Concurrency>,
+    /// Send `RateLimit-Policy` / `RateLimit` on answers of this route.
+    pub ratelimit_headers: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,13 +7,19 @@
 //! - [`server`]: accept loop, HTTP/1.1 + h2c, timeouts, graceful shutdown.
 //! - [`route`]: first-match routing.
 //! - [`proxy`]: the compiled config that serves a request end to end.
+//! - [`gate`]: a route's limits and concurrency cap; 429/503 answers and RateLimit headers.
+//! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores.
 //! - [`forward`]: pooled upstream client, header rewriting, built-in responder.
+//! - [`explain`]: limits in plain words for `tollgate explain`.
 //! - [`body`], [`problem`]: the response body type and problem+json answers.
 #![forbid(unsafe_code)]
 
 pub mod body;
 pub mod config;
+pub mod explain;
 pub mod forward;
+pub mod gate;
+pub mod limit;
 pub mod problem;
 pub mod proxy;
 pub mod route;

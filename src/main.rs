@@ -33,6 +33,8 @@ enum Command {
     Run,
     /// Validate the config and print its routes; exit 2 when it is invalid.
     Check,
+    /// Print each route's limits in plain words, with the Retry-After a client will see.
+    Explain,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -53,6 +55,10 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => {
             print!("{}", summary(&config));
+            ExitCode::SUCCESS
+        }
+        Command::Explain => {
+            print!("{}", tollgate::explain::explain(&config));
             ExitCode::SUCCESS
         }
         Command::Run => match run(cli.listen, cli.log_format, config) {
@@ -143,6 +149,21 @@ fn summary(config: &Config) -> String {
             UpstreamKind::Respond(resp) => format!("{} (built-in responder, status {})", up.name, resp.status.as_u16()),
         };
         let _ = writeln!(out, "  {}. {}: {} {} [{}] -> {}", i + 1, r.name, host, path, methods, target);
+        for l in &r.limits {
+            let key: Vec<String> = l.key.parts().iter().map(ToString::to_string).collect();
+            let store = match l.store {
+                tollgate::config::StoreKind::Local => "local",
+                tollgate::config::StoreKind::Redis => "redis",
+            };
+            let _ = writeln!(
+                out,
+                "       limit {}: {} {} key [{}] store {store}",
+                l.name,
+                tollgate::config::algorithm_name(&l.algorithm),
+                l.rate,
+                key.join(", ")
+            );
+        }
     }
     out
 }

@@ -76,7 +76,17 @@ mod tests {
     use super::*;
 
     fn route(host: Option<HostMatch>, path: PathMatch, methods: Option<Vec<Method>>) -> Route {
-        Route { name: "r".into(), host, path, methods, upstream: 0, strip_prefix: false }
+        Route {
+            name: "r".into(),
+            host,
+            path,
+            methods,
+            upstream: 0,
+            strip_prefix: false,
+            limits: vec![],
+            concurrency: None,
+            ratelimit_headers: true,
+        }
     }
 
     #[test]

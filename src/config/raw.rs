@@ -9,6 +9,7 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use super::limits::{limit_path, RawConcurrency, RawLimit};
 use super::units::Dur;
 use super::{key, parse_header, parse_upstream_url, Invalid, Seg};
 
@@ -118,6 +119,15 @@ struct Route {
     upstream: String,
     #[serde(default)]
     strip_prefix: bool,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+    concurrency: Option<RawConcurrency>,
+    #[serde(default = "yes")]
+    ratelimit_headers: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize, Default)]
@@ -194,7 +204,29 @@ impl Config {
             if route.strip_prefix && !matches!(path, super::PathMatch::Prefix(_)) {
                 return Err((at(&["strip_prefix"]), "strip_prefix needs `match.path_prefix`".to_owned()));
             }
-            routes.push(super::Route { name, host, path, methods, upstream, strip_prefix: route.strip_prefix });
+            let mut limits = Vec::with_capacity(route.limits.len());
+            for (j, raw) in route.limits.into_iter().enumerate() {
+                let limit = raw.validate(j, &|field| limit_path(i, j, field))?;
+                if limits.iter().any(|l: &super::LimitConfig| l.name == limit.name) {
+                    return Err((
+                        limit_path(i, j, "name"),
+                        format!("limit name `{}` is used twice in this route", limit.name),
+                    ));
+                }
+                limits.push(limit);
+            }
+            let concurrency = route.concurrency.map(|c| c.validate(at(&["concurrency"]))).transpose()?;
+            routes.push(super::Route {
+                name,
+                host,
+                path,
+                methods,
+                upstream,
+                strip_prefix: route.strip_prefix,
+                limits,
+                concurrency,
+                ratelimit_headers: route.ratelimit_headers,
+            });
         }
         Ok(super::Config {
             listen: self.listen,

@@ -27,12 +27,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] only from a remote store; the local store never fails.
-    pub async fn decide(
-        &self,
-        key: KeyHash,
-        now: Micros,
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
+    pub async fn decide(&self, key: KeyHash, now: Micros, cost: u64) -> Result<Decision, StoreError> {
         match self {
             Store::Local(s) => Ok(s.decide(key, now, cost)),
         }

@@ -48,10 +48,20 @@ impl Tollgate {
         Tollgate::start_config(config).await
     }
 
+    /// Starts with limits reading time from `clock`.
+    pub async fn start_with_clock(yaml: &str, clock: tollgate::limit::ManualClock) -> Tollgate {
+        let config = Config::from_yaml(Path::new("test.yaml"), yaml).unwrap_or_else(|e| panic!("test config: {e}"));
+        Tollgate::start_proxy(Proxy::with_clock(config, Arc::new(clock))).await
+    }
+
     pub async fn start_config(config: Config) -> Tollgate {
+        Tollgate::start_proxy(Proxy::new(config)).await
+    }
+
+    pub async fn start_proxy(proxy: Proxy) -> Tollgate {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
+        let shared = Arc::new(ArcSwap::from_pointee(proxy));
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(tollgate::server::serve(listener, shared.clone(), async move {
             let _ = rx.await;
@@ -144,9 +154,21 @@ pub async fn h2(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Box
 
 /// GET `path` on a fresh HTTP/1.1 connection; returns status, headers and the whole body.
 pub async fn get(addr: SocketAddr, path: &str) -> (http::StatusCode, http::HeaderMap, Bytes) {
+    get_with(addr, path, &[]).await
+}
+
+/// GET `path` with extra request headers.
+pub async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (http::StatusCode, http::HeaderMap, Bytes) {
     let mut send = h1(addr).await;
-    let req = Request::get(path).header("host", "localhost").body(full("")).unwrap();
-    let resp = send.send_request(req).await.unwrap();
+    let mut req = Request::get(path).header("host", "localhost");
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let resp = send.send_request(req.body(full("")).unwrap()).await.unwrap();
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     (parts.status, parts.headers, body)
