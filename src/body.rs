@@ -16,6 +16,8 @@ pin_project! {
     pub enum Body {
         Full { data: Option<Bytes> },
         Stream { #[pin] inner: Incoming },
+        /// Any body, copied for the cache as it streams (see [`crate::cache::Capture`]).
+        Captured { #[pin] inner: crate::cache::Capture<Pin<Box<Body>>> },
     }
 }
 
@@ -42,6 +44,7 @@ impl HttpBody for Body {
         match self.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Stream { inner } => inner.poll_frame(cx),
+            KindProj::Captured { inner } => inner.poll_frame(cx),
         }
     }
 
@@ -49,6 +52,7 @@ impl HttpBody for Body {
         match self {
             Body::Full { data } => data.is_none(),
             Body::Stream { inner } => inner.is_end_stream(),
+            Body::Captured { inner } => inner.is_end_stream(),
         }
     }
 
@@ -56,6 +60,7 @@ impl HttpBody for Body {
         match self {
             Body::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
             Body::Stream { inner } => inner.size_hint(),
+            Body::Captured { inner } => inner.size_hint(),
         }
     }
 }

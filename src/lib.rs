@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod forward;
 pub mod problem;
