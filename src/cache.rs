@@ -144,8 +144,10 @@ struct Stored {
 impl Cache {
     /// A cache holding at most `max_bytes` (weighted) and at most `max_entry_bytes` per variant.
     pub fn new(max_bytes: u64, max_entry_bytes: usize) -> Cache {
-        // One URL's variants must fit moka's u32 weight.
-        let max_entry_bytes = max_entry_bytes.min(u32::MAX as usize / (MAX_VARIANTS + 1));
+        // One URL must fit the store (moka drops what weighs more than its capacity), and all
+        // its variants must fit moka's u32 weight.
+        let fits = usize::try_from(max_bytes).unwrap_or(usize::MAX).saturating_sub(SLOT_OVERHEAD);
+        let max_entry_bytes = max_entry_bytes.min(fits).min(u32::MAX as usize / (MAX_VARIANTS + 1));
         let store = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
             .weigher(|_: &u128, v: &Arc<Variants>| v.weight)

@@ -429,3 +429,26 @@ async fn trailers_cut_short_bodies_and_dropped_bodies_are_not_stored() {
     assert_eq!(stale_body(&cache, &get("/drop"), at(1)).await, None);
     assert_eq!(cache.stats().abandoned, 3);
 }
+
+#[tokio::test]
+async fn unstorable_responses_are_returned_unwrapped() {
+    let cache = Cache::new(1 << 20, 64 << 10);
+    let resp = cache.capture(&get("/"), false, ok(&[("cache-control", "no-store")], "x"), at(0));
+    assert!(matches!(resp.body(), Body::Full { .. }));
+    let resp = cache.capture(&get("/"), false, ok(&[], "x"), at(0));
+    assert!(matches!(resp.body(), Body::Captured { .. }));
+}
+
+#[test]
+fn entry_limit_is_clamped_to_what_the_store_can_hold() {
+    let cache = Cache::new(4_096, 1 << 20);
+    assert!(cache.inner.max_entry_bytes <= 4_096 - SLOT_OVERHEAD);
+}
+
+#[test]
+fn cache_and_captured_bodies_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Cache>();
+    send::<Body>();
+}
