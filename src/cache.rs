@@ -1,7 +1,6 @@
-//! Stale copies of good GET responses, served instead of a 429 when a request was throttled
-//! or instead of a 5xx when the upstream failed. Invariants: only complete 200 answers to GET
-//! within the per-entry limit are stored; the store weighs at most `max_bytes`; nothing here
-//! reads a clock ("now" is always a parameter).
+//! Stale copies of good GET responses, served instead of a 429 (throttled) or a 5xx (upstream
+//! failed). Invariants: only complete 200 answers to GET within the per-entry limit are stored;
+//! the store weighs at most `max_bytes`; nothing here reads a clock ("now" is a parameter).
 //!
 //! # API
 //! - [`Cache::new`]`(max_bytes, max_entry_bytes)`; cheap to clone (one `Arc`).
