@@ -16,6 +16,8 @@ pin_project! {
     enum Kind {
         Full { data: Option<Bytes> },
         Stream { #[pin] inner: Incoming },
+        // Any body, copied for the cache as it streams (see `crate::cache::Capture`).
+        Captured { #[pin] inner: crate::cache::Capture<Pin<Box<Body>>> },
     }
 }
 
@@ -43,6 +45,15 @@ impl Body {
         Body { kind: Kind::Stream { inner }, hold: None }
     }
 
+    /// `inner` copied for the cache as it streams.
+    pub fn captured(inner: crate::cache::Capture<Pin<Box<Body>>>) -> Body {
+        Body { kind: Kind::Captured { inner }, hold: None }
+    }
+
+    pub fn is_captured(&self) -> bool {
+        matches!(self.kind, Kind::Captured { .. })
+    }
+
     /// Keeps `permit` until the body has been sent in full.
     pub fn hold(&mut self, permit: OwnedSemaphorePermit) {
         self.hold = Some(permit);
@@ -58,6 +69,7 @@ impl HttpBody for Body {
         let polled = match this.kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Stream { inner } => inner.poll_frame(cx),
+            KindProj::Captured { inner } => inner.poll_frame(cx),
         };
         if let Poll::Ready(None | Some(Err(_))) = polled {
             this.hold.take();
@@ -69,6 +81,7 @@ impl HttpBody for Body {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
             Kind::Stream { inner } => inner.is_end_stream(),
+            Kind::Captured { inner } => inner.is_end_stream(),
         }
     }
 
@@ -76,6 +89,7 @@ impl HttpBody for Body {
         match &self.kind {
             Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
             Kind::Stream { inner } => inner.size_hint(),
+            Kind::Captured { inner } => inner.size_hint(),
         }
     }
 }

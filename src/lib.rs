@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod explain;
 pub mod forward;
