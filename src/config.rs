@@ -52,6 +52,7 @@ pub struct Config {
     pub trusted_proxies: Vec<IpNet>,
     pub server: ServerConfig,
     pub log: LogConfig,
+    pub cache: CacheConfig,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
 }
@@ -78,6 +79,13 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// One line per request.
     pub access: bool,
+}
+
+/// The store of stale copies (used by routes with `stale:` fallbacks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub max_bytes: u64,
+    pub max_entry_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -130,6 +138,10 @@ pub struct Route {
     pub concurrency: Option<Concurrency>,
     /// Send `RateLimit-Policy` / `RateLimit` on answers of this route.
     pub ratelimit_headers: bool,
+    /// Serve a stale copy up to this old instead of a 429/503 from the gate.
+    pub stale_on_limit: Option<Duration>,
+    /// Serve a stale copy up to this old when the upstream fails (stale-if-error).
+    pub stale_on_upstream_error: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

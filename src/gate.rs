@@ -19,6 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::body::Body;
 use crate::config::{LimitConfig, Mode, Route};
 use crate::limit::{Algorithm, Decision, KeyCtx, KeyHash, LocalStore, Micros, Store};
+use crate::metrics::{LimitMetrics, Metrics};
 use crate::problem;
 
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -35,6 +36,7 @@ pub struct Limit {
     window_secs: u64,
     /// Last time a shadow denial was logged (µs), so a flood logs once a second.
     shadow_logged: AtomicU64,
+    pub metrics: LimitMetrics,
 }
 
 /// A route's limits and concurrency cap.
@@ -54,7 +56,19 @@ struct Cap {
 pub enum Verdict {
     Admit(Admission),
     /// `429` (a limit) or `503` (the concurrency cap); nothing was consumed.
-    Reject(Response<Body>),
+    Reject(Response<Body>, Note),
+}
+
+/// What the gate decided, for the access log: the limit that bound the request (the one
+/// with the fewest remaining, or the first that rejected), what it said, and any delay.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Note {
+    pub limit: Option<usize>,
+    pub remaining: Option<u64>,
+    pub retry_after_secs: Option<u64>,
+    pub delayed_us: u64,
+    /// The concurrency cap rejected the request.
+    pub overloaded: bool,
 }
 
 /// An admitted request: wait `wait` first (leaky-bucket shaping), hold `permit` until the
@@ -63,6 +77,7 @@ pub enum Verdict {
 pub struct Admission {
     pub wait: Duration,
     pub permit: Option<OwnedSemaphorePermit>,
+    pub note: Note,
     ratelimit: Option<HeaderValue>,
 }
 
@@ -122,9 +137,16 @@ fn push_param(out: &mut String, key: &str, value: u64) {
 }
 
 impl Limit {
-    pub fn new(config: LimitConfig, store: Arc<Store>) -> Limit {
+    pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
         let (quota, window_secs) = policy_numbers(&config.algorithm);
-        Limit { config, store, quota, window_secs, shadow_logged: AtomicU64::new(0) }
+        Limit { config, store, quota, window_secs, shadow_logged: AtomicU64::new(0), metrics }
+    }
+
+    /// Live keys in this limit's in-process state.
+    pub fn live_keys(&self) -> usize {
+        match &*self.store {
+            Store::Local(s) => s.len(),
+        }
     }
 
     /// A fresh in-process store for `config`.
@@ -157,8 +179,12 @@ impl Limit {
 impl Gate {
     /// Builds the gate of `route`; `store_for` supplies each limit's store (a reload passes
     /// the stores of unchanged limits so their state survives).
-    pub fn new(route: &Route, store_for: &mut dyn FnMut(&LimitConfig) -> Arc<Store>) -> Gate {
-        let limits: Vec<Limit> = route.limits.iter().map(|l| Limit::new(l.clone(), store_for(l))).collect();
+    pub fn new(route: &Route, metrics: &Metrics, store_for: &mut dyn FnMut(&LimitConfig) -> Arc<Store>) -> Gate {
+        let limits: Vec<Limit> = route
+            .limits
+            .iter()
+            .map(|l| Limit::new(l.clone(), store_for(l), metrics.limit(&route.name, &l.name)))
+            .collect();
         let mut policy = String::new();
         for l in limits.iter().filter(|l| l.config.mode == Mode::Enforce) {
             sf_item(&mut policy, &l.config.name);
@@ -194,10 +220,22 @@ impl Gate {
         for (i, limit) in self.limits.iter().enumerate() {
             let key = limit.config.key.hash(ctx);
             let decision = limit.decide(key, now);
-            if limit.config.mode == Mode::Shadow {
-                if let Decision::Deny { retry_after, .. } = decision {
+            match decision {
+                Decision::Allow { .. } => {
+                    limit.metrics.allowed.inc();
+                }
+                Decision::Delay { .. } => {
+                    limit.metrics.delayed.inc();
+                }
+                Decision::Deny { retry_after, .. } if limit.config.mode == Mode::Shadow => {
+                    limit.metrics.shadow_throttled.inc();
                     limit.log_shadow(&self.route, now, retry_after);
                 }
+                Decision::Deny { .. } => {
+                    limit.metrics.throttled.inc();
+                }
+            }
+            if limit.config.mode == Mode::Shadow {
                 continue;
             }
             denied |= !decision.is_admitted();
@@ -205,7 +243,8 @@ impl Gate {
         }
         if denied {
             self.refund_admitted(&decided, now);
-            return Verdict::Reject(self.too_many(&decided));
+            let (resp, note) = self.too_many(&decided);
+            return Verdict::Reject(resp, note);
         }
 
         let permit = match &self.cap {
@@ -214,19 +253,27 @@ impl Gate {
                 Some(p) => Some(p),
                 None => {
                     self.refund_admitted(&decided, now);
-                    return Verdict::Reject(self.overloaded());
+                    return Verdict::Reject(self.overloaded(), Note { overloaded: true, ..Note::default() });
                 }
             },
         };
-        let mut wait = 0;
+        let mut note = Note::default();
         for d in &decided {
-            if let Decision::Delay { wait: w, .. } = d.decision {
-                wait = wait.max(w);
+            let (remaining, wait) = match d.decision {
+                Decision::Allow { remaining, .. } => (remaining, 0),
+                Decision::Delay { wait, remaining, .. } => (remaining, wait),
+                Decision::Deny { .. } => (0, 0),
+            };
+            note.delayed_us = note.delayed_us.max(wait);
+            if note.remaining.is_none_or(|r| remaining < r) {
+                note.remaining = Some(remaining);
+                note.limit = Some(d.limit);
             }
         }
         Verdict::Admit(Admission {
-            wait: Duration::from_micros(wait),
+            wait: Duration::from_micros(note.delayed_us),
             permit,
+            note,
             ratelimit: self.ratelimit_admitted(&decided),
         })
     }
@@ -271,12 +318,14 @@ impl Gate {
         }
     }
 
-    fn too_many(&self, decided: &[Decided]) -> Response<Body> {
+    fn too_many(&self, decided: &[Decided]) -> (Response<Body>, Note) {
         let mut violated = Vec::new();
         let mut retry_us = 0;
         let mut rl = String::new();
+        let mut note = Note { remaining: Some(0), ..Note::default() };
         for d in decided {
             if let Decision::Deny { retry_after, .. } = d.decision {
+                note.limit.get_or_insert(d.limit);
                 let name = &self.limits[d.limit].config.name;
                 violated.push(name.as_str());
                 retry_us = retry_us.max(retry_after);
@@ -286,6 +335,7 @@ impl Gate {
             }
         }
         let secs = retry_after_secs(retry_us);
+        note.retry_after_secs = Some(secs);
         let detail = format!(
             "route `{}`: {} admits no more requests now; retry after {secs} s",
             self.route,
@@ -306,7 +356,7 @@ impl Gate {
                 h.insert(RATELIMIT, v);
             }
         }
-        resp
+        (resp, note)
     }
 
     fn overloaded(&self) -> Response<Body> {

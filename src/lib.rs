@@ -10,6 +10,8 @@
 //! - [`gate`]: a route's limits and concurrency cap; 429/503 answers and RateLimit headers.
 //! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores.
 //! - [`forward`]: pooled upstream client, header rewriting, built-in responder.
+//! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
+//! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.
 //! - [`explain`]: limits in plain words for `tollgate explain`.
 //! - [`body`], [`problem`]: the response body type and problem+json answers.
 #![forbid(unsafe_code)]
@@ -21,6 +23,7 @@ pub mod explain;
 pub mod forward;
 pub mod gate;
 pub mod limit;
+pub mod metrics;
 pub mod problem;
 pub mod proxy;
 pub mod route;

@@ -1,17 +1,22 @@
-//! The compiled configuration that serves requests: routes in order and their targets.
-//! A [`Proxy`] is immutable; a reload builds a new one and swaps it in whole.
+//! The compiled configuration that serves requests: routes in order, their gates and
+//! targets, the stale-copy cache and the metric handles. A [`Proxy`] is immutable; a reload
+//! builds a new one (keeping the state of unchanged limits) and swaps it in whole.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use http::{Request, Response};
+use http::request::Parts;
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::Body;
-use crate::config::{Config, UpstreamKind};
-use crate::forward::{self, Downstream, HttpForwarder};
-use crate::gate::{Gate, Limit, Verdict};
-use crate::limit::{Clock, KeyCtx, SystemClock, TrustedProxies};
+use crate::cache::{Cache, StaleReason};
+use crate::config::{Config, LimitConfig, Route, UpstreamKind};
+use crate::forward::{self, Downstream, Failure, HttpForwarder};
+use crate::gate::{Gate, Limit, Note, Verdict};
+use crate::limit::{Clock, KeyCtx, KeyPart, Store, SystemClock, TrustedProxies};
+use crate::metrics::{Metrics, RouteMetrics};
 use crate::{problem, route};
 
 /// Where a route sends admitted requests.
@@ -20,23 +25,47 @@ pub enum Target {
     Respond(crate::config::Responder),
 }
 
+/// Per-route runtime: gate, metric handles, cache policy.
+struct Lane {
+    gate: Gate,
+    metrics: RouteMetrics,
+    /// The route keys on `Authorization` / `Cookie`, so copies may be kept per credential.
+    keyed_on_credentials: bool,
+}
+
 pub struct Proxy {
     pub config: Arc<Config>,
     targets: Vec<Arc<Target>>,
-    /// One per route, same index.
-    gates: Vec<Gate>,
+    lanes: Vec<Lane>,
     trusted: TrustedProxies,
     clock: Arc<dyn Clock>,
+    cache: Cache,
+    metrics: Arc<Metrics>,
+}
+
+/// Which stale copy, if any, answered a request (for the access log).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Stale {
+    No,
+    Throttled,
+    UpstreamError,
 }
 
 impl Proxy {
-    /// Compiles `config` with the system clock and fresh limiter state.
+    /// Compiles `config` with the system clock, fresh state and its own metrics.
     pub fn new(config: Config) -> Proxy {
-        Proxy::with_clock(config, Arc::new(SystemClock))
+        Proxy::build(config, Arc::new(SystemClock), Arc::new(Metrics::new()), None)
     }
 
     /// Compiles `config`; limits read time from `clock` (tests pass a manual clock).
     pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> Proxy {
+        Proxy::build(config, clock, Arc::new(Metrics::new()), None)
+    }
+
+    /// Compiles `config`. With `previous`, every limit whose route name and definition are
+    /// unchanged keeps its state (a reload must not hand every client a fresh bucket), and
+    /// the cache survives when its size settings are unchanged.
+    pub fn build(config: Config, clock: Arc<dyn Clock>, metrics: Arc<Metrics>, previous: Option<&Proxy>) -> Proxy {
         let targets = config
             .upstreams
             .iter()
@@ -47,54 +76,249 @@ impl Proxy {
                 })
             })
             .collect();
-        let gates = config.routes.iter().map(|r| Gate::new(r, &mut Limit::local_store)).collect();
+        let lanes = config
+            .routes
+            .iter()
+            .map(|r| {
+                let mut store_for = |l: &LimitConfig| {
+                    previous.and_then(|p| p.store_of(&r.name, l)).unwrap_or_else(|| Limit::local_store(l))
+                };
+                Lane {
+                    gate: Gate::new(r, &metrics, &mut store_for),
+                    metrics: metrics.route(&r.name),
+                    keyed_on_credentials: keys_on_credentials(r),
+                }
+            })
+            .collect();
+        let cache = match previous {
+            Some(p) if p.config.cache == config.cache => p.cache.clone(),
+            _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
+        };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
-        Proxy { config: Arc::new(config), targets, gates, trusted, clock }
+        Proxy { config: Arc::new(config), targets, lanes, trusted, clock, cache, metrics }
     }
 
-    pub fn gates(&self) -> &[Gate] {
-        &self.gates
+    /// The store of limit `limit` on route `route`, if it exists with the same definition.
+    fn store_of(&self, route: &str, limit: &LimitConfig) -> Option<Arc<Store>> {
+        let idx = self.config.routes.iter().position(|r| r.name == route)?;
+        self.lanes[idx].gate.limits().iter().find(|l| l.config == *limit).map(|l| l.store.clone())
+    }
+
+    pub fn gates(&self) -> impl Iterator<Item = (&Route, &Gate)> {
+        self.config.routes.iter().zip(self.lanes.iter().map(|l| &l.gate))
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    fn wall_now(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_micros(self.clock.now())
     }
 
     /// Serves one request. Never fails: every problem is an HTTP answer.
-    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        self.metrics.in_flight().inc();
+        let (resp, log) = self.serve(req, peer).await;
+        self.metrics.in_flight().dec();
+        if let Some(log) = log {
+            log.lane.metrics.response(resp.status().as_u16());
+            if self.config.log.access {
+                log.emit(resp.status().as_u16(), started.elapsed());
+            }
+        }
+        resp
+    }
+
+    async fn serve<'a>(&'a self, req: Request<Incoming>, peer: SocketAddr) -> (Response<Body>, Option<Access<'a>>) {
         let routes = &self.config.routes;
         let Some(idx) = route::find(routes, req.method(), req.uri(), req.headers()) else {
-            return problem::no_route(req.method(), req.uri().path());
+            return (problem::no_route(req.method(), req.uri().path()), None);
         };
-        let route = &routes[idx];
-        let gate = &self.gates[idx];
+        let (route, lane) = (&routes[idx], &self.lanes[idx]);
+        let (parts, body) = req.into_parts();
+        let mut log = Access::new(lane, route, &parts, self.config.log.access);
         let mut admission = None;
-        if !gate.is_open() {
-            let (parts, body) = req.into_parts();
+        if !lane.gate.is_open() {
             let client_ip = self.trusted.client_ip(peer.ip(), &parts.headers);
             let ctx = KeyCtx { route: &route.name, client_ip, parts: &parts };
-            match gate.check(&ctx, self.clock.now()).await {
-                Verdict::Reject(resp) => return resp,
+            match lane.gate.check(&ctx, self.clock.now()).await {
+                Verdict::Reject(resp, note) => {
+                    log.note = note;
+                    return (self.throttled(route, lane, &parts, resp, &mut log), Some(log));
+                }
                 Verdict::Admit(a) => {
                     if !a.wait.is_zero() {
                         tokio::time::sleep(a.wait).await;
                     }
+                    log.note = a.note;
                     admission = Some(a);
                 }
             }
-            req = Request::from_parts(parts, body);
         }
-        let mut resp = match &*self.targets[route.upstream] {
-            Target::Respond(r) => forward::respond(r).await,
+        // A copy of the head, only when a stale copy could be stored or served for it.
+        let head = self.wants_copy(route, lane, &parts).then(|| parts.clone());
+        let req = Request::from_parts(parts, body);
+        let (mut resp, failure) = match &*self.targets[route.upstream] {
+            Target::Respond(r) => (forward::respond(r).await, None),
             Target::Http(fwd) => {
                 let down = Downstream { peer: peer.ip(), peer_trusted: self.trusted.is_trusted(peer.ip()) };
                 let path = req.uri().path();
                 let strip = path.len() - route::upstream_path(route, path).len();
-                fwd.forward(req, strip, &down).await.0
+                let sent = Instant::now();
+                let out = fwd.forward(req, strip, &down).await;
+                let took = sent.elapsed();
+                lane.metrics.upstream_seconds.observe(took.as_secs_f64());
+                log.upstream = Some((out.1.map_or(out.0.status().as_u16(), |_| 0), took));
+                out
             }
         };
+        if let Some(head) = &head {
+            resp = self.after_upstream(route, lane, head, resp, failure, &mut log);
+        }
         if let Some(mut a) = admission {
-            gate.decorate(&mut a, &mut resp);
+            lane.gate.decorate(&mut a, &mut resp);
             if let Some(permit) = a.permit {
                 resp.body_mut().hold(permit);
             }
         }
+        (resp, Some(log))
+    }
+
+    fn wants_copy(&self, route: &Route, lane: &Lane, parts: &Parts) -> bool {
+        if route.stale_on_limit.is_none() && route.stale_on_upstream_error.is_none() {
+            return false;
+        }
+        match parts.method {
+            Method::GET => self.cache.may_store(parts, lane.keyed_on_credentials),
+            Method::HEAD => route.stale_on_upstream_error.is_some(),
+            _ => false,
+        }
+    }
+
+    /// The gate said no: a stale copy when the route allows one, else the gate's answer.
+    fn throttled(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        parts: &Parts,
+        resp: Response<Body>,
+        log: &mut Access,
+    ) -> Response<Body> {
+        if let Some(max_age) = route.stale_on_limit {
+            if matches!(parts.method, Method::GET | Method::HEAD) {
+                if let Some(stale) = self.cache.stale(parts, StaleReason::Throttled, max_age, self.wall_now()) {
+                    lane.metrics.stale_throttled.inc();
+                    log.stale = Stale::Throttled;
+                    return stale;
+                }
+            }
+        }
         resp
+    }
+
+    /// stale-if-error on a failed answer; otherwise keep a copy of a good GET answer.
+    fn after_upstream(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        head: &Parts,
+        resp: Response<Body>,
+        failure: Option<Failure>,
+        log: &mut Access,
+    ) -> Response<Body> {
+        let status = resp.status().as_u16();
+        if failure.is_some() || matches!(status, 500 | 502 | 503 | 504) {
+            if let Some(max_age) = route.stale_on_upstream_error {
+                let reason = StaleReason::UpstreamError { status };
+                if let Some(stale) = self.cache.stale(head, reason, max_age, self.wall_now()) {
+                    lane.metrics.stale_upstream_error.inc();
+                    log.stale = Stale::UpstreamError;
+                    return stale;
+                }
+            }
+            return resp;
+        }
+        if head.method == Method::GET {
+            return self.cache.capture(head, lane.keyed_on_credentials, resp, self.wall_now());
+        }
+        resp
+    }
+
+    /// Live keys per limit into the gauges (called when metrics are scraped).
+    pub fn refresh_gauges(&self) {
+        for lane in &self.lanes {
+            for l in lane.gate.limits() {
+                l.metrics.keys.set(i64::try_from(l.live_keys()).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
+fn keys_on_credentials(route: &Route) -> bool {
+    route.limits.iter().any(|l| {
+        l.key
+            .parts()
+            .iter()
+            .any(|p| matches!(p, KeyPart::Header(h) if *h == http::header::AUTHORIZATION || *h == http::header::COOKIE))
+    })
+}
+
+/// The facts of one request for the access log.
+struct Access<'a> {
+    lane: &'a Lane,
+    route: &'a str,
+    method: Method,
+    path: String,
+    note: Note,
+    upstream: Option<(u16, Duration)>,
+    stale: Stale,
+}
+
+impl<'a> Access<'a> {
+    /// `logging`: the access log is on, so the path is worth copying.
+    fn new(lane: &'a Lane, route: &'a Route, parts: &Parts, logging: bool) -> Access<'a> {
+        Access {
+            lane,
+            route: &route.name,
+            method: parts.method.clone(),
+            path: if logging { parts.uri.path().to_owned() } else { String::new() },
+            note: Note::default(),
+            upstream: None,
+            stale: Stale::No,
+        }
+    }
+
+    fn emit(&self, status: u16, took: Duration) {
+        let limit = self.note.limit.and_then(|i| self.lane.gate.limits().get(i)).map(|l| l.config.name.as_str());
+        tracing::info!(
+            target: "tollgate::access",
+            route = self.route,
+            method = %self.method,
+            path = %self.path,
+            status,
+            duration_ms = took.as_secs_f64() * 1e3,
+            upstream_status = self.upstream.map(|u| u.0),
+            upstream_ms = self.upstream.map(|u| u.1.as_secs_f64() * 1e3),
+            limit,
+            remaining = self.note.remaining,
+            retry_after = self.note.retry_after_secs,
+            delayed_ms = self.note.delayed_us as f64 / 1e3,
+            overloaded = self.note.overloaded,
+            stale = match self.stale {
+                Stale::No => "no",
+                Stale::Throttled => "throttled",
+                Stale::UpstreamError => "upstream_error",
+            },
+        );
     }
 }

@@ -86,6 +86,8 @@ mod tests {
             limits: vec![],
             concurrency: None,
             ratelimit_headers: true,
+            stale_on_limit: None,
+            stale_on_upstream_error: None,
         }
     }
 

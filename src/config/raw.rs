@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use super::limits::{limit_path, RawConcurrency, RawLimit};
-use super::units::Dur;
+use super::units::{Dur, Size};
 use super::{key, parse_header, parse_upstream_url, Invalid, Seg};
 
 #[derive(Deserialize)]
@@ -25,6 +25,8 @@ pub struct Config {
     server: Server,
     #[serde(default)]
     log: Log,
+    #[serde(default)]
+    cache: Cache,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -62,6 +64,41 @@ impl Default for Server {
             grace_period: default_grace_period(),
         }
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cache {
+    #[serde(default = "default_cache_bytes")]
+    max_bytes: Size,
+    #[serde(default = "default_entry_bytes")]
+    max_entry_bytes: Size,
+}
+
+fn default_cache_bytes() -> Size {
+    Size(64 << 20)
+}
+fn default_entry_bytes() -> Size {
+    Size(1 << 20)
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache { max_bytes: default_cache_bytes(), max_entry_bytes: default_entry_bytes() }
+    }
+}
+
+/// `on_limit:` / `on_upstream_error:` of a route.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fallback {
+    stale: Option<Stale>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Stale {
+    max_age: Dur,
 }
 
 #[derive(Deserialize, Default)]
@@ -124,6 +161,8 @@ struct Route {
     concurrency: Option<RawConcurrency>,
     #[serde(default = "yes")]
     ratelimit_headers: bool,
+    on_limit: Option<Fallback>,
+    on_upstream_error: Option<Fallback>,
 }
 
 fn yes() -> bool {
@@ -226,6 +265,8 @@ impl Config {
                 limits,
                 concurrency,
                 ratelimit_headers: route.ratelimit_headers,
+                stale_on_limit: route.on_limit.and_then(|f| f.stale).map(|s| s.max_age.0),
+                stale_on_upstream_error: route.on_upstream_error.and_then(|f| f.stale).map(|s| s.max_age.0),
             });
         }
         Ok(super::Config {
@@ -243,6 +284,10 @@ impl Config {
                     LogFormat::Json => super::LogFormat::Json,
                 },
                 access: self.log.access,
+            },
+            cache: super::CacheConfig {
+                max_bytes: self.cache.max_bytes.0,
+                max_entry_bytes: usize::try_from(self.cache.max_entry_bytes.0).unwrap_or(usize::MAX),
             },
             upstreams,
             routes,

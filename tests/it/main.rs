@@ -8,3 +8,4 @@ mod cli;
 mod forwarding;
 mod limits;
 mod server;
+mod stale;

@@ -96,6 +96,8 @@ type Handler = Arc<dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Resp
 pub struct Upstream {
     pub addr: SocketAddr,
     task: JoinHandle<()>,
+    /// Open connections, closed on drop so a dropped upstream is really gone.
+    conns: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Upstream {
@@ -107,21 +109,25 @@ impl Upstream {
         let handler: Handler = Arc::new(move |req| Box::pin(handler(req)));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let conns: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let tracked = conns.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
                 let handler = handler.clone();
-                tokio::spawn(async move {
+                let mut list = tracked.lock().unwrap();
+                list.retain(|t| !t.is_finished());
+                list.push(tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let handler = handler.clone();
                         async move { Ok::<_, Infallible>(handler(req).await) }
                     });
                     let _ =
                         hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
-                });
+                }));
             }
         });
-        Upstream { addr, task }
+        Upstream { addr, task, conns }
     }
 
     /// Answers 200 with `body` to everything.
@@ -133,6 +139,9 @@ impl Upstream {
 impl Drop for Upstream {
     fn drop(&mut self) {
         self.task.abort();
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
     }
 }
 
