@@ -5,6 +5,8 @@
 //!
 //! - [`config`]: YAML → validated, typed config; every error with line, column and field path.
 //! - [`server`]: accept loop, HTTP/1.1 + h2c, timeouts, graceful shutdown.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/config` on the admin listener.
+//! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
 //! - [`route`]: first-match routing.
 //! - [`proxy`]: the compiled config that serves a request end to end.
 //! - [`gate`]: a route's limits and concurrency cap; 429/503 answers and RateLimit headers.
@@ -16,6 +18,7 @@
 //! - [`body`], [`problem`]: the response body type and problem+json answers.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod body;
 pub mod cache;
 pub mod config;
@@ -26,5 +29,6 @@ pub mod limit;
 pub mod metrics;
 pub mod problem;
 pub mod proxy;
+pub mod reload;
 pub mod route;
 pub mod server;

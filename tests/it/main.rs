@@ -7,5 +7,6 @@ mod support;
 mod cli;
 mod forwarding;
 mod limits;
+mod operate;
 mod server;
 mod stale;

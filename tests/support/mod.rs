@@ -69,6 +69,16 @@ impl Tollgate {
         Tollgate { addr, shared, stop: Some(tx), task: Some(task) }
     }
 
+    /// Starts the admin listener for this proxy on 127.0.0.1:0.
+    pub async fn start_admin(&self) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ready = Arc::new(tollgate::admin::Readiness::default());
+        ready.set_listening(true);
+        tokio::spawn(tollgate::admin::serve(listener, self.shared.clone(), ready, std::future::pending()));
+        addr
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
