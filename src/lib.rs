@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod bench;
 pub mod body;
 pub mod cache;
 pub mod config;

@@ -39,6 +39,9 @@ enum Command {
     Check,
     /// Print each route's limits in plain words, with the Retry-After a client will see.
     Explain,
+    /// Be the candidate of the benchmark harness (shared/bench/run.sh): one worker thread,
+    /// configured from UPSTREAM_ADDR, LISTEN_ADDR, REJECT_PORT, H2_PORT, REJECT_RATE, REJECT_BURST.
+    Bench,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -49,6 +52,15 @@ enum Format {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Some(Command::Bench)) {
+        return match tollgate::bench::run_from_env() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {
@@ -65,6 +77,7 @@ fn main() -> ExitCode {
             print!("{}", tollgate::explain::explain(&config));
             ExitCode::SUCCESS
         }
+        Command::Bench => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
