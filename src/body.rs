@@ -11,11 +11,20 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::forward::pool::Returner;
+
+fn release(ret: &mut Option<Returner>) {
+    if let Some(r) = ret.take() {
+        r.release();
+    }
+}
+
 pin_project! {
     #[project = KindProj]
     enum Kind {
         Full { data: Option<Bytes> },
-        Stream { #[pin] inner: Incoming },
+        // An upstream body; `ret` gives its connection back to the pool once it ends.
+        Stream { #[pin] inner: Incoming, ret: Option<Returner> },
         // Any body, copied for the cache as it streams (see `crate::cache::Capture`).
         Captured { #[pin] inner: crate::cache::Capture<Pin<Box<Body>>> },
     }
@@ -42,7 +51,17 @@ impl Body {
     }
 
     pub fn stream(inner: Incoming) -> Body {
-        Body { kind: Kind::Stream { inner }, hold: None }
+        Body { kind: Kind::Stream { inner, ret: None }, hold: None }
+    }
+
+    /// An upstream body whose connection goes back to its pool when the body ends.
+    pub fn upstream(inner: Incoming, ret: Returner) -> Body {
+        if inner.is_end_stream() {
+            // hyper may never poll an empty body: the connection is free already.
+            ret.release();
+            return Body::stream(inner);
+        }
+        Body { kind: Kind::Stream { inner, ret: Some(ret) }, hold: None }
     }
 
     /// `inner` copied for the cache as it streams.
@@ -68,7 +87,16 @@ impl HttpBody for Body {
         let this = self.project();
         let polled = match this.kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Stream { inner } => inner.poll_frame(cx),
+            KindProj::Stream { mut inner, ret } => {
+                let polled = inner.as_mut().poll_frame(cx);
+                match &polled {
+                    Poll::Ready(None) => release(ret),
+                    Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => release(ret),
+                    Poll::Ready(Some(Err(_))) => drop(ret.take()),
+                    _ => {}
+                }
+                polled
+            }
             KindProj::Captured { inner } => inner.poll_frame(cx),
         };
         if let Poll::Ready(None | Some(Err(_))) = polled {
@@ -80,7 +108,7 @@ impl HttpBody for Body {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
-            Kind::Stream { inner } => inner.is_end_stream(),
+            Kind::Stream { inner, .. } => inner.is_end_stream(),
             Kind::Captured { inner } => inner.is_end_stream(),
         }
     }
@@ -88,7 +116,7 @@ impl HttpBody for Body {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
-            Kind::Stream { inner } => inner.size_hint(),
+            Kind::Stream { inner, .. } => inner.size_hint(),
             Kind::Captured { inner } => inner.size_hint(),
         }
     }
