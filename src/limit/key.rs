@@ -9,7 +9,8 @@
 //! billion keys). It is not a cryptographic hash: someone who can choose a key part could in
 //! principle aim for another client's digest, but every part of a key is either the client's
 //! own (its headers) or not under its control (peer IP, route), so nothing is gained that
-//! sending the other client's header value would not give. BLAKE3 would cost ~5x more per call.
+//! sending the other client's header value would not give. A cryptographic hash (BLAKE3) would
+//! cost more on the hot path and buy nothing for that reason.
 //!
 //! Encoding (`v1`): `"tollgate/key/v1"`, then per part a tag byte and its material:
 //! route `0x01 len:u32le bytes`; client IP `0x02` then `0x04 + 4 bytes` or `0x06 + 16 bytes`
