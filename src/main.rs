@@ -15,6 +15,10 @@ use tollgate::proxy::Proxy;
 use tollgate::reload::Reloader;
 use tollgate::server::Shared;
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "tollgate", version, about = "A fast HTTP reverse proxy with exact, shared rate limits")]
 struct Cli {
