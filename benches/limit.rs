@@ -28,51 +28,18 @@ fn nz32(n: u32) -> NonZeroU32 {
 
 /// Uniform 128-bit keys, as KeySpec::hash produces.
 fn keys(n: usize) -> Vec<KeyHash> {
-    (0..n as u64)
-        .map(|i| KeyHash(xxhash_rust::xxh3::xxh3_128(&i.to_le_bytes())))
-        .collect()
+    (0..n as u64).map(|i| KeyHash(xxhash_rust::xxh3::xxh3_128(&i.to_le_bytes()))).collect()
 }
 
 /// Parameters for a hot key: saturated, so most decisions deny (the expensive-to-get-wrong path).
 fn hot_algorithms() -> Vec<(&'static str, Algorithm)> {
     let (sec, limit) = (1_000_000, nz(1_000));
     vec![
-        (
-            "token_bucket",
-            Algorithm::TokenBucket {
-                interval: nz(1_000),
-                burst: nz(100),
-                warmup: 0,
-            },
-        ),
-        (
-            "leaky_bucket",
-            Algorithm::LeakyBucket {
-                interval: nz(1_000),
-                max_delay: 100_000,
-            },
-        ),
-        (
-            "fixed_window",
-            Algorithm::FixedWindow {
-                window: nz(sec),
-                limit,
-            },
-        ),
-        (
-            "sliding_window",
-            Algorithm::SlidingWindow {
-                window: nz(sec),
-                limit,
-            },
-        ),
-        (
-            "sliding_log",
-            Algorithm::SlidingLog {
-                window: nz(sec),
-                limit: nz(100),
-            },
-        ),
+        ("token_bucket", Algorithm::TokenBucket { interval: nz(1_000), burst: nz(100), warmup: 0 }),
+        ("leaky_bucket", Algorithm::LeakyBucket { interval: nz(1_000), max_delay: 100_000 }),
+        ("fixed_window", Algorithm::FixedWindow { window: nz(sec), limit }),
+        ("sliding_window", Algorithm::SlidingWindow { window: nz(sec), limit }),
+        ("sliding_log", Algorithm::SlidingLog { window: nz(sec), limit: nz(100) }),
     ]
 }
 
@@ -81,42 +48,11 @@ fn hot_algorithms() -> Vec<(&'static str, Algorithm)> {
 fn many_algorithms() -> Vec<(&'static str, Algorithm)> {
     let (min, limit) = (60_000_000, nz(1_000));
     vec![
-        (
-            "token_bucket",
-            Algorithm::TokenBucket {
-                interval: nz(min),
-                burst: limit,
-                warmup: 0,
-            },
-        ),
-        (
-            "leaky_bucket",
-            Algorithm::LeakyBucket {
-                interval: nz(1_000),
-                max_delay: 10_000_000,
-            },
-        ),
-        (
-            "fixed_window",
-            Algorithm::FixedWindow {
-                window: nz(10 * min),
-                limit,
-            },
-        ),
-        (
-            "sliding_window",
-            Algorithm::SlidingWindow {
-                window: nz(10 * min),
-                limit,
-            },
-        ),
-        (
-            "sliding_log",
-            Algorithm::SlidingLog {
-                window: nz(10 * min),
-                limit,
-            },
-        ),
+        ("token_bucket", Algorithm::TokenBucket { interval: nz(min), burst: limit, warmup: 0 }),
+        ("leaky_bucket", Algorithm::LeakyBucket { interval: nz(1_000), max_delay: 10_000_000 }),
+        ("fixed_window", Algorithm::FixedWindow { window: nz(10 * min), limit }),
+        ("sliding_window", Algorithm::SlidingWindow { window: nz(10 * min), limit }),
+        ("sliding_log", Algorithm::SlidingLog { window: nz(10 * min), limit }),
     ]
 }
 
@@ -192,9 +128,7 @@ fn bench_many(c: &mut Criterion) {
         }
     }
     let gov: DefaultKeyedRateLimiter<u128> = RateLimiter::keyed(
-        Quota::with_period(Duration::from_secs(60))
-            .expect("non-zero period")
-            .allow_burst(nz32(1_000)),
+        Quota::with_period(Duration::from_secs(60)).expect("non-zero period").allow_burst(nz32(1_000)),
     );
     for k in &keys {
         let _ = gov.check_key(&k.0);
@@ -222,9 +156,7 @@ fn bench_many(c: &mut Criterion) {
 /// What a decision costs besides the map: the clock read and the key digest.
 fn bench_parts(c: &mut Criterion) {
     let mut g = c.benchmark_group("parts");
-    g.bench_function("system_clock_now", |b| {
-        b.iter(|| black_box(SystemClock.now()))
-    });
+    g.bench_function("system_clock_now", |b| b.iter(|| black_box(SystemClock.now())));
     let req = http::Request::builder()
         .uri("/api/v1/items?user=alice")
         .header("x-api-key", "0123456789abcdef0123456789abcdef")
@@ -232,16 +164,10 @@ fn bench_parts(c: &mut Criterion) {
         .expect("request")
         .into_parts()
         .0;
-    let ctx = KeyCtx {
-        route: "api",
-        client_ip: "203.0.113.9".parse().expect("ip"),
-        parts: &req,
-    };
+    let ctx = KeyCtx { route: "api", client_ip: "203.0.113.9".parse().expect("ip"), parts: &req };
     for spec in ["client_ip", "route, client_ip, header:x-api-key"] {
         let spec_v = KeySpec::parse(spec).expect("spec");
-        g.bench_function(BenchmarkId::new("key_hash", spec), |b| {
-            b.iter(|| black_box(spec_v.hash(black_box(&ctx))))
-        });
+        g.bench_function(BenchmarkId::new("key_hash", spec), |b| b.iter(|| black_box(spec_v.hash(black_box(&ctx)))));
     }
     g.finish();
 }
@@ -267,8 +193,7 @@ fn report_rss() {
     let before = rss_kib();
     let now = SystemClock.now();
     if which == "governor" {
-        let gov: DefaultKeyedRateLimiter<u128> =
-            RateLimiter::keyed(Quota::per_minute(nz32(1)).allow_burst(nz32(10)));
+        let gov: DefaultKeyedRateLimiter<u128> = RateLimiter::keyed(Quota::per_minute(nz32(1)).allow_burst(nz32(10)));
         for k in &keys {
             let _ = gov.check_key(&k.0);
         }
@@ -279,12 +204,7 @@ fn report_rss() {
             store.decide(*k, now, 1);
         }
         assert_eq!(store.len(), MANY);
-        print_rss(
-            "tollgate LocalStore token bucket",
-            store.len(),
-            before,
-            rss_kib(),
-        );
+        print_rss("tollgate LocalStore token bucket", store.len(), before, rss_kib());
     }
 }
 

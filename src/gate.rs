@@ -306,7 +306,7 @@ impl Gate {
             push_param(&mut out, "r", remaining);
             push_param(&mut out, "t", ceil_secs(reset));
         }
-        HeaderValue::from_str(&out).ok()
+        HeaderValue::try_from(out).ok()
     }
 
     /// Puts the RateLimit headers of an admitted request on its answer.

@@ -62,20 +62,18 @@ pub fn append_via(headers: &mut HeaderMap, received: Version) {
 /// upstream may log them) but the peer is always the last entry, so the chain's right end
 /// is what we saw. `X-Forwarded-Proto` and `-Host` are ours unless a trusted peer set them.
 pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool, host: Option<&HeaderValue>) {
-    let mut buf = itoa_ip(peer);
+    use std::fmt::Write;
     // Several XFF fields are one list; fold them into one value, ours last.
-    if headers.contains_key(&X_FORWARDED_FOR) {
-        let mut joined = String::new();
-        for v in headers.get_all(&X_FORWARDED_FOR) {
-            if let Ok(s) = v.to_str() {
-                joined.push_str(s);
-                joined.push_str(", ");
-            }
+    let mut chain = String::with_capacity(48);
+    for v in headers.get_all(&X_FORWARDED_FOR) {
+        if let Ok(s) = v.to_str() {
+            chain.push_str(s);
+            chain.push_str(", ");
         }
-        joined.push_str(&buf);
-        buf = joined;
     }
-    if let Ok(v) = HeaderValue::from_str(&buf) {
+    let _ = write!(chain, "{}", canonical(peer));
+    // From a String the value takes the buffer over: no second copy.
+    if let Ok(v) = HeaderValue::try_from(chain) {
         headers.insert(X_FORWARDED_FOR, v);
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
@@ -93,14 +91,11 @@ pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool,
     }
 }
 
-fn itoa_ip(ip: IpAddr) -> String {
-    // IPv4-mapped IPv6 peers (dual-stack sockets) are written as IPv4.
+/// IPv4-mapped IPv6 peers (dual-stack sockets) are written as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
-            None => v6.to_string(),
-        },
-        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
     }
 }
 
