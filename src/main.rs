@@ -1,1 +1,148 @@
-fn main() {}
+//! The `tollgate` command: run the proxy, or check a config file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use clap::{Parser, Subcommand, ValueEnum};
+use tollgate::config::{Config, LogFormat, UpstreamKind};
+use tollgate::proxy::Proxy;
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "A fast HTTP reverse proxy with exact, shared rate limits")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Config file.
+    #[arg(short, long, global = true, default_value = "proxy.yaml")]
+    config: PathBuf,
+    /// Listen address, overriding `listen:` in the config.
+    #[arg(long, global = true)]
+    listen: Option<SocketAddr>,
+    /// Log format, overriding `log.format:` in the config.
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<Format>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the config (the default).
+    Run,
+    /// Validate the config and print its routes; exit 2 when it is invalid.
+    Check,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => {
+            print!("{}", summary(&config));
+            ExitCode::SUCCESS
+        }
+        Command::Run => match run(cli.listen, cli.log_format, config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn run(listen: Option<SocketAddr>, log_format: Option<Format>, mut config: Config) -> anyhow::Result<()> {
+    if let Some(addr) = listen {
+        config.listen = addr;
+    }
+    if let Some(f) = log_format {
+        config.log.format = match f {
+            Format::Text => LogFormat::Text,
+            Format::Json => LogFormat::Json,
+        };
+    }
+    init_logging(config.log.format);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        tracing::info!(listen = %config.listen, routes = config.routes.len(), "tollgate listening");
+        let shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
+        tollgate::server::serve(listener, shared, shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops tollgate");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
+
+fn summary(config: &Config) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "config ok: listen {}, {} upstream(s), {} route(s)",
+        config.listen,
+        config.upstreams.len(),
+        config.routes.len()
+    );
+    for (i, r) in config.routes.iter().enumerate() {
+        let host = match &r.host {
+            None => "*".to_owned(),
+            Some(tollgate::config::HostMatch::Exact(h)) => h.clone(),
+            Some(tollgate::config::HostMatch::Suffix(s)) => format!("*{s}"),
+        };
+        let path = match &r.path {
+            tollgate::config::PathMatch::Prefix(p) => format!("{p}*"),
+            tollgate::config::PathMatch::Exact(p) => p.clone(),
+        };
+        let methods = r
+            .methods
+            .as_ref()
+            .map_or("any method".to_owned(), |m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(","));
+        let up = config.upstream(r);
+        let target = match &up.kind {
+            UpstreamKind::Http(h) => format!("{} (http://{}{})", up.name, h.authority, h.base_path),
+            UpstreamKind::Respond(resp) => format!("{} (built-in responder, status {})", up.name, resp.status.as_u16()),
+        };
+        let _ = writeln!(out, "  {}. {}: {} {} [{}] -> {}", i + 1, r.name, host, path, methods, target);
+    }
+    out
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's test command: installs what a fresh machine lacks, then runs format, lint and
+# every test. Tests start their own redis-server processes on free loopback ports.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+need() { command -v "$1" >/dev/null 2>&1; }
+missing=()
+need redis-server || missing+=(redis-server)
+need redis-cli || missing+=(redis-tools)
+if ((${#missing[@]})); then
+  echo "==> installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) == 0 ]] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if need rustup; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+if need docker && docker compose version >/dev/null 2>&1 && [[ -f docker-compose.yml ]]; then
+  echo "==> docker compose config"
+  docker compose -f docker-compose.yml config --quiet
+fi
+echo "==> cargo test"
+cargo test --quiet

@@ -1,0 +1,277 @@
+//! YAML → validated, typed configuration.
+//!
+//! One function ([`Config::from_yaml`]) calls serde_yaml; the serde mirror in `raw` denies
+//! unknown fields, and validation turns it into types that cannot hold an invalid value.
+//! Every error names the file, line, column, field path and what was expected.
+
+mod locate;
+mod raw;
+pub mod units;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use ipnet::IpNet;
+
+pub use locate::Seg;
+
+/// A config error, positioned in its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    /// Field path such as `routes[0].upstream`; empty for document-level errors.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: ", self.file.display(), self.line, self.column)?;
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub trusted_proxies: Vec<IpNet>,
+    pub server: ServerConfig,
+    pub log: LogConfig,
+    pub upstreams: Vec<Upstream>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// A client must send its whole request head within this.
+    pub header_read_timeout: Duration,
+    /// Larger request heads get 431.
+    pub max_header_bytes: usize,
+    /// On SIGINT/SIGTERM, in-flight requests get this long to finish.
+    pub grace_period: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// One line per request.
+    pub access: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: String,
+    pub kind: UpstreamKind,
+}
+
+#[derive(Debug, Clone)]
+pub enum UpstreamKind {
+    Http(HttpUpstream),
+    Respond(Responder),
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpUpstream {
+    /// `http://host:port` — no userinfo, no path.
+    pub authority: http::uri::Authority,
+    /// Path prefix of the URL (`/v1` in `http://api:3000/v1`), without trailing slash; may be empty.
+    pub base_path: String,
+    pub connect_timeout: Duration,
+    /// The whole response head must arrive within this.
+    pub timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle: usize,
+    /// Send the client's Host (default) or the upstream's authority.
+    pub preserve_host: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Responder {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub latency: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub host: Option<HostMatch>,
+    pub path: PathMatch,
+    /// `None` matches every method.
+    pub methods: Option<Vec<Method>>,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    pub strip_prefix: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// Lower-case host without port.
+    Exact(String),
+    /// `*.example.com` stored as `.example.com`: matches `a.example.com`, not `example.com`.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    Prefix(String),
+    Exact(String),
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    ///
+    /// # Errors
+    /// The file cannot be read, or its content is invalid (see [`Config::from_yaml`]).
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_owned(),
+            line: 0,
+            column: 0,
+            path: String::new(),
+            message: format!("cannot read the file: {e}"),
+        })?;
+        Config::from_yaml(path, &text)
+    }
+
+    /// Parses and validates YAML text; `file` is only used in error messages.
+    ///
+    /// # Errors
+    /// The first problem found, with its position.
+    pub fn from_yaml(file: &Path, text: &str) -> Result<Config, ConfigError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let raw: raw::Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let segs = segments(e.path());
+            let inner = e.into_inner();
+            let path = locate::render(&segs);
+            // serde_yaml places custom errors at the enclosing mapping; the path is exact.
+            let (line, column) = match locate::locate(text, &segs) {
+                Some(pos) if !segs.is_empty() => pos,
+                _ => inner.location().map_or((1, 1), |l| (l.line(), l.column())),
+            };
+            ConfigError { file: file.to_owned(), line, column, message: clean_message(&inner, &path), path }
+        })?;
+        raw.validate().map_err(|(segs, message)| {
+            let (line, column) = locate::locate(text, &segs).unwrap_or((1, 1));
+            ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message }
+        })
+    }
+
+    pub fn upstream(&self, route: &Route) -> &Upstream {
+        &self.upstreams[route.upstream]
+    }
+}
+
+fn segments(path: &serde_path_to_error::Path) -> Vec<Seg> {
+    use serde_path_to_error::Segment;
+    path.iter()
+        .filter_map(|s| match s {
+            Segment::Seq { index } => Some(Seg::Index(*index)),
+            Segment::Map { key } => Some(Seg::Key(key.clone())),
+            Segment::Enum { variant } => Some(Seg::Key(variant.clone())),
+            Segment::Unknown => None,
+        })
+        .collect()
+}
+
+/// serde_yaml's message carries the path and the position, which we report separately.
+fn clean_message(err: &serde_yaml::Error, path: &str) -> String {
+    let mut msg = err.to_string();
+    if let Some(loc) = err.location() {
+        msg = msg.replace(&format!(" at line {} column {}", loc.line(), loc.column()), "");
+    }
+    // serde_yaml prefixes the path of the enclosing value, ours may be one field deeper.
+    if let Some((prefix, rest)) = msg.split_once(": ") {
+        if !prefix.contains(' ') && path.starts_with(prefix) {
+            msg = rest.to_owned();
+        }
+    }
+    msg
+}
+
+/// Errors found after parsing, with the path of the offending field.
+pub(crate) type Invalid = (Vec<Seg>, String);
+
+pub(crate) fn key(k: &str) -> Seg {
+    Seg::Key(k.to_owned())
+}
+
+pub(crate) fn parse_header(
+    at: impl Fn() -> Vec<Seg>,
+    name: &str,
+    value: &str,
+) -> Result<(HeaderName, HeaderValue), Invalid> {
+    let n =
+        HeaderName::from_bytes(name.as_bytes()).map_err(|_| (at(), format!("`{name}` is not a valid header name")))?;
+    let v = HeaderValue::from_str(value)
+        .map_err(|_| (at(), format!("the value of `{name}` is not a valid header value")))?;
+    Ok((n, v))
+}
+
+pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, String), String> {
+    let uri: Uri = url.parse().map_err(|e| format!("`{url}` is not a URL ({e}); expected http://host:port"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err("https upstreams are not supported yet; expected an http:// URL".to_owned()),
+        _ => return Err(format!("`{url}` has no http:// scheme; expected http://host:port")),
+    }
+    let authority =
+        uri.authority().cloned().ok_or_else(|| format!("`{url}` has no host; expected http://host:port"))?;
+    if authority.as_str().contains('@') {
+        return Err("credentials in an upstream URL are not supported; remove the user:password@ part".to_owned());
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{url}` has a query string; an upstream URL is a scheme, host, port and optional path"));
+    }
+    let base = uri.path().trim_end_matches('/').to_owned();
+    Ok((authority, base))
+}
+
+impl HostMatch {
+    /// `host` is lower-case without port.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostMatch::Exact(h) => h == host,
+            HostMatch::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_str()),
+        }
+    }
+}
+
+impl PathMatch {
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Exact(p) => path == p,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            PathMatch::Prefix(p) | PathMatch::Exact(p) => p,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

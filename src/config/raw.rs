@@ -1,0 +1,304 @@
+//! The serde mirror of proxy.yaml: every struct denies unknown fields. `validate` turns it
+//! into the typed [`super::Config`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use super::units::Dur;
+use super::{key, parse_header, parse_upstream_url, Invalid, Seg};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "default_listen")]
+    listen: SocketAddr,
+    admin: Option<SocketAddr>,
+    #[serde(default)]
+    trusted_proxies: Vec<IpNet>,
+    #[serde(default)]
+    server: Server,
+    #[serde(default)]
+    log: Log,
+    upstreams: BTreeMap<String, Upstream>,
+    routes: Vec<Route>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Server {
+    #[serde(default = "default_header_read_timeout")]
+    header_read_timeout: Dur,
+    #[serde(default = "default_max_header_bytes")]
+    max_header_bytes: usize,
+    #[serde(default = "default_grace_period")]
+    grace_period: Dur,
+}
+
+fn default_header_read_timeout() -> Dur {
+    Dur(std::time::Duration::from_secs(10))
+}
+fn default_max_header_bytes() -> usize {
+    16 * 1024
+}
+fn default_grace_period() -> Dur {
+    Dur(std::time::Duration::from_secs(10))
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            header_read_timeout: default_header_read_timeout(),
+            max_header_bytes: default_max_header_bytes(),
+            grace_period: default_grace_period(),
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Log {
+    #[serde(default)]
+    format: LogFormat,
+    #[serde(default)]
+    access: bool,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Upstream {
+    url: Option<String>,
+    respond: Option<Respond>,
+    connect_timeout: Option<Dur>,
+    timeout: Option<Dur>,
+    pool_idle_timeout: Option<Dur>,
+    pool_max_idle: Option<usize>,
+    preserve_host: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Respond {
+    #[serde(default = "default_status")]
+    status: u16,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    body: String,
+    #[serde(default)]
+    latency: Option<Dur>,
+}
+
+fn default_status() -> u16 {
+    200
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Route {
+    name: Option<String>,
+    #[serde(default, rename = "match")]
+    matcher: Match,
+    upstream: String,
+    #[serde(default)]
+    strip_prefix: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Match {
+    host: Option<String>,
+    path_prefix: Option<String>,
+    path: Option<String>,
+    methods: Option<Vec<String>>,
+}
+
+impl Config {
+    pub fn validate(self) -> Result<super::Config, Invalid> {
+        if self.server.max_header_bytes < 8192 {
+            return Err((
+                vec![key("server"), key("max_header_bytes")],
+                format!("{} is too small; expected at least 8192 bytes", self.server.max_header_bytes),
+            ));
+        }
+        let mut upstreams = Vec::with_capacity(self.upstreams.len());
+        for (name, up) in self.upstreams {
+            let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
+            let kind = up.validate(&name, &at)?;
+            upstreams.push(super::Upstream { name, kind });
+        }
+        if self.routes.is_empty() {
+            return Err((vec![key("routes")], "expected at least one route".to_owned()));
+        }
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for (i, route) in self.routes.into_iter().enumerate() {
+            let at = |field: &[&str]| {
+                let mut p = vec![key("routes"), Seg::Index(i)];
+                p.extend(field.iter().map(|f| key(f)));
+                p
+            };
+            let name = route.name.unwrap_or_else(|| format!("route-{i}"));
+            if routes.iter().any(|r: &super::Route| r.name == name) {
+                return Err((at(&["name"]), format!("route name `{name}` is used twice; names must be unique")));
+            }
+            let upstream = upstreams.iter().position(|u| u.name == route.upstream).ok_or_else(|| {
+                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                (
+                    at(&["upstream"]),
+                    format!("unknown upstream `{}`; expected one of: {}", route.upstream, known.join(", ")),
+                )
+            })?;
+            let m = route.matcher;
+            let host = m.host.map(|h| parse_host(&h)).transpose().map_err(|e| (at(&["match", "host"]), e))?;
+            let path = match (m.path_prefix, m.path) {
+                (Some(_), Some(_)) => {
+                    return Err((at(&["match", "path"]), "give either `path` or `path_prefix`, not both".to_owned()))
+                }
+                (Some(p), None) => {
+                    super::PathMatch::Prefix(check_path(&p).map_err(|e| (at(&["match", "path_prefix"]), e))?)
+                }
+                (None, Some(p)) => super::PathMatch::Exact(check_path(&p).map_err(|e| (at(&["match", "path"]), e))?),
+                (None, None) => super::PathMatch::Prefix("/".to_owned()),
+            };
+            let methods = match m.methods {
+                None => None,
+                Some(list) => {
+                    let mut out = Vec::with_capacity(list.len());
+                    for (j, name) in list.iter().enumerate() {
+                        let method = Method::from_bytes(name.to_ascii_uppercase().as_bytes()).map_err(|_| {
+                            let mut p = at(&["match", "methods"]);
+                            p.push(Seg::Index(j));
+                            (p, format!("`{name}` is not an HTTP method"))
+                        })?;
+                        out.push(method);
+                    }
+                    Some(out)
+                }
+            };
+            if route.strip_prefix && !matches!(path, super::PathMatch::Prefix(_)) {
+                return Err((at(&["strip_prefix"]), "strip_prefix needs `match.path_prefix`".to_owned()));
+            }
+            routes.push(super::Route { name, host, path, methods, upstream, strip_prefix: route.strip_prefix });
+        }
+        Ok(super::Config {
+            listen: self.listen,
+            admin: self.admin,
+            trusted_proxies: self.trusted_proxies,
+            server: super::ServerConfig {
+                header_read_timeout: self.server.header_read_timeout.0,
+                max_header_bytes: self.server.max_header_bytes,
+                grace_period: self.server.grace_period.0,
+            },
+            log: super::LogConfig {
+                format: match self.log.format {
+                    LogFormat::Text => super::LogFormat::Text,
+                    LogFormat::Json => super::LogFormat::Json,
+                },
+                access: self.log.access,
+            },
+            upstreams,
+            routes,
+        })
+    }
+}
+
+impl Upstream {
+    fn validate(self, name: &str, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<super::UpstreamKind, Invalid> {
+        match (self.url, self.respond) {
+            (Some(_), Some(_)) => Err((at("respond"), "give either `url` or `respond`, not both".to_owned())),
+            (None, None) => Err((
+                vec![key("upstreams"), key(name)],
+                "expected `url: http://host:port` or a built-in `respond:` block".to_owned(),
+            )),
+            (Some(url), None) => {
+                let (authority, base_path) = parse_upstream_url(&url).map_err(|e| (at("url"), e))?;
+                Ok(super::UpstreamKind::Http(super::HttpUpstream {
+                    authority,
+                    base_path,
+                    connect_timeout: self.connect_timeout.map_or(std::time::Duration::from_secs(5), |d| d.0),
+                    timeout: self.timeout.map_or(std::time::Duration::from_secs(30), |d| d.0),
+                    pool_idle_timeout: self.pool_idle_timeout.map_or(std::time::Duration::from_secs(90), |d| d.0),
+                    pool_max_idle: self.pool_max_idle.unwrap_or(1024),
+                    preserve_host: self.preserve_host.unwrap_or(true),
+                }))
+            }
+            (None, Some(r)) => {
+                for (field, set) in [
+                    ("connect_timeout", self.connect_timeout.is_some()),
+                    ("timeout", self.timeout.is_some()),
+                    ("pool_idle_timeout", self.pool_idle_timeout.is_some()),
+                    ("pool_max_idle", self.pool_max_idle.is_some()),
+                    ("preserve_host", self.preserve_host.is_some()),
+                ] {
+                    if set {
+                        return Err((at(field), format!("`{field}` applies to `url` upstreams, not to `respond`")));
+                    }
+                }
+                let at_respond = |f: &str| {
+                    let mut p = at("respond");
+                    p.push(key(f));
+                    p
+                };
+                let status = StatusCode::from_u16(r.status).ok().filter(|s| s.as_u16() >= 200).ok_or_else(|| {
+                    (at_respond("status"), format!("{} is not a status code; expected 200-999", r.status))
+                })?;
+                let mut headers = HeaderMap::with_capacity(r.headers.len());
+                for (n, v) in &r.headers {
+                    let (n, v) = parse_header(
+                        || {
+                            let mut p = at_respond("headers");
+                            p.push(key(n));
+                            p
+                        },
+                        n,
+                        v,
+                    )?;
+                    headers.append(n, v);
+                }
+                Ok(super::UpstreamKind::Respond(super::Responder {
+                    status,
+                    headers,
+                    body: Bytes::from(r.body),
+                    latency: r.latency.map_or(std::time::Duration::ZERO, |d| d.0),
+                }))
+            }
+        }
+    }
+}
+
+fn parse_host(h: &str) -> Result<super::HostMatch, String> {
+    let h = h.trim().to_ascii_lowercase();
+    let valid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if let Some(rest) = h.strip_prefix("*.") {
+        if valid(rest) {
+            return Ok(super::HostMatch::Suffix(format!(".{rest}")));
+        }
+    } else if valid(&h) {
+        return Ok(super::HostMatch::Exact(h));
+    }
+    Err(format!("`{h}` is not a host name; expected e.g. api.example.com or *.example.com (no port)"))
+}
+
+fn check_path(p: &str) -> Result<String, String> {
+    if p.starts_with('/') {
+        Ok(p.to_owned())
+    } else {
+        Err(format!("`{p}` must start with `/`"))
+    }
+}

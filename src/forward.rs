@@ -1,0 +1,184 @@
+//! Sends an admitted request on: to an `http://` upstream through a pooled keep-alive
+//! client, or to the built-in responder. Failures become problem+json answers here, so the
+//! caller always gets a response; which failure it was is kept for the caller to act on.
+
+pub mod headers;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde_json::json;
+
+use crate::body::Body;
+use crate::config::{HttpUpstream, Responder};
+use crate::problem;
+
+/// What went wrong upstream; `None` in [`Forwarded::failure`] when a response came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No connection could be made (refused, unreachable, connect timeout): 502.
+    Connect,
+    /// No response head within `timeout`: 504.
+    Timeout,
+    /// The connection broke before a response head arrived: 502.
+    Broken,
+}
+
+/// Per-request facts the forwarder needs from the downstream side.
+pub struct Downstream {
+    pub peer: IpAddr,
+    pub peer_trusted: bool,
+}
+
+/// A pooled client for one `http://` upstream.
+pub struct HttpForwarder {
+    name: String,
+    client: Client<HttpConnector, Incoming>,
+    authority: Authority,
+    authority_value: HeaderValue,
+    base_path: String,
+    timeout: Duration,
+    preserve_host: bool,
+}
+
+impl HttpForwarder {
+    pub fn new(name: &str, cfg: &HttpUpstream) -> HttpForwarder {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(cfg.connect_timeout));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(cfg.pool_idle_timeout)
+            .pool_max_idle_per_host(cfg.pool_max_idle)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            // Host is ours to set (or keep), not the client's to derive from the URI.
+            .set_host(false)
+            .build(connector);
+        HttpForwarder {
+            name: name.to_owned(),
+            client,
+            authority_value: HeaderValue::from_str(cfg.authority.as_str()).unwrap_or(HeaderValue::from_static("")),
+            authority: cfg.authority.clone(),
+            base_path: cfg.base_path.clone(),
+            timeout: cfg.timeout,
+            preserve_host: cfg.preserve_host,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Forwards `req`, dropping the first `strip` bytes of its path (the route's prefix).
+    pub async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream,
+    ) -> (Response<Body>, Option<Failure>) {
+        let received = req.version();
+        let path = req.uri().path().get(strip..).unwrap_or("");
+        let uri = match self.upstream_uri(path, req.uri().query()) {
+            Ok(uri) => uri,
+            Err(_) => return (bad_request("the request path cannot be forwarded"), None),
+        };
+        // The client's Host: the Host header (HTTP/1) or the :authority (HTTP/2).
+        let client_host = match req.headers().get(header::HOST) {
+            Some(h) => Some(h.clone()),
+            None => req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+        };
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        let h = req.headers_mut();
+        headers::strip_hop_by_hop(h);
+        headers::add_forwarding(h, down.peer, down.peer_trusted, client_host.as_ref());
+        headers::append_via(h, received);
+        match (self.preserve_host, client_host) {
+            (true, Some(host)) => {
+                h.insert(header::HOST, host);
+            }
+            _ => {
+                h.insert(header::HOST, self.authority_value.clone());
+            }
+        }
+
+        let result = tokio::time::timeout(self.timeout, self.client.request(req)).await;
+        match result {
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                headers::strip_hop_by_hop(&mut parts.headers);
+                headers::append_via(&mut parts.headers, parts.version);
+                parts.version = Version::HTTP_11;
+                (Response::from_parts(parts, Body::stream(body)), None)
+            }
+            Ok(Err(e)) => {
+                let failure = if e.is_connect() { Failure::Connect } else { Failure::Broken };
+                tracing::debug!(upstream = %self.name, error = %e, "upstream request failed");
+                (self.failure_response(failure), Some(failure))
+            }
+            Err(_) => (self.failure_response(Failure::Timeout), Some(Failure::Timeout)),
+        }
+    }
+
+    fn upstream_uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+        let slash = if path.starts_with('/') { "" } else { "/" };
+        let mut pq = String::with_capacity(self.base_path.len() + path.len() + 2 + query.map_or(0, str::len));
+        pq.push_str(&self.base_path);
+        pq.push_str(slash);
+        pq.push_str(path);
+        if let Some(q) = query {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        let pq = PathAndQuery::try_from(pq)?;
+        Uri::builder().scheme(Scheme::HTTP).authority(self.authority.clone()).path_and_query(pq).build()
+    }
+
+    /// The problem answer for `failure`; it names the upstream, never its address.
+    pub fn failure_response(&self, failure: Failure) -> Response<Body> {
+        let (status, kind, title, detail) = match failure {
+            Failure::Connect => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-unreachable",
+                "Upstream unreachable",
+                format!("could not connect to upstream `{}`", self.name),
+            ),
+            Failure::Broken => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-failed",
+                "Upstream failed",
+                format!("upstream `{}` closed the connection without a response", self.name),
+            ),
+            Failure::Timeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "Upstream timed out",
+                format!("upstream `{}` sent no response within {:?}", self.name, self.timeout),
+            ),
+        };
+        problem::response(status, kind, title, &detail, json!({ "upstream": self.name }))
+    }
+}
+
+fn bad_request(detail: &str) -> Response<Body> {
+    problem::response(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail, serde_json::Value::Null)
+}
+
+/// The built-in responder: answers by itself after an optional fixed latency.
+pub async fn respond(r: &Responder) -> Response<Body> {
+    if !r.latency.is_zero() {
+        tokio::time::sleep(r.latency).await;
+    }
+    let mut resp = Response::new(Body::full(r.body.clone()));
+    *resp.status_mut() = r.status;
+    resp.headers_mut().clone_from(&r.headers);
+    resp
+}

@@ -1,0 +1,120 @@
+//! First-match routing: routes are tried in file order, the first whose host, path and
+//! method all match wins. Matching allocates nothing.
+
+use http::{HeaderMap, Method, Uri};
+
+use crate::config::{HostMatch, PathMatch, Route};
+
+/// The request's host for routing: the URI authority (HTTP/2, absolute-form) or the Host
+/// header, without port. Not lower-cased; comparisons ignore ASCII case.
+pub fn request_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    let raw = match uri.authority() {
+        Some(a) => a.as_str(),
+        None => headers.get(http::header::HOST)?.to_str().ok()?,
+    };
+    Some(strip_port(raw))
+}
+
+fn strip_port(authority: &str) -> &str {
+    // userinfo is not allowed in Host; an IPv6 literal keeps its brackets.
+    if authority.starts_with('[') {
+        return match authority.find(']') {
+            Some(end) => &authority[..=end],
+            None => authority,
+        };
+    }
+    match authority.rfind(':') {
+        Some(i) => &authority[..i],
+        None => authority,
+    }
+}
+
+fn host_matches(m: &HostMatch, host: &str) -> bool {
+    match m {
+        HostMatch::Exact(h) => h.eq_ignore_ascii_case(host),
+        HostMatch::Suffix(s) => {
+            host.len() > s.len() && host.as_bytes()[host.len() - s.len()..].eq_ignore_ascii_case(s.as_bytes())
+        }
+    }
+}
+
+/// Does `route` accept this request?
+pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -> bool {
+    if let Some(m) = &route.host {
+        match host {
+            Some(h) if host_matches(m, h) => {}
+            _ => return false,
+        }
+    }
+    if !route.path.matches(path) {
+        return false;
+    }
+    match &route.methods {
+        None => true,
+        Some(list) => list.iter().any(|m| m == method),
+    }
+}
+
+/// Index of the first route that accepts the request.
+pub fn find(routes: &[Route], method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<usize> {
+    let host = request_host(uri, headers);
+    let path = uri.path();
+    routes.iter().position(|r| matches(r, method, host, path))
+}
+
+/// The path sent upstream, possibly without its leading `/` (the caller adds it):
+/// `strip_prefix` removes the matched prefix, so `/api/` on `/api/users` leaves `users`.
+pub fn upstream_path<'a>(route: &Route, path: &'a str) -> &'a str {
+    match &route.path {
+        PathMatch::Prefix(p) if route.strip_prefix => path.get(p.len()..).unwrap_or(""),
+        _ => path,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(host: Option<HostMatch>, path: PathMatch, methods: Option<Vec<Method>>) -> Route {
+        Route { name: "r".into(), host, path, methods, upstream: 0, strip_prefix: false }
+    }
+
+    #[test]
+    fn host_exact_and_wildcard_ignore_case_and_port() {
+        let exact = route(Some(HostMatch::Exact("api.example.com".into())), PathMatch::Prefix("/".into()), None);
+        let wild = route(Some(HostMatch::Suffix(".example.com".into())), PathMatch::Prefix("/".into()), None);
+        let get = Method::GET;
+        assert!(matches(&exact, &get, Some(strip_port("API.example.com:8080")), "/"));
+        assert!(!matches(&exact, &get, Some("www.example.com"), "/"));
+        assert!(matches(&wild, &get, Some("a.b.Example.com"), "/"));
+        assert!(!matches(&wild, &get, Some("example.com"), "/"));
+        assert!(!matches(&wild, &get, None, "/"));
+    }
+
+    #[test]
+    fn path_and_methods() {
+        let r = route(None, PathMatch::Exact("/x".into()), Some(vec![Method::GET]));
+        assert!(matches(&r, &Method::GET, None, "/x"));
+        assert!(!matches(&r, &Method::POST, None, "/x"));
+        assert!(!matches(&r, &Method::GET, None, "/x/y"));
+    }
+
+    #[test]
+    fn strips_prefix() {
+        let mut r = route(None, PathMatch::Prefix("/api/".into()), None);
+        r.strip_prefix = true;
+        assert_eq!(upstream_path(&r, "/api/users"), "users");
+        assert_eq!(upstream_path(&r, "/api/"), "");
+        let mut r = route(None, PathMatch::Prefix("/api".into()), None);
+        r.strip_prefix = true;
+        assert_eq!(upstream_path(&r, "/api/users"), "/users");
+        assert_eq!(upstream_path(&r, "/api"), "");
+        assert_eq!(upstream_path(&r, "/apix"), "x");
+    }
+
+    #[test]
+    fn ipv6_host_keeps_brackets() {
+        assert_eq!(strip_port("[::1]:8080"), "[::1]");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+    }
+}

@@ -1,0 +1,96 @@
+//! The `tollgate` binary: check, version, and a clean exit on SIGTERM.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+fn write_config(text: &str) -> tempfile_path::TempPath {
+    tempfile_path::TempPath::new(text)
+}
+
+/// A file removed on drop (no extra crate needed for one temp file).
+mod tempfile_path {
+    pub struct TempPath(pub std::path::PathBuf);
+    impl TempPath {
+        pub fn new(text: &str) -> TempPath {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "tollgate-test-{}-{}.yaml",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::write(&p, text).unwrap();
+            TempPath(p)
+        }
+    }
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[test]
+fn check_accepts_the_shipped_config_and_lists_routes() {
+    let out =
+        Command::new(BIN).args(["check", "-c", concat!(env!("CARGO_MANIFEST_DIR"), "/proxy.yaml")]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("config ok") && text.contains("everything-else"), "{text}");
+}
+
+#[test]
+fn check_rejects_a_broken_config_with_exit_2_and_position() {
+    let f = write_config("upstreams:\n  demo: { respond: {} }\nroutes:\n  - upstream: dmeo\n");
+    let out = Command::new(BIN).arg("check").arg("-c").arg(&f.0).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":4:15: routes[0].upstream: unknown upstream `dmeo`"), "{err}");
+}
+
+#[test]
+fn version_flag_prints_version() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn exits_zero_on_sigterm() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let f = write_config("upstreams: { d: { respond: { body: up } } }\nroutes: [{ upstream: d }]\n");
+    let mut child = Command::new(BIN)
+        .arg("-c")
+        .arg(&f.0)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until it answers.
+    let mut up = false;
+    for _ in 0..100 {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(up, "tollgate did not start");
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let mut status = None;
+    for _ in 0..200 {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = status.unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("tollgate did not exit within 10 s of SIGTERM");
+    });
+    assert!(status.success(), "{status:?}");
+}

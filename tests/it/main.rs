@@ -1,0 +1,9 @@
+//! Integration tests: tollgate in-process on 127.0.0.1:0, real upstreams and clients.
+//! One binary for all of them, so the suite links once.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cli;
+mod forwarding;
+mod server;
