@@ -6,4 +6,5 @@ mod support;
 
 mod cli;
 mod forwarding;
+mod redis;
 mod server;
