@@ -4,8 +4,10 @@
 //! unknown fields, and validation turns it into types that cannot hold an invalid value.
 //! Every error names the file, line, column, field path and what was expected.
 
+mod limits;
 mod locate;
 mod raw;
+mod redis;
 pub mod units;
 
 use std::fmt;
@@ -17,6 +19,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
+pub use limits::{algorithm_name, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
 
 /// A config error, positioned in its file.
@@ -50,6 +53,9 @@ pub struct Config {
     pub trusted_proxies: Vec<IpNet>,
     pub server: ServerConfig,
     pub log: LogConfig,
+    pub cache: CacheConfig,
+    /// Present when the file has a `redis:` section (required by any `store: redis` limit).
+    pub redis: Option<crate::limit::RedisConfig>,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
 }
@@ -76,6 +82,13 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// One line per request.
     pub access: bool,
+}
+
+/// The store of stale copies (used by routes with `stale:` fallbacks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub max_bytes: u64,
+    pub max_entry_bytes: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -123,6 +136,15 @@ pub struct Route {
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
     pub strip_prefix: bool,
+    /// Every limit must admit a request.
+    pub limits: Vec<LimitConfig>,
+    pub concurrency: Option<Concurrency>,
+    /// Send `RateLimit-Policy` / `RateLimit` on answers of this route.
+    pub ratelimit_headers: bool,
+    /// Serve a stale copy up to this old instead of a 429/503 from the gate.
+    pub stale_on_limit: Option<Duration>,
+    /// Serve a stale copy up to this old when the upstream fails (stale-if-error).
+    pub stale_on_upstream_error: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,18 +3,19 @@
 //! caller always gets a response; which failure it was is kept for the caller to act on.
 
 pub mod headers;
+pub mod pool;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::json;
+
+use pool::{Pool, Returner};
 
 use crate::body::Body;
 use crate::config::{HttpUpstream, Responder};
@@ -40,8 +41,7 @@ pub struct Downstream {
 /// A pooled client for one `http://` upstream.
 pub struct HttpForwarder {
     name: String,
-    client: Client<HttpConnector, Incoming>,
-    authority: Authority,
+    pool: Arc<Pool>,
     authority_value: HeaderValue,
     base_path: String,
     timeout: Duration,
@@ -50,23 +50,15 @@ pub struct HttpForwarder {
 
 impl HttpForwarder {
     pub fn new(name: &str, cfg: &HttpUpstream) -> HttpForwarder {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(cfg.connect_timeout));
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(cfg.pool_idle_timeout)
-            .pool_max_idle_per_host(cfg.pool_max_idle)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            // Host is ours to set (or keep), not the client's to derive from the URI.
-            .set_host(false)
-            .build(connector);
         HttpForwarder {
             name: name.to_owned(),
-            client,
+            pool: Arc::new(Pool::new(
+                cfg.authority.as_str().to_owned(),
+                cfg.connect_timeout,
+                cfg.pool_idle_timeout,
+                cfg.pool_max_idle,
+            )),
             authority_value: HeaderValue::from_str(cfg.authority.as_str()).unwrap_or(HeaderValue::from_static("")),
-            authority: cfg.authority.clone(),
             base_path: cfg.base_path.clone(),
             timeout: cfg.timeout,
             preserve_host: cfg.preserve_host,
@@ -110,24 +102,31 @@ impl HttpForwarder {
             }
         }
 
-        let result = tokio::time::timeout(self.timeout, self.client.request(req)).await;
-        match result {
-            Ok(Ok(resp)) => {
+        let exchange = async {
+            let mut conn = self.pool.checkout().await.map_err(|e| (Failure::Connect, e.to_string()))?;
+            match conn.send_request(req).await {
+                Ok(resp) => Ok((resp, conn)),
+                Err(e) => Err((Failure::Broken, e.to_string())),
+            }
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok((resp, conn))) => {
                 let (mut parts, body) = resp.into_parts();
                 headers::strip_hop_by_hop(&mut parts.headers);
                 headers::append_via(&mut parts.headers, parts.version);
                 parts.version = Version::HTTP_11;
-                (Response::from_parts(parts, Body::stream(body)), None)
+                let body = Body::upstream(body, Returner::new(self.pool.clone(), conn));
+                (Response::from_parts(parts, body), None)
             }
-            Ok(Err(e)) => {
-                let failure = if e.is_connect() { Failure::Connect } else { Failure::Broken };
-                tracing::debug!(upstream = %self.name, error = %e, "upstream request failed");
+            Ok(Err((failure, error))) => {
+                tracing::debug!(upstream = %self.name, %error, "upstream request failed");
                 (self.failure_response(failure), Some(failure))
             }
             Err(_) => (self.failure_response(Failure::Timeout), Some(Failure::Timeout)),
         }
     }
 
+    /// The origin-form target sent upstream: base path, the (stripped) path, the query.
     fn upstream_uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
         let slash = if path.starts_with('/') { "" } else { "/" };
         let mut pq = String::with_capacity(self.base_path.len() + path.len() + 2 + query.map_or(0, str::len));
@@ -138,8 +137,7 @@ impl HttpForwarder {
             pq.push('?');
             pq.push_str(q);
         }
-        let pq = PathAndQuery::try_from(pq)?;
-        Uri::builder().scheme(Scheme::HTTP).authority(self.authority.clone()).path_and_query(pq).build()
+        Ok(Uri::from(PathAndQuery::try_from(pq)?))
     }
 
     /// The problem answer for `failure`; it names the upstream, never its address.

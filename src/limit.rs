@@ -27,11 +27,7 @@ pub enum Decision {
     /// Admitted now. `remaining`: units still admissible now; `reset`: µs until quota fully restored.
     Allow { remaining: u64, reset: Micros },
     /// Admitted after waiting `wait` µs (leaky bucket). The slot is already taken.
-    Delay {
-        wait: Micros,
-        remaining: u64,
-        reset: Micros,
-    },
+    Delay { wait: Micros, remaining: u64, reset: Micros },
     /// Rejected, nothing consumed. The same request retried after `retry_after` µs with no other
     /// traffic in between IS admitted (this is the contract behind an honest Retry-After).
     /// `retry_after == Micros::MAX` means never: the cost exceeds [`max_cost`].

@@ -4,12 +4,20 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand, ValueEnum};
+use tollgate::admin::Readiness;
 use tollgate::config::{Config, LogFormat, UpstreamKind};
 use tollgate::proxy::Proxy;
+use tollgate::reload::Reloader;
+use tollgate::server::Shared;
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "tollgate", version, about = "A fast HTTP reverse proxy with exact, shared rate limits")]
@@ -33,6 +41,11 @@ enum Command {
     Run,
     /// Validate the config and print its routes; exit 2 when it is invalid.
     Check,
+    /// Print each route's limits in plain words, with the Retry-After a client will see.
+    Explain,
+    /// Be the candidate of the benchmark harness (shared/bench/run.sh): one worker thread,
+    /// configured from UPSTREAM_ADDR, LISTEN_ADDR, REJECT_PORT, H2_PORT, REJECT_RATE, REJECT_BURST.
+    Bench,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -43,6 +56,15 @@ enum Format {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Some(Command::Bench)) {
+        return match tollgate::bench::run_from_env() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {
@@ -55,7 +77,12 @@ fn main() -> ExitCode {
             print!("{}", summary(&config));
             ExitCode::SUCCESS
         }
-        Command::Run => match run(cli.listen, cli.log_format, config) {
+        Command::Explain => {
+            print!("{}", tollgate::explain::explain(&config));
+            ExitCode::SUCCESS
+        }
+        Command::Bench => ExitCode::FAILURE,
+        Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -75,24 +102,59 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn run(listen: Option<SocketAddr>, log_format: Option<Format>, mut config: Config) -> anyhow::Result<()> {
-    if let Some(addr) = listen {
-        config.listen = addr;
-    }
-    if let Some(f) = log_format {
-        config.log.format = match f {
-            Format::Text => LogFormat::Text,
-            Format::Json => LogFormat::Json,
-        };
-    }
+fn run(
+    path: PathBuf,
+    listen: Option<SocketAddr>,
+    log_format: Option<Format>,
+    mut config: Config,
+) -> anyhow::Result<()> {
+    // Command-line overrides win over the file, on reloads too.
+    let adjust = move |c: &mut Config| {
+        if let Some(addr) = listen {
+            c.listen = addr;
+        }
+        if let Some(f) = log_format {
+            c.log.format = match f {
+                Format::Text => LogFormat::Text,
+                Format::Json => LogFormat::Json,
+            };
+        }
+    };
+    adjust(&mut config);
     init_logging(config.log.format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
-        let listener =
-            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        tracing::info!(listen = %config.listen, routes = config.routes.len(), "tollgate listening");
-        let shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
-        tollgate::server::serve(listener, shared, shutdown_signal()).await;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let admin = match config.admin {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the admin listener {addr}"))?,
+            ),
+            None => None,
+        };
+        tracing::info!(listen = %config.listen, admin = ?config.admin, routes = config.routes.len(), "tollgate listening");
+        let shared: Shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let ready = Arc::new(Readiness::default());
+        if let Some(admin) = admin {
+            tokio::spawn(tollgate::admin::serve(admin, shared.clone(), ready.clone(), stopped()));
+        }
+        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust));
+        tokio::spawn(reloader.run(Duration::from_secs(1), stopped()));
+        ready.set_listening(true);
+        let signal = async move {
+            shutdown_signal().await;
+            ready.set_listening(false);
+            let _ = stop_tx.send(true);
+        };
+        tollgate::server::serve(listener, shared, signal).await;
         Ok(())
     })
 }
@@ -143,6 +205,21 @@ fn summary(config: &Config) -> String {
             UpstreamKind::Respond(resp) => format!("{} (built-in responder, status {})", up.name, resp.status.as_u16()),
         };
         let _ = writeln!(out, "  {}. {}: {} {} [{}] -> {}", i + 1, r.name, host, path, methods, target);
+        for l in &r.limits {
+            let key: Vec<String> = l.key.parts().iter().map(ToString::to_string).collect();
+            let store = match l.store {
+                tollgate::config::StoreKind::Local => "local",
+                tollgate::config::StoreKind::Redis => "redis",
+            };
+            let _ = writeln!(
+                out,
+                "       limit {}: {} {} key [{}] store {store}",
+                l.name,
+                tollgate::config::algorithm_name(&l.algorithm),
+                l.rate,
+                key.join(", ")
+            );
+        }
     }
     out
 }

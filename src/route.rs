@@ -76,7 +76,19 @@ mod tests {
     use super::*;
 
     fn route(host: Option<HostMatch>, path: PathMatch, methods: Option<Vec<Method>>) -> Route {
-        Route { name: "r".into(), host, path, methods, upstream: 0, strip_prefix: false }
+        Route {
+            name: "r".into(),
+            host,
+            path,
+            methods,
+            upstream: 0,
+            strip_prefix: false,
+            limits: vec![],
+            concurrency: None,
+            ratelimit_headers: true,
+            stale_on_limit: None,
+            stale_on_upstream_error: None,
+        }
     }
 
     #[test]

@@ -28,6 +28,8 @@ fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
         .max_buf_size(cfg.max_header_bytes)
+        // One write per small response instead of writev (measured: a small win).
+        .writev(false)
         .keep_alive(true);
     b.http2().timer(TokioTimer::new()).max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
     b

@@ -9,7 +9,8 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use super::units::Dur;
+use super::limits::{limit_path, RawConcurrency, RawLimit};
+use super::units::{Dur, Size};
 use super::{key, parse_header, parse_upstream_url, Invalid, Seg};
 
 #[derive(Deserialize)]
@@ -24,6 +25,9 @@ pub struct Config {
     server: Server,
     #[serde(default)]
     log: Log,
+    #[serde(default)]
+    cache: Cache,
+    redis: Option<super::redis::RawRedis>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -61,6 +65,41 @@ impl Default for Server {
             grace_period: default_grace_period(),
         }
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cache {
+    #[serde(default = "default_cache_bytes")]
+    max_bytes: Size,
+    #[serde(default = "default_entry_bytes")]
+    max_entry_bytes: Size,
+}
+
+fn default_cache_bytes() -> Size {
+    Size(64 << 20)
+}
+fn default_entry_bytes() -> Size {
+    Size(1 << 20)
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache { max_bytes: default_cache_bytes(), max_entry_bytes: default_entry_bytes() }
+    }
+}
+
+/// `on_limit:` / `on_upstream_error:` of a route.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fallback {
+    stale: Option<Stale>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Stale {
+    max_age: Dur,
 }
 
 #[derive(Deserialize, Default)]
@@ -118,6 +157,17 @@ struct Route {
     upstream: String,
     #[serde(default)]
     strip_prefix: bool,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+    concurrency: Option<RawConcurrency>,
+    #[serde(default = "yes")]
+    ratelimit_headers: bool,
+    on_limit: Option<Fallback>,
+    on_upstream_error: Option<Fallback>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize, Default)]
@@ -137,6 +187,7 @@ impl Config {
                 format!("{} is too small; expected at least 8192 bytes", self.server.max_header_bytes),
             ));
         }
+        let redis = self.redis.map(|r| r.validate()).transpose()?;
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -194,7 +245,34 @@ impl Config {
             if route.strip_prefix && !matches!(path, super::PathMatch::Prefix(_)) {
                 return Err((at(&["strip_prefix"]), "strip_prefix needs `match.path_prefix`".to_owned()));
             }
-            routes.push(super::Route { name, host, path, methods, upstream, strip_prefix: route.strip_prefix });
+            let mut limits = Vec::with_capacity(route.limits.len());
+            for (j, raw) in route.limits.into_iter().enumerate() {
+                let limit = raw.validate(j, &|field| limit_path(i, j, field))?;
+                if limit.store == super::StoreKind::Redis {
+                    super::redis::check_limit(&limit, redis.is_some(), &|field| limit_path(i, j, field))?;
+                }
+                if limits.iter().any(|l: &super::LimitConfig| l.name == limit.name) {
+                    return Err((
+                        limit_path(i, j, "name"),
+                        format!("limit name `{}` is used twice in this route", limit.name),
+                    ));
+                }
+                limits.push(limit);
+            }
+            let concurrency = route.concurrency.map(|c| c.validate(at(&["concurrency"]))).transpose()?;
+            routes.push(super::Route {
+                name,
+                host,
+                path,
+                methods,
+                upstream,
+                strip_prefix: route.strip_prefix,
+                limits,
+                concurrency,
+                ratelimit_headers: route.ratelimit_headers,
+                stale_on_limit: route.on_limit.and_then(|f| f.stale).map(|s| s.max_age.0),
+                stale_on_upstream_error: route.on_upstream_error.and_then(|f| f.stale).map(|s| s.max_age.0),
+            });
         }
         Ok(super::Config {
             listen: self.listen,
@@ -212,6 +290,11 @@ impl Config {
                 },
                 access: self.log.access,
             },
+            cache: super::CacheConfig {
+                max_bytes: self.cache.max_bytes.0,
+                max_entry_bytes: usize::try_from(self.cache.max_entry_bytes.0).unwrap_or(usize::MAX),
+            },
+            redis,
             upstreams,
             routes,
         })

@@ -107,6 +107,34 @@ fn broken_configs_name_line_column_and_field() {
             "routes[0].match.methods[1]",
             "not an HTTP method",
         ),
+        // a cost the limit can never admit
+        (
+            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - algorithm: token_bucket\n        rate: 10/s\n        burst: 5\n        cost: 6\n",
+            8,
+            "routes[0].limits[0].cost",
+            "can never be admitted",
+        ),
+        // a parameter of another algorithm
+        (
+            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - { algorithm: fixed_window, rate: 10/m, burst: 5 }\n",
+            5,
+            "routes[0].limits[0].burst",
+            "applies to token_bucket only",
+        ),
+        // an unknown key part
+        (
+            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - algorithm: sliding_log\n        rate: 10/m\n        key: [client_ip, cookie:x]\n",
+            7,
+            "routes[0].limits[0].key",
+            "cookie:x",
+        ),
+        // an unknown algorithm
+        (
+            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - { algorithm: token_buckets, rate: 1/s }\n",
+            5,
+            "routes[0].limits[0].algorithm",
+            "unknown variant `token_buckets`",
+        ),
         // syntax error
         ("upstreams: {}\nroutes: [}\n", 2, "routes", "did not find expected node content, while"),
         // missing routes

@@ -20,6 +20,37 @@ pub struct Rate {
     pub period: Duration,
 }
 
+/// A byte size: a whole number with an optional unit `B`, `KB`/`KiB`, `MB`/`MiB`, `GB`/`GiB`
+/// (the decimal and binary spellings both mean powers of 1024, as in nginx).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Size(pub u64);
+
+const SIZE_EXPECTED: &str = "a size such as 65536, 512KiB, 64MiB or 1GiB";
+
+impl Size {
+    pub fn parse(s: &str) -> Result<Size, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num.parse().map_err(|_| format!("`{s}` is not a size; expected {SIZE_EXPECTED}"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            other => return Err(format!("unknown size unit `{other}`; expected {SIZE_EXPECTED}")),
+        };
+        n.checked_mul(mult).map(Size).ok_or_else(|| format!("`{s}` is too large"))
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = d.deserialize_any(StrVisitor(SIZE_EXPECTED))?;
+        Size::parse(&s).map_err(de::Error::custom)
+    }
+}
+
 const DURATION_EXPECTED: &str = "a duration such as 250ms, 2s, 5m, 1h (units: us, ms, s, m, h, d)";
 const RATE_EXPECTED: &str =
     "a rate such as 100/s, 5/m, 1000/h or 1000/60s (a whole number, a slash, a unit or duration)";
@@ -175,6 +206,15 @@ mod tests {
         for bad in ["", "5", "ms", "5 parsecs", "1..2s", "-1s", "1e3ms"] {
             assert!(Dur::parse(bad).is_err(), "{bad} should fail");
         }
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(Size::parse("65536").unwrap().0, 65536);
+        assert_eq!(Size::parse("64MiB").unwrap().0, 64 << 20);
+        assert_eq!(Size::parse("512kb").unwrap().0, 512 << 10);
+        assert!(Size::parse("12 parsecs").is_err());
+        assert!(Size::parse("MiB").is_err());
     }
 
     #[test]

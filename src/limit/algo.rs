@@ -24,31 +24,15 @@ use super::{Decision, Micros};
 pub enum Algorithm {
     /// GCRA. `interval` = µs per token (period / quantity, rounded down, >= 1), `burst` = capacity.
     /// `warmup` = 0 disables warm-up.
-    TokenBucket {
-        interval: NonZeroU64,
-        burst: NonZeroU64,
-        warmup: Micros,
-    },
+    TokenBucket { interval: NonZeroU64, burst: NonZeroU64, warmup: Micros },
     /// Constant outflow of one unit per `interval`; wait at most `max_delay` (0 = strict meter).
-    LeakyBucket {
-        interval: NonZeroU64,
-        max_delay: Micros,
-    },
+    LeakyBucket { interval: NonZeroU64, max_delay: Micros },
     /// `limit` units per `window` aligned to the clock (window start = now - now % window).
-    FixedWindow {
-        window: NonZeroU64,
-        limit: NonZeroU64,
-    },
+    FixedWindow { window: NonZeroU64, limit: NonZeroU64 },
     /// Counter approximation: prev * (window - elapsed) / window + cur.
-    SlidingWindow {
-        window: NonZeroU64,
-        limit: NonZeroU64,
-    },
+    SlidingWindow { window: NonZeroU64, limit: NonZeroU64 },
     /// Exact log of admitted (timestamp, cost) within the last `window`.
-    SlidingLog {
-        window: NonZeroU64,
-        limit: NonZeroU64,
-    },
+    SlidingLog { window: NonZeroU64, limit: NonZeroU64 },
 }
 
 /// Per-key state of one algorithm. Small and `Clone`; the sliding log is boxed so that the
@@ -89,19 +73,11 @@ impl State {
     /// True if at `now` this state is equivalent to the initial one (it may be forgotten).
     pub fn is_idle(&self, alg: &Algorithm, now: Micros) -> bool {
         match (self, alg) {
-            (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => {
-                s.is_idle(*warmup, now)
-            }
+            (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.is_idle(*warmup, now),
             (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.is_idle(now),
-            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => {
-                s.is_idle(window.get(), now)
-            }
-            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => {
-                s.is_idle(window.get(), now)
-            }
-            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => {
-                s.is_idle(window.get(), now)
-            }
+            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.is_idle(window.get(), now),
+            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.is_idle(window.get(), now),
+            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.is_idle(window.get(), now),
             // A state of another algorithm's shape is treated as initial everywhere.
             _ => true,
         }
@@ -112,12 +88,8 @@ impl State {
         match (self, alg) {
             (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.idle_at(*warmup),
             (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.tat,
-            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => {
-                s.idle_at(window.get())
-            }
-            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => {
-                s.idle_at(window.get())
-            }
+            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.idle_at(window.get()),
+            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.idle_at(window.get()),
             (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.idle_at(window.get()),
             _ => 0,
         }
@@ -126,12 +98,7 @@ impl State {
 
 /// Pure: no I/O, no clock. `state = None` means "never seen / back to initial".
 /// Returns the decision and the new state (None = back to initial value, may be evicted).
-pub fn decide(
-    alg: &Algorithm,
-    state: Option<&State>,
-    now: Micros,
-    cost: u64,
-) -> (Decision, Option<State>) {
+pub fn decide(alg: &Algorithm, state: Option<&State>, now: Micros, cost: u64) -> (Decision, Option<State>) {
     let mut st = match state {
         Some(s) if s.fits(alg) => s.clone(),
         _ => State::initial(alg),
@@ -159,10 +126,7 @@ pub fn refund(alg: &Algorithm, state: Option<&State>, now: Micros, cost: u64) ->
 pub fn max_cost(alg: &Algorithm) -> u64 {
     match alg {
         Algorithm::TokenBucket { burst, .. } => burst.get(),
-        Algorithm::LeakyBucket {
-            interval,
-            max_delay,
-        } => leaky::max_cost(interval.get(), *max_delay),
+        Algorithm::LeakyBucket { interval, max_delay } => leaky::max_cost(interval.get(), *max_delay),
         Algorithm::FixedWindow { limit, .. }
         | Algorithm::SlidingWindow { limit, .. }
         | Algorithm::SlidingLog { limit, .. } => limit.get(),
@@ -176,21 +140,12 @@ pub fn decide_in_place(alg: &Algorithm, st: &mut State, now: Micros, cost: u64) 
         *st = State::initial(alg);
     }
     match (alg, st) {
-        (
-            Algorithm::TokenBucket {
-                interval,
-                burst,
-                warmup,
-            },
-            State::TokenBucket(s),
-        ) => gcra::decide(interval.get(), burst.get(), *warmup, s, now, cost),
-        (
-            Algorithm::LeakyBucket {
-                interval,
-                max_delay,
-            },
-            State::LeakyBucket(s),
-        ) => leaky::decide(interval.get(), *max_delay, s, now, cost),
+        (Algorithm::TokenBucket { interval, burst, warmup }, State::TokenBucket(s)) => {
+            gcra::decide(interval.get(), burst.get(), *warmup, s, now, cost)
+        }
+        (Algorithm::LeakyBucket { interval, max_delay }, State::LeakyBucket(s)) => {
+            leaky::decide(interval.get(), *max_delay, s, now, cost)
+        }
         (Algorithm::FixedWindow { window, limit }, State::FixedWindow(s)) => {
             fixed::decide(window.get(), limit.get(), s, now, cost)
         }
@@ -201,34 +156,22 @@ pub fn decide_in_place(alg: &Algorithm, st: &mut State, now: Micros, cost: u64) 
             log::decide(window.get(), limit.get(), s, now, cost)
         }
         // Unreachable after the reset above; deny rather than panic.
-        _ => Decision::Deny {
-            retry_after: Micros::MAX,
-            reset: 0,
-        },
+        _ => Decision::Deny { retry_after: Micros::MAX, reset: 0 },
     }
 }
 
 /// [`refund`] on a mutable state, without cloning. A mismatched state is left alone.
 pub fn refund_in_place(alg: &Algorithm, st: &mut State, now: Micros, cost: u64) {
     match (alg, st) {
-        (
-            Algorithm::TokenBucket {
-                interval, warmup, ..
-            },
-            State::TokenBucket(s),
-        ) => gcra::refund(interval.get(), *warmup, s, now, cost),
-        (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => {
-            leaky::refund(interval.get(), s, now, cost)
+        (Algorithm::TokenBucket { interval, warmup, .. }, State::TokenBucket(s)) => {
+            gcra::refund(interval.get(), *warmup, s, now, cost)
         }
-        (Algorithm::FixedWindow { window, .. }, State::FixedWindow(s)) => {
-            fixed::refund(window.get(), s, now, cost)
-        }
+        (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => leaky::refund(interval.get(), s, now, cost),
+        (Algorithm::FixedWindow { window, .. }, State::FixedWindow(s)) => fixed::refund(window.get(), s, now, cost),
         (Algorithm::SlidingWindow { window, .. }, State::SlidingWindow(s)) => {
             sliding::refund(window.get(), s, now, cost)
         }
-        (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => {
-            log::refund(window.get(), s, now, cost)
-        }
+        (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => log::refund(window.get(), s, now, cost),
         _ => {}
     }
 }
@@ -240,10 +183,7 @@ pub(crate) fn mul(a: u64, b: u64) -> u64 {
 
 /// The decision for a cost larger than [`max_cost`]: never admissible.
 pub(crate) fn never(reset: Micros) -> Decision {
-    Decision::Deny {
-        retry_after: Micros::MAX,
-        reset,
-    }
+    Decision::Deny { retry_after: Micros::MAX, reset }
 }
 
 #[cfg(test)]
@@ -261,19 +201,9 @@ mod tests {
 
     #[test]
     fn pure_decide_reports_initial_as_none() {
-        let alg = Algorithm::TokenBucket {
-            interval: nz(10),
-            burst: nz(2),
-            warmup: 0,
-        };
+        let alg = Algorithm::TokenBucket { interval: nz(10), burst: nz(2), warmup: 0 };
         let (d, s) = decide(&alg, None, 100, 1);
-        assert_eq!(
-            d,
-            Decision::Allow {
-                remaining: 1,
-                reset: 10
-            }
-        );
+        assert_eq!(d, Decision::Allow { remaining: 1, reset: 10 });
         let s = s.expect("state after admission");
         // Once the bucket has refilled the state is initial again.
         let (_, again) = decide(&alg, Some(&s), 110, 0);
@@ -283,15 +213,8 @@ mod tests {
 
     #[test]
     fn mismatched_state_is_treated_as_initial() {
-        let tb = Algorithm::TokenBucket {
-            interval: nz(10),
-            burst: nz(1),
-            warmup: 0,
-        };
-        let fw = Algorithm::FixedWindow {
-            window: nz(100),
-            limit: nz(1),
-        };
+        let tb = Algorithm::TokenBucket { interval: nz(10), burst: nz(1), warmup: 0 };
+        let fw = Algorithm::FixedWindow { window: nz(100), limit: nz(1) };
         let (_, s) = decide(&fw, None, 5, 1);
         let (d, _) = decide(&tb, s.as_ref(), 5, 1);
         assert!(d.is_admitted());
@@ -300,35 +223,16 @@ mod tests {
     #[test]
     fn cost_above_max_is_never_admitted() {
         for alg in [
-            Algorithm::TokenBucket {
-                interval: nz(10),
-                burst: nz(3),
-                warmup: 50,
-            },
-            Algorithm::LeakyBucket {
-                interval: nz(10),
-                max_delay: 25,
-            },
-            Algorithm::FixedWindow {
-                window: nz(10),
-                limit: nz(3),
-            },
-            Algorithm::SlidingWindow {
-                window: nz(10),
-                limit: nz(3),
-            },
-            Algorithm::SlidingLog {
-                window: nz(10),
-                limit: nz(3),
-            },
+            Algorithm::TokenBucket { interval: nz(10), burst: nz(3), warmup: 50 },
+            Algorithm::LeakyBucket { interval: nz(10), max_delay: 25 },
+            Algorithm::FixedWindow { window: nz(10), limit: nz(3) },
+            Algorithm::SlidingWindow { window: nz(10), limit: nz(3) },
+            Algorithm::SlidingLog { window: nz(10), limit: nz(3) },
         ] {
             let m = max_cost(&alg);
             assert!(decide(&alg, None, 1000, m).0.is_admitted(), "{alg:?}");
             let (d, s) = decide(&alg, None, 1000, m + 1);
-            assert!(
-                matches!(d, Decision::Deny { retry_after, .. } if retry_after == Micros::MAX),
-                "{alg:?}"
-            );
+            assert!(matches!(d, Decision::Deny { retry_after, .. } if retry_after == Micros::MAX), "{alg:?}");
             assert_eq!(s, None);
         }
     }

@@ -47,11 +47,7 @@ impl ManualClock {
     /// Moves the time forward by `d` (saturating).
     pub fn advance(&self, d: Micros) {
         // fetch_update never fails with a closure that always returns Some.
-        let _ = self
-            .0
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
-                Some(t.saturating_add(d))
-            });
+        let _ = self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| Some(t.saturating_add(d)));
     }
 }
 

@@ -9,7 +9,8 @@
 //! billion keys). It is not a cryptographic hash: someone who can choose a key part could in
 //! principle aim for another client's digest, but every part of a key is either the client's
 //! own (its headers) or not under its control (peer IP, route), so nothing is gained that
-//! sending the other client's header value would not give. BLAKE3 would cost ~5x more per call.
+//! sending the other client's header value would not give. A cryptographic hash (BLAKE3) would
+//! cost more on the hot path and buy nothing for that reason.
 //!
 //! Encoding (`v1`): `"tollgate/key/v1"`, then per part a tag byte and its material:
 //! route `0x01 len:u32le bytes`; client IP `0x02` then `0x04 + 4 bytes` or `0x06 + 16 bytes`
@@ -121,10 +122,7 @@ impl KeySpec {
     /// # Errors
     /// [`KeyError`] for an empty list, an unknown part or an invalid header name.
     pub fn parse(s: &str) -> Result<Self, KeyError> {
-        let parts = s
-            .split(',')
-            .map(str::parse)
-            .collect::<Result<Vec<KeyPart>, _>>()?;
+        let parts = s.split(',').map(str::parse).collect::<Result<Vec<KeyPart>, _>>()?;
         Self::new(parts)
     }
 
@@ -224,10 +222,7 @@ fn percent_decode(raw: &[u8], out: &mut [u8]) -> usize {
     while i < raw.len() && n < out.len() {
         let decoded = match raw[i] {
             b'+' => b' ',
-            b'%' => match (
-                raw.get(i + 1).and_then(|&b| hex(b)),
-                raw.get(i + 2).and_then(|&b| hex(b)),
-            ) {
+            b'%' => match (raw.get(i + 1).and_then(|&b| hex(b)), raw.get(i + 2).and_then(|&b| hex(b))) {
                 (Some(hi), Some(lo)) => {
                     i += 2;
                     hi << 4 | lo
@@ -326,10 +321,7 @@ fn parse_xff(entry: &str) -> Option<IpAddr> {
     if let Ok(sa) = SocketAddr::from_str(e) {
         return Some(sa.ip());
     }
-    e.strip_prefix('[')
-        .and_then(|r| r.strip_suffix(']'))
-        .and_then(|r| Ipv6Addr::from_str(r).ok())
-        .map(IpAddr::V6)
+    e.strip_prefix('[').and_then(|r| r.strip_suffix(']')).and_then(|r| Ipv6Addr::from_str(r).ok()).map(IpAddr::V6)
 }
 
 /// The `for=` node of one `Forwarded` element, if it is an address.
@@ -338,10 +330,7 @@ fn parse_forwarded_element(element: &str) -> Option<IpAddr> {
         let (k, v) = pair.split_once('=')?;
         k.trim().eq_ignore_ascii_case("for").then_some(v.trim())
     })?;
-    let node = node
-        .strip_prefix('"')
-        .and_then(|n| n.strip_suffix('"'))
-        .unwrap_or(node);
+    let node = node.strip_prefix('"').and_then(|n| n.strip_suffix('"')).unwrap_or(node);
     if let Some(rest) = node.strip_prefix('[') {
         // "[2001:db8::1]" or "[2001:db8::1]:port" (the port may be obfuscated: ignored).
         let (addr, after) = rest.split_once(']')?;
@@ -369,11 +358,7 @@ mod tests {
     }
 
     fn hash(spec: &str, route: &str, ip: &str, p: &http::request::Parts) -> KeyHash {
-        let ctx = KeyCtx {
-            route,
-            client_ip: ip.parse().expect("ip"),
-            parts: p,
-        };
+        let ctx = KeyCtx { route, client_ip: ip.parse().expect("ip"), parts: p };
         KeySpec::parse(spec).expect("spec").hash(&ctx)
     }
 
@@ -391,10 +376,7 @@ mod tests {
 
     #[test]
     fn parses_single_part_and_lists() {
-        assert_eq!(
-            KeySpec::parse("client_ip").expect("ok").parts(),
-            &[KeyPart::ClientIp]
-        );
+        assert_eq!(KeySpec::parse("client_ip").expect("ok").parts(), &[KeyPart::ClientIp]);
         let spec = KeySpec::parse(" route, header:X-Api-Key ,query:user,path").expect("ok");
         assert_eq!(
             spec.parts(),
@@ -407,10 +389,7 @@ mod tests {
         );
         assert_eq!(KeySpec::parse("ip"), Err(KeyError::Unknown("ip".into())));
         assert_eq!(KeySpec::parse("query:"), Err(KeyError::Query));
-        assert!(matches!(
-            KeySpec::parse("header:bad name"),
-            Err(KeyError::Header(_))
-        ));
+        assert!(matches!(KeySpec::parse("header:bad name"), Err(KeyError::Header(_))));
         assert_eq!(KeySpec::new(vec![]), Err(KeyError::Empty));
     }
 
@@ -419,12 +398,7 @@ mod tests {
         // Pinned: Redis keys are shared by instances and survive upgrades. If this changes,
         // bump the encoding version in DOMAIN instead.
         let p = parts("/a?user=bob", &[("x-api-key", "k1")]);
-        let h = hash(
-            "route, client_ip, header:x-api-key, query:user, path",
-            "r",
-            "10.0.0.1",
-            &p,
-        );
+        let h = hash("route, client_ip, header:x-api-key, query:user, path", "r", "10.0.0.1", &p);
         assert_eq!(h, KeyHash(PINNED));
     }
 
@@ -433,20 +407,13 @@ mod tests {
     #[test]
     fn digest_matches_the_documented_encoding() {
         let p = parts("/a?user=b%6fb", &[("x-api-key", "k1"), ("x-api-key", "k2")]);
-        let got = hash(
-            "route, client_ip, header:x-api-key, query:user, query:none, path",
-            "r",
-            "::ffff:10.0.0.1",
-            &p,
-        );
+        let got = hash("route, client_ip, header:x-api-key, query:user, query:none, path", "r", "::ffff:10.0.0.1", &p);
         let mut m: Vec<u8> = b"tollgate/key/v1".to_vec();
         m.extend([0x01, 1, 0, 0, 0, b'r']);
         m.extend([0x02, 0x04, 10, 0, 0, 1]);
         m.extend([0x03, 9, 0, 0, 0]);
         m.extend(b"x-api-key");
-        m.extend([
-            0x01, 2, 0, 0, 0, b'k', b'1', 2, 0, 0, 0, b'k', b'2', 0xFF, 0xFF, 0xFF, 0xFF,
-        ]);
+        m.extend([0x01, 2, 0, 0, 0, b'k', b'1', 2, 0, 0, 0, b'k', b'2', 0xFF, 0xFF, 0xFF, 0xFF]);
         m.extend([0x04, 4, 0, 0, 0]);
         m.extend(b"user");
         m.extend([0x01, 3, 0, 0, 0, b'b', b'o', b'b']);
@@ -461,24 +428,12 @@ mod tests {
     fn parts_are_length_prefixed_and_ordered() {
         let p = parts("/", &[("a", "x"), ("b", "yz")]);
         let q = parts("/", &[("a", "xy"), ("b", "z")]);
-        assert_ne!(
-            hash("header:a, header:b", "r", "1.1.1.1", &p),
-            hash("header:a, header:b", "r", "1.1.1.1", &q)
-        );
-        assert_ne!(
-            hash("route, path", "r", "1.1.1.1", &p),
-            hash("path, route", "r", "1.1.1.1", &p)
-        );
+        assert_ne!(hash("header:a, header:b", "r", "1.1.1.1", &p), hash("header:a, header:b", "r", "1.1.1.1", &q));
+        assert_ne!(hash("route, path", "r", "1.1.1.1", &p), hash("path, route", "r", "1.1.1.1", &p));
         // Same bytes under different part kinds stay apart.
         let r = parts("/?r=r", &[("r", "r")]);
-        assert_ne!(
-            hash("header:r", "r", "1.1.1.1", &r),
-            hash("query:r", "r", "1.1.1.1", &r)
-        );
-        assert_ne!(
-            hash("route", "/", "1.1.1.1", &r),
-            hash("path", "x", "1.1.1.1", &r)
-        );
+        assert_ne!(hash("header:r", "r", "1.1.1.1", &r), hash("query:r", "r", "1.1.1.1", &r));
+        assert_ne!(hash("route", "/", "1.1.1.1", &r), hash("path", "x", "1.1.1.1", &r));
     }
 
     #[test]
@@ -487,11 +442,7 @@ mod tests {
         let empty = parts("/", &[("x-api-key", "")]);
         let other = parts("/", &[("x-other", "v")]);
         let h = |p| hash("header:x-api-key", "r", "1.1.1.1", p);
-        assert_eq!(
-            h(&none),
-            h(&other),
-            "all requests without it share one bucket"
-        );
+        assert_eq!(h(&none), h(&other), "all requests without it share one bucket");
         assert_ne!(h(&none), h(&empty));
         let q = |u: &str| hash("query:user", "r", "1.1.1.1", &parts(u, &[]));
         assert_eq!(q("/"), q("/?other=1"));
@@ -513,14 +464,8 @@ mod tests {
     #[test]
     fn ipv4_mapped_ipv6_is_the_same_client() {
         let p = parts("/", &[]);
-        assert_eq!(
-            hash("client_ip", "r", "::ffff:10.1.2.3", &p),
-            hash("client_ip", "r", "10.1.2.3", &p)
-        );
-        assert_ne!(
-            hash("client_ip", "r", "10.1.2.4", &p),
-            hash("client_ip", "r", "10.1.2.3", &p)
-        );
+        assert_eq!(hash("client_ip", "r", "::ffff:10.1.2.3", &p), hash("client_ip", "r", "10.1.2.3", &p));
+        assert_ne!(hash("client_ip", "r", "10.1.2.4", &p), hash("client_ip", "r", "10.1.2.3", &p));
     }
 
     #[test]
@@ -534,18 +479,11 @@ mod tests {
     fn trusted_chain_is_read_right_to_left() {
         let t = trusted(&["10.0.0.0/8", "fd00::/8"]);
         // Client spoofs "6.6.6.6"; the real client 7.7.7.7 was appended by our proxies.
-        let h = headers(&[
-            ("x-forwarded-for", "6.6.6.6, 7.7.7.7"),
-            ("x-forwarded-for", "10.0.0.2,10.0.0.3"),
-        ]);
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 7.7.7.7"), ("x-forwarded-for", "10.0.0.2,10.0.0.3")]);
         assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("7.7.7.7"));
         assert_eq!(t.client_ip(ip("::ffff:10.0.0.4"), &h), ip("7.7.7.7"));
         let all = headers(&[("x-forwarded-for", "10.9.9.9, [fd00::1]:443, 10.0.0.2")]);
-        assert_eq!(
-            t.client_ip(ip("10.0.0.4"), &all),
-            ip("10.9.9.9"),
-            "leftmost"
-        );
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &all), ip("10.9.9.9"), "leftmost");
         let ported = headers(&[("x-forwarded-for", "[2001:db8::7]:1234, 10.0.0.2:80")]);
         assert_eq!(t.client_ip(ip("10.0.0.4"), &ported), ip("2001:db8::7"));
     }
@@ -558,19 +496,13 @@ mod tests {
         let h = headers(&[("x-forwarded-for", "1.2.3.4,")]);
         assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("10.0.0.4"));
         // With no header at all, a trusted peer is the client.
-        assert_eq!(
-            t.client_ip(ip("10.0.0.4"), &HeaderMap::new()),
-            ip("10.0.0.4")
-        );
+        assert_eq!(t.client_ip(ip("10.0.0.4"), &HeaderMap::new()), ip("10.0.0.4"));
     }
 
     #[test]
     fn forwarded_is_used_without_xff() {
         let t = trusted(&["10.0.0.0/8"]);
-        let h = headers(&[(
-            "forwarded",
-            "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https, For=10.0.0.2",
-        )]);
+        let h = headers(&[("forwarded", "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https, For=10.0.0.2")]);
         assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("2001:db8:cafe::17"));
         let h = headers(&[("forwarded", "for=192.0.2.43:47011;by=10.0.0.1")]);
         assert_eq!(t.client_ip(ip("10.0.0.4"), &h), ip("192.0.2.43"));

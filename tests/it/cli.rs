@@ -94,3 +94,47 @@ fn exits_zero_on_sigterm() {
     });
     assert!(status.success(), "{status:?}");
 }
+
+fn http_get(port: u16) -> Option<String> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+#[test]
+fn sighup_reloads_the_file() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let f = write_config("upstreams: { d: { respond: { body: first } } }\nroutes: [{ upstream: d }]\n");
+    let mut child = Command::new(BIN)
+        .arg("-c")
+        .arg(&f.0)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut body = None;
+    for _ in 0..100 {
+        body = http_get(port);
+        if body.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(body.unwrap_or_default().ends_with("first"));
+    std::fs::write(&f.0, "upstreams: { d: { respond: { body: second } } }\nroutes: [{ upstream: d }]\n").unwrap();
+    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
+    let mut reloaded = false;
+    for _ in 0..100 {
+        if http_get(port).is_some_and(|b| b.ends_with("second")) {
+            reloaded = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(reloaded, "the new body was not served within 5 s of SIGHUP");
+}

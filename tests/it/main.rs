@@ -6,5 +6,8 @@ mod support;
 
 mod cli;
 mod forwarding;
+mod limits;
+mod operate;
 mod redis;
 mod server;
+mod stale;

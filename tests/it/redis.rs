@@ -350,3 +350,5 @@ async fn password_and_acl_user_in_the_url() {
     let wrong = client_with(Target::Single(format!("redis://:nope@127.0.0.1:{}", node.port)), |_| {});
     assert!(wrong.ping().await.is_err());
 }
+
+mod proxy;

@@ -51,15 +51,35 @@ impl Tollgate {
         Tollgate::start_config(config).await
     }
 
+    /// Starts with limits reading time from `clock`.
+    pub async fn start_with_clock(yaml: &str, clock: tollgate::limit::ManualClock) -> Tollgate {
+        let config = Config::from_yaml(Path::new("test.yaml"), yaml).unwrap_or_else(|e| panic!("test config: {e}"));
+        Tollgate::start_proxy(Proxy::with_clock(config, Arc::new(clock))).await
+    }
+
     pub async fn start_config(config: Config) -> Tollgate {
+        Tollgate::start_proxy(Proxy::new(config)).await
+    }
+
+    pub async fn start_proxy(proxy: Proxy) -> Tollgate {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
+        let shared = Arc::new(ArcSwap::from_pointee(proxy));
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(tollgate::server::serve(listener, shared.clone(), async move {
             let _ = rx.await;
         }));
         Tollgate { addr, shared, stop: Some(tx), task: Some(task) }
+    }
+
+    /// Starts the admin listener for this proxy on 127.0.0.1:0.
+    pub async fn start_admin(&self) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ready = Arc::new(tollgate::admin::Readiness::default());
+        ready.set_listening(true);
+        tokio::spawn(tollgate::admin::serve(listener, self.shared.clone(), ready, std::future::pending()));
+        addr
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -89,6 +109,8 @@ type Handler = Arc<dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Resp
 pub struct Upstream {
     pub addr: SocketAddr,
     task: JoinHandle<()>,
+    /// Open connections, closed on drop so a dropped upstream is really gone.
+    conns: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Upstream {
@@ -100,21 +122,25 @@ impl Upstream {
         let handler: Handler = Arc::new(move |req| Box::pin(handler(req)));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let conns: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let tracked = conns.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
                 let handler = handler.clone();
-                tokio::spawn(async move {
+                let mut list = tracked.lock().unwrap();
+                list.retain(|t| !t.is_finished());
+                list.push(tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let handler = handler.clone();
                         async move { Ok::<_, Infallible>(handler(req).await) }
                     });
                     let _ =
                         hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
-                });
+                }));
             }
         });
-        Upstream { addr, task }
+        Upstream { addr, task, conns }
     }
 
     /// Answers 200 with `body` to everything.
@@ -126,6 +152,9 @@ impl Upstream {
 impl Drop for Upstream {
     fn drop(&mut self) {
         self.task.abort();
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
     }
 }
 
@@ -147,9 +176,21 @@ pub async fn h2(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Box
 
 /// GET `path` on a fresh HTTP/1.1 connection; returns status, headers and the whole body.
 pub async fn get(addr: SocketAddr, path: &str) -> (http::StatusCode, http::HeaderMap, Bytes) {
+    get_with(addr, path, &[]).await
+}
+
+/// GET `path` with extra request headers.
+pub async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (http::StatusCode, http::HeaderMap, Bytes) {
     let mut send = h1(addr).await;
-    let req = Request::get(path).header("host", "localhost").body(full("")).unwrap();
-    let resp = send.send_request(req).await.unwrap();
+    let mut req = Request::get(path).header("host", "localhost");
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let resp = send.send_request(req.body(full("")).unwrap()).await.unwrap();
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     (parts.status, parts.headers, body)

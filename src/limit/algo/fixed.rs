@@ -66,15 +66,9 @@ pub fn decide(w: u64, l: u64, st: &mut Window, now: Micros, cost: u64) -> Decisi
     match st.count.checked_add(cost).filter(|&n| n <= l) {
         Some(n) => {
             st.count = n;
-            Decision::Allow {
-                remaining: l - n,
-                reset: if n == 0 { 0 } else { left },
-            }
+            Decision::Allow { remaining: l - n, reset: if n == 0 { 0 } else { left } }
         }
-        None => Decision::Deny {
-            retry_after: left,
-            reset,
-        },
+        None => Decision::Deny { retry_after: left, reset },
     }
 }
 
@@ -91,21 +85,9 @@ mod tests {
     #[test]
     fn denies_until_the_aligned_window_ends() {
         let mut s = Window::default();
-        assert_eq!(
-            decide(1_000, 2, &mut s, 1_250, 1),
-            Decision::Allow {
-                remaining: 1,
-                reset: 750
-            }
-        );
+        assert_eq!(decide(1_000, 2, &mut s, 1_250, 1), Decision::Allow { remaining: 1, reset: 750 });
         decide(1_000, 2, &mut s, 1_300, 1);
-        assert_eq!(
-            decide(1_000, 2, &mut s, 1_400, 1),
-            Decision::Deny {
-                retry_after: 600,
-                reset: 600
-            }
-        );
+        assert_eq!(decide(1_000, 2, &mut s, 1_400, 1), Decision::Deny { retry_after: 600, reset: 600 });
         assert!(!decide(1_000, 2, &mut s, 1_999, 1).is_admitted());
         assert!(decide(1_000, 2, &mut s, 2_000, 2).is_admitted());
     }
@@ -130,13 +112,7 @@ mod tests {
     fn clock_stepping_back_does_not_reopen_a_window() {
         let mut s = Window::default();
         decide(100, 1, &mut s, 250, 1);
-        assert_eq!(
-            decide(100, 1, &mut s, 150, 1),
-            Decision::Deny {
-                retry_after: 150,
-                reset: 150
-            }
-        );
+        assert_eq!(decide(100, 1, &mut s, 150, 1), Decision::Deny { retry_after: 150, reset: 150 });
     }
 
     #[test]

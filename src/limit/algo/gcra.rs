@@ -79,17 +79,11 @@ pub fn decide(t: u64, b: u64, w: Micros, st: &mut Gcra, now: Micros, cost: u64) 
     let start = if st.is_idle(w, now) { now } else { st.start };
     let late = tat0.saturating_add(mul(cost, t)) - now;
     if late > tau {
-        return Decision::Deny {
-            retry_after: late - tau,
-            reset: st.tat.saturating_sub(now),
-        };
+        return Decision::Deny { retry_after: late - tau, reset: st.tat.saturating_sub(now) };
     }
     st.tat = tat0.saturating_add(mul(cost, charge(t, w, start, now)));
     st.start = start;
-    Decision::Allow {
-        remaining: remaining(t, tau, w, st, now),
-        reset: st.tat.saturating_sub(now),
-    }
+    Decision::Allow { remaining: remaining(t, tau, w, st, now), reset: st.tat.saturating_sub(now) }
 }
 
 /// Unit requests admissible now after the state `st` (step 5).
@@ -128,21 +122,9 @@ mod tests {
     fn admits_burst_then_denies_when_bucket_empty() {
         let mut s = Gcra::default();
         for left in (0..3).rev() {
-            assert_eq!(
-                run(100, 3, 0, &mut s, 1_000, 1),
-                Decision::Allow {
-                    remaining: left,
-                    reset: 100 * (3 - left)
-                }
-            );
+            assert_eq!(run(100, 3, 0, &mut s, 1_000, 1), Decision::Allow { remaining: left, reset: 100 * (3 - left) });
         }
-        assert_eq!(
-            run(100, 3, 0, &mut s, 1_000, 1),
-            Decision::Deny {
-                retry_after: 100,
-                reset: 300
-            }
-        );
+        assert_eq!(run(100, 3, 0, &mut s, 1_000, 1), Decision::Deny { retry_after: 100, reset: 300 });
     }
 
     #[test]
@@ -188,13 +170,7 @@ mod tests {
         let (t, b, w) = (100, 3, 10_000);
         let mut s = Gcra::default();
         assert!(run(t, b, w, &mut s, 0, 1).is_admitted()); // tat = 300
-        assert_eq!(
-            run(t, b, w, &mut s, 0, 1),
-            Decision::Deny {
-                retry_after: 100,
-                reset: 300
-            }
-        );
+        assert_eq!(run(t, b, w, &mut s, 0, 1), Decision::Deny { retry_after: 100, reset: 300 });
         // Fully warm after W of continuous activity: the charge is back to T.
         assert_eq!(charge(t, w, 0, w), t);
         assert_eq!(charge(t, w, 0, 5 * w), t);

@@ -49,10 +49,7 @@ pub fn decide(t: u64, d: Micros, st: &mut Meter, now: Micros, cost: u64) -> Deci
     let slot = st.tat.max(now);
     let wait = slot - now;
     if wait > d {
-        return Decision::Deny {
-            retry_after: wait - d,
-            reset: wait,
-        };
+        return Decision::Deny { retry_after: wait - d, reset: wait };
     }
     st.tat = slot.saturating_add(mul(cost, t));
     let reset = st.tat - now;
@@ -63,11 +60,7 @@ pub fn decide(t: u64, d: Micros, st: &mut Meter, now: Micros, cost: u64) -> Deci
     if wait == 0 {
         Decision::Allow { remaining, reset }
     } else {
-        Decision::Delay {
-            wait,
-            remaining,
-            reset,
-        }
+        Decision::Delay { wait, remaining, reset }
     }
 }
 
@@ -86,64 +79,19 @@ mod tests {
     fn queues_up_to_max_delay_then_denies() {
         // One unit per 100 µs, wait at most 250 µs: slots at 0, 100, 200 (wait 200), not 300.
         let mut s = Meter::default();
-        assert_eq!(
-            decide(100, 250, &mut s, 1_000, 1),
-            Decision::Allow {
-                remaining: 2,
-                reset: 100
-            }
-        );
-        assert_eq!(
-            decide(100, 250, &mut s, 1_000, 1),
-            Decision::Delay {
-                wait: 100,
-                remaining: 1,
-                reset: 200
-            }
-        );
-        assert_eq!(
-            decide(100, 250, &mut s, 1_000, 1),
-            Decision::Delay {
-                wait: 200,
-                remaining: 0,
-                reset: 300
-            }
-        );
-        assert_eq!(
-            decide(100, 250, &mut s, 1_000, 1),
-            Decision::Deny {
-                retry_after: 50,
-                reset: 300
-            }
-        );
-        assert_eq!(
-            decide(100, 250, &mut s, 1_050, 1),
-            Decision::Delay {
-                wait: 250,
-                remaining: 0,
-                reset: 350
-            }
-        );
+        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Allow { remaining: 2, reset: 100 });
+        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Delay { wait: 100, remaining: 1, reset: 200 });
+        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Delay { wait: 200, remaining: 0, reset: 300 });
+        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Deny { retry_after: 50, reset: 300 });
+        assert_eq!(decide(100, 250, &mut s, 1_050, 1), Decision::Delay { wait: 250, remaining: 0, reset: 350 });
     }
 
     #[test]
     fn strict_meter_never_delays() {
         let mut s = Meter::default();
-        assert!(matches!(
-            decide(100, 0, &mut s, 0, 1),
-            Decision::Allow { remaining: 0, .. }
-        ));
-        assert_eq!(
-            decide(100, 0, &mut s, 40, 1),
-            Decision::Deny {
-                retry_after: 60,
-                reset: 60
-            }
-        );
-        assert!(matches!(
-            decide(100, 0, &mut s, 100, 1),
-            Decision::Allow { .. }
-        ));
+        assert!(matches!(decide(100, 0, &mut s, 0, 1), Decision::Allow { remaining: 0, .. }));
+        assert_eq!(decide(100, 0, &mut s, 40, 1), Decision::Deny { retry_after: 60, reset: 60 });
+        assert!(matches!(decide(100, 0, &mut s, 100, 1), Decision::Allow { .. }));
     }
 
     #[test]

@@ -60,9 +60,7 @@ impl Log {
 
     /// Earliest time this state is idle without further traffic.
     pub fn idle_at(&self, w: u64) -> Micros {
-        self.entries
-            .back()
-            .map_or(0, |&(ts, _)| ts.saturating_add(w))
+        self.entries.back().map_or(0, |&(ts, _)| ts.saturating_add(w))
     }
 
     fn reset(&self, w: u64, now: Micros) -> Micros {
@@ -76,12 +74,7 @@ pub fn decide(w: u64, l: u64, st: &mut Log, now: Micros, cost: u64) -> Decision 
     if cost > l {
         return never(st.reset(w, now));
     }
-    let Some(need) = st
-        .sum
-        .saturating_add(cost)
-        .checked_sub(l)
-        .filter(|&n| n > 0)
-    else {
+    let Some(need) = st.sum.saturating_add(cost).checked_sub(l).filter(|&n| n > 0) else {
         if cost > 0 {
             let ts = st.entries.back().map_or(now, |&(ts, _)| ts.max(now));
             match st.entries.back_mut() {
@@ -90,10 +83,7 @@ pub fn decide(w: u64, l: u64, st: &mut Log, now: Micros, cost: u64) -> Decision 
             }
             st.sum = st.sum.saturating_add(cost);
         }
-        return Decision::Allow {
-            remaining: l.saturating_sub(st.sum),
-            reset: st.reset(w, now),
-        };
+        return Decision::Allow { remaining: l.saturating_sub(st.sum), reset: st.reset(w, now) };
     };
     let mut freed = 0u64;
     let mut retry_after = Micros::MAX;
@@ -104,10 +94,7 @@ pub fn decide(w: u64, l: u64, st: &mut Log, now: Micros, cost: u64) -> Decision 
             break;
         }
     }
-    Decision::Deny {
-        retry_after,
-        reset: st.reset(w, now),
-    }
+    Decision::Deny { retry_after, reset: st.reset(w, now) }
 }
 
 /// Takes `cost` units off the newest entries.
@@ -140,21 +127,9 @@ mod tests {
         for now in [100, 200, 300] {
             assert!(decide(w, l, &mut s, now, 1).is_admitted());
         }
-        assert_eq!(
-            decide(w, l, &mut s, 400, 2),
-            Decision::Deny {
-                retry_after: 800,
-                reset: 900
-            }
-        );
+        assert_eq!(decide(w, l, &mut s, 400, 2), Decision::Deny { retry_after: 800, reset: 900 });
         assert!(!decide(w, l, &mut s, 1_199, 2).is_admitted());
-        assert_eq!(
-            decide(w, l, &mut s, 1_200, 2),
-            Decision::Allow {
-                remaining: 0,
-                reset: 1_000
-            }
-        );
+        assert_eq!(decide(w, l, &mut s, 1_200, 2), Decision::Allow { remaining: 0, reset: 1_000 });
     }
 
     #[test]

@@ -14,20 +14,15 @@ fn nz(n: u64) -> NonZeroU64 {
 
 /// Small parameters so that boundaries, refills and merges happen often.
 fn token_bucket() -> impl Strategy<Value = Algorithm> {
-    (1u64..200, 1u64..10, prop_oneof![Just(0u64), 1u64..3_000]).prop_map(|(t, b, w)| {
-        Algorithm::TokenBucket {
-            interval: nz(t),
-            burst: nz(b),
-            warmup: w,
-        }
+    (1u64..200, 1u64..10, prop_oneof![Just(0u64), 1u64..3_000]).prop_map(|(t, b, w)| Algorithm::TokenBucket {
+        interval: nz(t),
+        burst: nz(b),
+        warmup: w,
     })
 }
 
 fn leaky_bucket() -> impl Strategy<Value = Algorithm> {
-    (1u64..200, 0u64..1_000).prop_map(|(t, d)| Algorithm::LeakyBucket {
-        interval: nz(t),
-        max_delay: d,
-    })
+    (1u64..200, 0u64..1_000).prop_map(|(t, d)| Algorithm::LeakyBucket { interval: nz(t), max_delay: d })
 }
 
 fn windowed(make: fn(NonZeroU64, NonZeroU64) -> Algorithm) -> impl Strategy<Value = Algorithm> {
@@ -46,10 +41,7 @@ fn any_algorithm() -> impl Strategy<Value = Algorithm> {
 
 /// Arrivals as (gap since previous, cost seed); the seed maps onto `1..=max_cost`.
 fn arrivals() -> impl Strategy<Value = Vec<(u64, u64)>> {
-    prop::collection::vec(
-        (prop_oneof![Just(0u64), 0u64..50, 0u64..3_000], any::<u64>()),
-        1..150,
-    )
+    prop::collection::vec((prop_oneof![Just(0u64), 0u64..50, 0u64..3_000], any::<u64>()), 1..150)
 }
 
 fn cost_of(alg: &Algorithm, seed: u64) -> u64 {
@@ -77,21 +69,13 @@ fn run(alg: &Algorithm, arr: &[(u64, u64)]) -> (Vec<(Micros, u64, Decision)>, Op
 }
 
 fn admitted(log: &[(Micros, u64, Decision)]) -> Vec<(Micros, u64)> {
-    log.iter()
-        .filter(|(_, _, d)| d.is_admitted())
-        .map(|&(t, c, _)| (t, c))
-        .collect()
+    log.iter().filter(|(_, _, d)| d.is_admitted()).map(|&(t, c, _)| (t, c)).collect()
 }
 
 /// Largest total cost admitted in any half-open interval `[t, t + len)`.
 fn max_in_any_interval(adm: &[(Micros, u64)], len: u64) -> u64 {
     adm.iter()
-        .map(|&(t0, _)| {
-            adm.iter()
-                .filter(|&&(t, _)| t >= t0 && t < t0 + len)
-                .map(|&(_, c)| c)
-                .sum::<u64>()
-        })
+        .map(|&(t0, _)| adm.iter().filter(|&&(t, _)| t >= t0 && t < t0 + len).map(|&(_, c)| c).sum::<u64>())
         .max()
         .unwrap_or(0)
 }

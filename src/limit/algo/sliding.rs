@@ -64,10 +64,7 @@ impl Counter {
             self.cur = 0;
             self.start = ws;
         }
-        Rolled {
-            e: n - ws,
-            lag: n - now,
-        }
+        Rolled { e: n - ws, lag: n - now }
     }
 
     /// Back to initial: nothing that still weighs on the estimate.
@@ -113,13 +110,8 @@ pub fn decide(w: u64, l: u64, st: &mut Counter, now: Micros, cost: u64) -> Decis
         // cur + cost <= L here, so it fits in u64.
         st.cur = st.cur.saturating_add(cost);
         let room = (l128 * w128 - weighted) / w128;
-        let remaining = u64::try_from(room)
-            .unwrap_or(u64::MAX)
-            .saturating_sub(st.cur);
-        return Decision::Allow {
-            remaining,
-            reset: st.reset(rest, w).saturating_add(lag),
-        };
+        let remaining = u64::try_from(room).unwrap_or(u64::MAX).saturating_sub(st.cur);
+        return Decision::Allow { remaining, reset: st.reset(rest, w).saturating_add(lag) };
     }
     Decision::Deny {
         retry_after: retry_after(w, l, st, rest, cost).saturating_add(lag),
@@ -165,21 +157,9 @@ mod tests {
         let (w, l) = (1_000, 10);
         let mut s = Counter::default();
         assert!(decide(w, l, &mut s, 500, 10).is_admitted());
-        assert_eq!(
-            decide(w, l, &mut s, 1_250, 2),
-            Decision::Allow {
-                remaining: 0,
-                reset: 1_750
-            }
-        );
+        assert_eq!(decide(w, l, &mut s, 1_250, 2), Decision::Allow { remaining: 0, reset: 1_750 });
         // Next unit needs 10*(1000-e) + 3*1000 <= 10_000 → e >= 300 → wait 50.
-        assert_eq!(
-            decide(w, l, &mut s, 1_250, 1),
-            Decision::Deny {
-                retry_after: 50,
-                reset: 1_750
-            }
-        );
+        assert_eq!(decide(w, l, &mut s, 1_250, 1), Decision::Deny { retry_after: 50, reset: 1_750 });
         assert!(!decide(w, l, &mut s, 1_299, 1).is_admitted());
         assert!(decide(w, l, &mut s, 1_300, 1).is_admitted());
     }
@@ -217,11 +197,7 @@ mod tests {
                 times.push(now);
             }
         }
-        let worst = times
-            .iter()
-            .map(|&t0| times.iter().filter(|&&t| t >= t0 && t < t0 + w).count())
-            .max()
-            .unwrap_or(0);
+        let worst = times.iter().map(|&t0| times.iter().filter(|&&t| t >= t0 && t < t0 + w).count()).max().unwrap_or(0);
         assert_eq!(worst as u64, 2 * l - 1);
     }
 

@@ -81,19 +81,10 @@ impl LocalStore {
         let shards = (0..SHARDS)
             .map(|i| {
                 let cap = max_keys / SHARDS + usize::from(i < max_keys % SHARDS);
-                Padded(Mutex::new(Shard {
-                    map: HashMap::default(),
-                    cap,
-                    overflow: None,
-                    next_sweep: 0,
-                }))
+                Padded(Mutex::new(Shard { map: HashMap::default(), cap, overflow: None, next_sweep: 0 }))
             })
             .collect();
-        Self {
-            alg,
-            max_keys,
-            shards,
-        }
+        Self { alg, max_keys, shards }
     }
 
     /// Decides one request of `cost` for `key` at `now`.
@@ -128,10 +119,7 @@ impl LocalStore {
     /// Drops every entry that is back to initial at `now` (for an optional periodic task, so
     /// that `len()` follows live traffic); returns how many were dropped.
     pub fn sweep(&self, now: Micros) -> usize {
-        self.shards
-            .iter()
-            .map(|s| lock(&s.0).sweep(&self.alg, now))
-            .sum()
+        self.shards.iter().map(|s| lock(&s.0).sweep(&self.alg, now)).sum()
     }
 
     fn lock(&self, key: KeyHash) -> MutexGuard<'_, Shard> {
@@ -223,11 +211,7 @@ mod tests {
 
     /// One token per 1 000 µs, burst 1: any admitted key stays live for 1 ms.
     fn tb() -> Algorithm {
-        Algorithm::TokenBucket {
-            interval: nz(1_000),
-            burst: nz(1),
-            warmup: 0,
-        }
+        Algorithm::TokenBucket { interval: nz(1_000), burst: nz(1), warmup: 0 }
     }
 
     /// Key `n` in shard `shard`.
@@ -253,11 +237,7 @@ mod tests {
     fn never_holds_more_than_max_keys() {
         let s = LocalStore::new(tb(), 130);
         for n in 0..10_000u64 {
-            s.decide(
-                KeyHash(u128::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)),
-                0,
-                1,
-            );
+            s.decide(KeyHash(u128::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)), 0, 1);
         }
         assert_eq!(s.len(), 130);
     }
@@ -267,18 +247,9 @@ mod tests {
         // 64 keys: one per shard. Shard 0 holds one key.
         let s = LocalStore::new(tb(), 64);
         assert!(s.decide(key(0, 1), 0, 1).is_admitted());
-        assert!(
-            s.decide(key(0, 2), 0, 1).is_admitted(),
-            "first overflow user"
-        );
-        assert!(
-            !s.decide(key(0, 3), 0, 1).is_admitted(),
-            "overflow is shared"
-        );
-        assert!(
-            s.decide(key(1, 3), 0, 1).is_admitted(),
-            "other shards unaffected"
-        );
+        assert!(s.decide(key(0, 2), 0, 1).is_admitted(), "first overflow user");
+        assert!(!s.decide(key(0, 3), 0, 1).is_admitted(), "overflow is shared");
+        assert!(s.decide(key(1, 3), 0, 1).is_admitted(), "other shards unaffected");
         assert_eq!(s.len(), 2);
         // Refund of a key without an entry goes to the overflow, where it was admitted.
         s.refund(key(0, 2), 0, 1);
@@ -288,11 +259,7 @@ mod tests {
     #[test]
     fn throttled_client_never_comes_back_with_a_full_bucket() {
         let sec = 1_000_000;
-        let alg = Algorithm::TokenBucket {
-            interval: nz(sec),
-            burst: nz(1),
-            warmup: 0,
-        };
+        let alg = Algorithm::TokenBucket { interval: nz(sec), burst: nz(1), warmup: 0 };
         let s = LocalStore::new(alg, 64);
         // A is throttled and holds shard 0's only slot; a flood of new keys cannot evict it.
         assert!(s.decide(key(0, 1), 0, 1).is_admitted());
@@ -338,21 +305,11 @@ mod tests {
 
     #[test]
     fn concurrent_decisions_on_one_key_never_over_admit() {
-        let alg = Algorithm::TokenBucket {
-            interval: nz(1_000_000),
-            burst: nz(1_000),
-            warmup: 0,
-        };
+        let alg = Algorithm::TokenBucket { interval: nz(1_000_000), burst: nz(1_000), warmup: 0 };
         let s = LocalStore::new(alg, 10);
         let admitted: usize = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..2)
-                .map(|_| {
-                    sc.spawn(|| {
-                        (0..5_000)
-                            .filter(|_| s.decide(key(7, 7), 0, 1).is_admitted())
-                            .count()
-                    })
-                })
+                .map(|_| sc.spawn(|| (0..5_000).filter(|_| s.decide(key(7, 7), 0, 1).is_admitted()).count()))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
         });

@@ -1,0 +1,207 @@
+//! The admin listener: `/metrics` (Prometheus text), `/healthz` (alive), `/readyz` (config
+//! loaded, listener up, Redis reachable where a limit depends on it) and `/config` (the
+//! effective config, secrets redacted). It binds loopback unless configured otherwise.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use crate::config::{Config, HostMatch, PathMatch, UpstreamKind};
+use crate::server::Shared;
+
+/// Whether the proxy listener is accepting; `/readyz` says not ready until it is.
+#[derive(Default)]
+pub struct Readiness {
+    listening: AtomicBool,
+}
+
+impl Readiness {
+    pub fn set_listening(&self, up: bool) {
+        self.listening.store(up, Ordering::Relaxed);
+    }
+}
+
+/// Serves the admin endpoints until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let proxy = proxy.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let proxy = proxy.clone();
+                let ready = ready.clone();
+                async move { Ok::<_, Infallible>(answer(req, &proxy, &ready).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+    }
+    let proxy = shared.load_full();
+    match req.uri().path() {
+        "/metrics" => {
+            proxy.refresh_gauges();
+            text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", proxy.metrics().encode())
+        }
+        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
+        "/readyz" => {
+            let mut problems = Vec::new();
+            if !ready.listening.load(Ordering::Relaxed) {
+                problems.push("the proxy listener is not accepting".to_owned());
+            }
+            if let Err(e) = proxy.readiness().await {
+                problems.push(e);
+            }
+            if problems.is_empty() {
+                text(StatusCode::OK, "text/plain", "ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {}\n", problems.join("; ")))
+            }
+        }
+        "/config" => {
+            let doc = effective(&proxy.config);
+            text(StatusCode::OK, "application/json", serde_json::to_string_pretty(&doc).unwrap_or_default())
+        }
+        _ => text(StatusCode::NOT_FOUND, "text/plain", "try /metrics, /healthz, /readyz or /config\n"),
+    }
+}
+
+/// `redis://user:secret@host` → `redis://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            if user.is_empty() {
+                format!("{scheme}://***@{host}")
+            } else {
+                format!("{scheme}://{user}:***@{host}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn dur(d: std::time::Duration) -> String {
+    crate::config::units::Dur(d).to_string()
+}
+
+/// The effective config (defaults filled in) as JSON; no secrets.
+pub fn effective(c: &Config) -> Value {
+    let upstreams: serde_json::Map<String, Value> = c
+        .upstreams
+        .iter()
+        .map(|u| {
+            let v = match &u.kind {
+                UpstreamKind::Http(h) => json!({
+                    "url": format!("http://{}{}", h.authority, h.base_path),
+                    "connect_timeout": dur(h.connect_timeout),
+                    "timeout": dur(h.timeout),
+                    "pool_idle_timeout": dur(h.pool_idle_timeout),
+                    "pool_max_idle": h.pool_max_idle,
+                    "preserve_host": h.preserve_host,
+                }),
+                UpstreamKind::Respond(r) => json!({ "respond": {
+                    "status": r.status.as_u16(),
+                    "headers": r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), Value::from(v.to_str().unwrap_or("")))).collect::<serde_json::Map<_, _>>(),
+                    "body_bytes": r.body.len(),
+                    "latency": dur(r.latency),
+                }}),
+            };
+            (u.name.clone(), v)
+        })
+        .collect();
+    let routes: Vec<Value> = c
+        .routes
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "match": {
+                    "host": r.host.as_ref().map(|h| match h { HostMatch::Exact(e) => e.clone(), HostMatch::Suffix(s) => format!("*{s}") }),
+                    "path_prefix": match &r.path { PathMatch::Prefix(p) => Some(p), PathMatch::Exact(_) => None },
+                    "path": match &r.path { PathMatch::Exact(p) => Some(p), PathMatch::Prefix(_) => None },
+                    "methods": r.methods.as_ref().map(|m| m.iter().map(|m| m.as_str().to_owned()).collect::<Vec<_>>()),
+                },
+                "upstream": c.upstreams[r.upstream].name,
+                "strip_prefix": r.strip_prefix,
+                "ratelimit_headers": r.ratelimit_headers,
+                "concurrency": r.concurrency.as_ref().map(|k| json!({ "max": k.max, "max_wait": dur(k.max_wait) })),
+                "limits": r.limits.iter().map(|l| json!({
+                    "name": l.name,
+                    "algorithm": crate::config::algorithm_name(&l.algorithm),
+                    "rate": l.rate.to_string(),
+                    "params": format!("{:?}", l.algorithm),
+                    "key": l.key.parts().iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "store": format!("{:?}", l.store).to_lowercase(),
+                    "cost": l.cost,
+                    "mode": format!("{:?}", l.mode).to_lowercase(),
+                    "lease": l.lease.map(|n| n.get()),
+                    "max_keys": l.max_keys,
+                })).collect::<Vec<_>>(),
+                "on_limit": r.stale_on_limit.map(|d| json!({ "stale": { "max_age": dur(d) } })),
+                "on_upstream_error": r.stale_on_upstream_error.map(|d| json!({ "stale": { "max_age": dur(d) } })),
+            })
+        })
+        .collect();
+    json!({
+        "listen": c.listen.to_string(),
+        "admin": c.admin.map(|a| a.to_string()),
+        "trusted_proxies": c.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "server": {
+            "header_read_timeout": dur(c.server.header_read_timeout),
+            "max_header_bytes": c.server.max_header_bytes,
+            "grace_period": dur(c.server.grace_period),
+        },
+        "log": { "format": format!("{:?}", c.log.format).to_lowercase(), "access": c.log.access },
+        "cache": { "max_bytes": c.cache.max_bytes, "max_entry_bytes": c.cache.max_entry_bytes },
+        "upstreams": upstreams,
+        "routes": routes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_urls() {
+        assert_eq!(redact_url("redis://:hunter2@h:6379/0"), "redis://***@h:6379/0");
+        assert_eq!(redact_url("rediss://app:hunter2@h:6380"), "rediss://app:***@h:6380");
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+    }
+}

@@ -1,0 +1,238 @@
+//! What HTTP caching rules say about one response: `Cache-Control` directives, freshness
+//! lifetime (RFC 9111 §4.2.1) and the IMF-fixdate form of HTTP-date. Pure functions of header
+//! values; "now" is always a parameter.
+
+use http::header::{self, HeaderMap};
+
+/// Delta-seconds that overflow are capped here (RFC 9111 §1.2.2 suggests 2^31).
+const DELTA_MAX: u64 = 1 << 31;
+
+/// The `Cache-Control` directives tollgate acts on; the first occurrence of each wins.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Directives {
+    pub no_store: bool,
+    pub no_cache: bool,
+    pub private: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub max_age: Option<u64>,
+    pub s_maxage: Option<u64>,
+    pub stale_if_error: Option<u64>,
+}
+
+impl Directives {
+    /// Parses every `Cache-Control` field line of `headers`.
+    pub fn parse(headers: &HeaderMap) -> Directives {
+        let mut d = Directives::default();
+        for line in headers.get_all(header::CACHE_CONTROL) {
+            for item in list_items(line.as_bytes()) {
+                let (name, value) = match item.iter().position(|&b| b == b'=') {
+                    Some(i) => (trim(&item[..i]), Some(unquote(trim(&item[i + 1..])))),
+                    None => (item, None),
+                };
+                d.apply(name, value);
+            }
+        }
+        d
+    }
+
+    fn apply(&mut self, name: &[u8], value: Option<&[u8]>) {
+        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        // A qualified `no-cache="f"` / `private="f"` would allow storing without field `f`;
+        // treating it like the unqualified form is the conservative reading.
+        if is("no-store") {
+            self.no_store = true;
+        } else if is("no-cache") {
+            self.no_cache = true;
+        } else if is("private") {
+            self.private = true;
+        } else if is("must-revalidate") {
+            self.must_revalidate = true;
+        } else if is("proxy-revalidate") {
+            self.proxy_revalidate = true;
+        } else if is("max-age") {
+            // An invalid max-age makes the response stale (RFC 9111 §4.2.1), not fresh forever.
+            self.max_age.get_or_insert(value.and_then(delta_seconds).unwrap_or(0));
+        } else if is("s-maxage") {
+            self.s_maxage.get_or_insert(value.and_then(delta_seconds).unwrap_or(0));
+        } else if is("stale-if-error") && self.stale_if_error.is_none() {
+            self.stale_if_error = value.and_then(delta_seconds);
+        }
+    }
+
+    /// True when a shared cache may use the response after it turned stale at all
+    /// (RFC 9111 §4.2.4: `must-revalidate`, `proxy-revalidate` and `s-maxage` forbid it).
+    pub fn allows_stale(&self) -> bool {
+        !(self.must_revalidate || self.proxy_revalidate || self.s_maxage.is_some())
+    }
+}
+
+/// Freshness lifetime in seconds as a shared cache computes it: `s-maxage`, else `max-age`,
+/// else `Expires` − `Date`, else 0 (no heuristic freshness). A missing `Date` counts as
+/// `received` (unix seconds); an unparsable `Expires` means already expired.
+pub(super) fn freshness_lifetime(d: &Directives, headers: &HeaderMap, received: u64) -> u64 {
+    if let Some(s) = d.s_maxage.or(d.max_age) {
+        return s;
+    }
+    let Some(expires) = headers.get(header::EXPIRES) else {
+        return 0;
+    };
+    let Some(expires) = http_date(expires.as_bytes()) else {
+        return 0;
+    };
+    let date = headers.get(header::DATE).and_then(|v| http_date(v.as_bytes())).unwrap_or(received);
+    expires.saturating_sub(date)
+}
+
+/// The items of a comma-separated field value, OWS trimmed, empty items skipped. Commas
+/// inside quoted strings do not split, so `no-cache="a, b"` stays one item.
+pub(super) fn list_items(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = value;
+    std::iter::from_fn(move || loop {
+        if rest.is_empty() {
+            return None;
+        }
+        let (mut quoted, mut escaped) = (false, false);
+        let mut end = rest.len();
+        for (i, &b) in rest.iter().enumerate() {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if quoted => escaped = true,
+                b'"' => quoted = !quoted,
+                b',' if !quoted => {
+                    end = i;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let item = trim(&rest[..end]);
+        rest = rest.get(end + 1..).unwrap_or(&[]);
+        if !item.is_empty() {
+            return Some(item);
+        }
+    })
+}
+
+fn trim(s: &[u8]) -> &[u8] {
+    let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = s.iter().position(|b| !is_ows(b)).unwrap_or(s.len());
+    let end = s.iter().rposition(|b| !is_ows(b)).map_or(start, |i| i + 1);
+    &s[start..end]
+}
+
+fn unquote(s: &[u8]) -> &[u8] {
+    match s {
+        [b'"', inner @ .., b'"'] => inner,
+        _ => s,
+    }
+}
+
+fn delta_seconds(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(s.iter().fold(0u64, |n, &b| n.saturating_mul(10).saturating_add(u64::from(b - b'0')).min(DELTA_MAX)))
+}
+
+/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) into unix seconds. The obsolete
+/// RFC 850 and asctime forms are not accepted: such a date reads as absent.
+pub(super) fn http_date(s: &[u8]) -> Option<u64> {
+    let s = trim(s);
+    if s.len() != 29 || &s[3..5] != b", " || s[7] != b' ' || s[11] != b' ' || s[16] != b' ' || &s[25..] != b" GMT" {
+        return None;
+    }
+    if s[19] != b':' || s[22] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+        let d = &s[r];
+        d.iter().all(u8::is_ascii_digit).then(|| d.iter().fold(0, |n, &b| n * 10 + u64::from(b - b'0')))
+    };
+    const MONTHS: [&[u8; 3]; 12] =
+        [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
+    let month = MONTHS.iter().position(|m| m[..] == s[8..11])? as u64 + 1;
+    let (day, year) = (num(5..7)?, num(12..16)?);
+    let (hour, min, sec) = (num(17..19)?, num(20..22)?, num(23..25)?);
+    if !(1..=31).contains(&day) || year < 1970 || hour > 23 || min > 59 || sec > 60 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    Some(days * 86_400 + hour * 3_600 + min * 60 + sec)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date, for years from 1970 (H. Hinnant's
+/// `days_from_civil`, restricted to non-negative results).
+fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    (era * 146_097 + doe).saturating_sub(719_468)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn parses_imf_fixdate() {
+        assert_eq!(http_date(b"Sun, 06 Nov 1994 08:49:37 GMT"), Some(784_111_777));
+        assert_eq!(http_date(b"Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(http_date(b"Tue, 29 Feb 2000 12:00:00 GMT"), Some(951_825_600));
+        assert_eq!(http_date(b"Sunday, 06-Nov-94 08:49:37 GMT"), None);
+        assert_eq!(http_date(b"0"), None);
+        assert_eq!(http_date(b"Sun, 06 Nox 1994 08:49:37 GMT"), None);
+    }
+
+    #[test]
+    fn first_directive_wins_and_quotes_do_not_split() {
+        let d = Directives::parse(&headers(&[
+            ("cache-control", "Max-Age=10, no-cache=\"set-cookie, x\""),
+            ("cache-control", "max-age=99, stale-if-error=\"30\""),
+        ]));
+        assert_eq!(d.max_age, Some(10));
+        assert!(d.no_cache);
+        assert!(!d.no_store);
+        assert_eq!(d.stale_if_error, Some(30));
+    }
+
+    #[test]
+    fn invalid_max_age_means_stale() {
+        let d = Directives::parse(&headers(&[("cache-control", "max-age=soon")]));
+        assert_eq!(d.max_age, Some(0));
+    }
+
+    #[test]
+    fn lifetime_prefers_s_maxage_then_max_age_then_expires() {
+        let h = headers(&[
+            ("cache-control", "max-age=60, s-maxage=120"),
+            ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("expires", "Sun, 06 Nov 1994 09:49:37 GMT"),
+        ]);
+        assert_eq!(freshness_lifetime(&Directives::parse(&h), &h, 0), 120);
+        let h = headers(&[("date", "Sun, 06 Nov 1994 08:49:37 GMT"), ("expires", "Sun, 06 Nov 1994 09:49:37 GMT")]);
+        assert_eq!(freshness_lifetime(&Directives::parse(&h), &h, 0), 3_600);
+        let h = headers(&[("expires", "0")]);
+        assert_eq!(freshness_lifetime(&Directives::parse(&h), &h, 0), 0);
+        assert_eq!(freshness_lifetime(&Directives::default(), &HeaderMap::new(), 0), 0);
+    }
+
+    #[test]
+    fn list_items_trims_and_skips_empty() {
+        let items: Vec<&[u8]> = list_items(b" gzip ,, br\t, \"a, b\" ").collect();
+        assert_eq!(items, [&b"gzip"[..], b"br", b"\"a, b\""]);
+    }
+}

@@ -1,0 +1,265 @@
+//! The `limits:` and `concurrency:` parts of a route: serde mirror and validation into
+//! [`crate::limit::Algorithm`] values that cannot hold an invalid parameter.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::units::{Dur, Rate};
+use super::{key, Invalid, Seg};
+use crate::limit::{self, Algorithm, KeyPart, KeySpec};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    name: Option<String>,
+    algorithm: AlgorithmName,
+    rate: Rate,
+    burst: Option<u64>,
+    max_delay: Option<Dur>,
+    warmup: Option<Dur>,
+    #[serde(default = "route_key")]
+    key: KeyList,
+    #[serde(default)]
+    store: StoreKind,
+    #[serde(default = "one")]
+    cost: u64,
+    #[serde(default)]
+    mode: Mode,
+    lease: Option<u64>,
+    max_keys: Option<usize>,
+}
+
+fn route_key() -> KeyList {
+    KeyList(vec!["route".to_owned()])
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "snake_case")]
+enum AlgorithmName {
+    TokenBucket,
+    LeakyBucket,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+}
+
+/// Where a limit keeps its state.
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    #[default]
+    Local,
+    Redis,
+}
+
+/// `enforce` rejects; `shadow` decides, counts and logs, and never rejects.
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Shadow,
+}
+
+/// `key: client_ip` or `key: [client_ip, header:X-Tenant]`.
+struct KeyList(Vec<String>);
+
+impl<'de> Deserialize<'de> for KeyList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeyList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key (route, client_ip, path, header:NAME, query:NAME) or a list of them")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeyList, E> {
+                Ok(KeyList(vec![v.to_owned()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KeyList, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(KeyList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A validated limit.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LimitConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    /// As written, for messages and `explain`.
+    pub rate: Rate,
+    pub key: KeySpec,
+    pub store: StoreKind,
+    pub cost: u64,
+    pub mode: Mode,
+    /// Redis only: tokens taken per call and spent locally.
+    pub lease: Option<NonZeroU64>,
+    /// Local store: the bound on live keys.
+    pub max_keys: usize,
+}
+
+/// Requests in flight on a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Concurrency {
+    pub max: usize,
+    /// Wait this long for a free slot before answering 503; zero answers at once.
+    pub max_wait: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum RawConcurrency {
+    Max(usize),
+    Full(RawConcurrencyFull),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrencyFull {
+    max: usize,
+    max_wait: Option<Dur>,
+}
+
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+impl RawConcurrency {
+    pub fn validate(self, at: Vec<Seg>) -> Result<Concurrency, Invalid> {
+        let (max, max_wait) = match self {
+            RawConcurrency::Max(m) => (m, Duration::ZERO),
+            RawConcurrency::Full(f) => (f.max, f.max_wait.map_or(Duration::ZERO, |d| d.0)),
+        };
+        if max == 0 {
+            return Err((at, "concurrency must be at least 1".to_owned()));
+        }
+        Ok(Concurrency { max, max_wait })
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl RawLimit {
+    /// `at(field)` is the path of a field of this limit; `index` names unnamed limits.
+    pub fn validate(self, index: usize, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<LimitConfig, Invalid> {
+        use AlgorithmName as A;
+        let name = self.name.unwrap_or_else(|| format!("limit-{index}"));
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            return Err((at("name"), format!("`{name}` must be letters, digits, `-`, `_` or `.`")));
+        }
+        let only = |field: &str, set: bool, algs: &[A], what: &str| -> Result<(), Invalid> {
+            if set && !algs.contains(&self.algorithm) {
+                return Err((at(field), format!("`{field}` applies to {what} only")));
+            }
+            Ok(())
+        };
+        only("burst", self.burst.is_some(), &[A::TokenBucket], "token_bucket")?;
+        only("warmup", self.warmup.is_some(), &[A::TokenBucket], "token_bucket")?;
+        only("max_delay", self.max_delay.is_some(), &[A::LeakyBucket], "leaky_bucket")?;
+        only("lease", self.lease.is_some() && self.store != StoreKind::Redis, &[], "limits with `store: redis`")?;
+
+        let period = self.rate.period_micros();
+        let per_unit = period / self.rate.quantity;
+        let algorithm = match self.algorithm {
+            A::TokenBucket | A::LeakyBucket => {
+                let interval = NonZeroU64::new(per_unit).ok_or_else(|| {
+                    (at("rate"), format!("{} is faster than one per microsecond; use a lower rate", self.rate))
+                })?;
+                if self.algorithm == A::TokenBucket {
+                    let burst = self.burst.unwrap_or(self.rate.quantity);
+                    let burst =
+                        NonZeroU64::new(burst).ok_or_else(|| (at("burst"), "burst must be at least 1".to_owned()))?;
+                    Algorithm::TokenBucket { interval, burst, warmup: self.warmup.map_or(0, |d| micros(d.0)) }
+                } else {
+                    Algorithm::LeakyBucket { interval, max_delay: self.max_delay.map_or(0, |d| micros(d.0)) }
+                }
+            }
+            A::FixedWindow | A::SlidingWindow | A::SlidingLog => {
+                let window = NonZeroU64::new(period)
+                    .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?;
+                let limit = NonZeroU64::new(self.rate.quantity)
+                    .ok_or_else(|| (at("rate"), "the limit must be at least 1".to_owned()))?;
+                match self.algorithm {
+                    A::FixedWindow => Algorithm::FixedWindow { window, limit },
+                    A::SlidingWindow => Algorithm::SlidingWindow { window, limit },
+                    _ => Algorithm::SlidingLog { window, limit },
+                }
+            }
+        };
+        if self.algorithm == A::SlidingLog && self.rate.quantity > 100_000 {
+            return Err((
+                at("rate"),
+                format!(
+                    "sliding_log keeps one entry per admitted request: {} per window is too many; use sliding_window",
+                    self.rate.quantity
+                ),
+            ));
+        }
+        if self.cost == 0 {
+            return Err((at("cost"), "cost must be at least 1".to_owned()));
+        }
+        let max = limit::max_cost(&algorithm);
+        if self.cost > max {
+            return Err((
+                at("cost"),
+                format!("cost {} can never be admitted: this limit admits at most {max} at once", self.cost),
+            ));
+        }
+        if self.key.0.is_empty() {
+            return Err((at("key"), "expected at least one key part".to_owned()));
+        }
+        let mut parts = Vec::with_capacity(self.key.0.len());
+        for p in &self.key.0 {
+            parts.push(p.parse::<KeyPart>().map_err(|e| (at("key"), e.to_string()))?);
+        }
+        let key = KeySpec::new(parts).map_err(|e| (at("key"), e.to_string()))?;
+        let lease = match self.lease {
+            None => None,
+            Some(n) => Some(NonZeroU64::new(n).ok_or_else(|| (at("lease"), "lease must be at least 1".to_owned()))?),
+        };
+        let max_keys = self.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+        if max_keys == 0 {
+            return Err((at("max_keys"), "max_keys must be at least 1".to_owned()));
+        }
+        Ok(LimitConfig {
+            name,
+            algorithm,
+            rate: self.rate,
+            key,
+            store: self.store,
+            cost: self.cost,
+            mode: self.mode,
+            lease,
+            max_keys,
+        })
+    }
+}
+
+pub(super) fn limit_path(route: usize, limit: usize, field: &str) -> Vec<Seg> {
+    vec![key("routes"), Seg::Index(route), key("limits"), Seg::Index(limit), key(field)]
+}
+
+/// The config spelling of an algorithm: `token_bucket`, `leaky_bucket`, …
+pub fn algorithm_name(alg: &Algorithm) -> &'static str {
+    match alg {
+        Algorithm::TokenBucket { .. } => "token_bucket",
+        Algorithm::LeakyBucket { .. } => "leaky_bucket",
+        Algorithm::FixedWindow { .. } => "fixed_window",
+        Algorithm::SlidingWindow { .. } => "sliding_window",
+        Algorithm::SlidingLog { .. } => "sliding_log",
+    }
+}

@@ -1,0 +1,119 @@
+//! Upstream HTTP/1.1 connections, one request at a time each, kept in a small per-upstream
+//! pool. A connection goes back to the pool only when the response body it carried has
+//! ended, so whatever is taken from the pool is idle. Connections older than the idle
+//! timeout, or closed by the upstream, are dropped on the way out.
+//!
+//! This replaces hyper-util's legacy pooled client on the hot path: checkout is a mutex-held
+//! `Vec::pop` (uncontended: one lock per upstream), and the connection task is spawned once.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+type Conn = SendRequest<Incoming>;
+
+pub struct Pool {
+    idle: Mutex<Vec<(Conn, Instant)>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+    addr: String,
+    connect_timeout: Duration,
+}
+
+/// Why no connection could be had.
+#[derive(Debug)]
+pub enum ConnectError {
+    Timeout,
+    Io(std::io::Error),
+    Handshake(hyper::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Timeout => f.write_str("connect timed out"),
+            ConnectError::Io(e) => write!(f, "connect failed: {e}"),
+            ConnectError::Handshake(e) => write!(f, "handshake failed: {e}"),
+        }
+    }
+}
+
+impl Pool {
+    pub fn new(addr: String, connect_timeout: Duration, idle_timeout: Duration, max_idle: usize) -> Pool {
+        Pool { idle: Mutex::new(Vec::new()), max_idle, idle_timeout, addr, connect_timeout }
+    }
+
+    /// An idle connection from the pool, or a new one.
+    pub async fn checkout(&self) -> Result<Conn, ConnectError> {
+        while let Some(mut conn) = self.pop() {
+            // Returned only after its body ended, so this completes at once; an error means
+            // the upstream closed it meanwhile.
+            if conn.ready().await.is_ok() {
+                return Ok(conn);
+            }
+        }
+        self.connect().await
+    }
+
+    fn pop(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some((conn, since)) = idle.pop() {
+            if !conn.is_closed() && since.elapsed() < self.idle_timeout {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Takes back a connection whose response has ended.
+    pub fn put(&self, conn: Conn) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idle.len() < self.max_idle {
+            idle.push((conn, Instant::now()));
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, ConnectError> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr.as_str()))
+            .await
+            .map_err(|_| ConnectError::Timeout)?
+            .map_err(ConnectError::Io)?;
+        let _ = stream.set_nodelay(true);
+        let (send, conn) = http1::Builder::new()
+            // One write per small message instead of writev (measured: a small win).
+            .writev(false)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(ConnectError::Handshake)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(send)
+    }
+}
+
+/// Gives a connection back to its pool when the response body it carries ends cleanly;
+/// dropped on error or when the client goes away mid-body (the connection is then closed).
+pub struct Returner {
+    pool: Arc<Pool>,
+    conn: Conn,
+}
+
+impl Returner {
+    pub fn new(pool: Arc<Pool>, conn: Conn) -> Returner {
+        Returner { pool, conn }
+    }
+
+    pub fn release(self) {
+        self.pool.put(self.conn);
+    }
+}

@@ -1,0 +1,189 @@
+//! Running it: admin endpoints, metrics, hot reload, access log.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use http::StatusCode;
+use tollgate::limit::ManualClock;
+use tollgate::reload::Reloader;
+
+use crate::support::{get, get_with, Tollgate};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+const LIMITED: &str = "
+upstreams:
+  d: { respond: { body: v1 } }
+routes:
+  - name: api
+    upstream: d
+    limits:
+      - { name: per-client, algorithm: token_bucket, rate: 1/h, burst: 2, key: client_ip }
+      - { name: per-user, algorithm: token_bucket, rate: 1/h, burst: 5, key: header:x-user }
+";
+
+fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
+        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"))
+}
+
+async fn scrape(admin: std::net::SocketAddr) -> prometheus_parse::Scrape {
+    let (s, h, body) = get(admin, "/metrics").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(h["content-type"].to_str().unwrap().contains("openmetrics-text"));
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    prometheus_parse::Scrape::parse(lines).unwrap()
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move_with_traffic() {
+    let tg = Tollgate::start_with_clock(LIMITED, ManualClock::new(T0)).await;
+    let admin = tg.start_admin().await;
+    for _ in 0..3 {
+        get(tg.addr, "/").await;
+    }
+    let m = scrape(admin).await;
+    assert_eq!(sample(&m, "tollgate_requests_total", &[("route", "api"), ("class", "2xx")]), 2.0);
+    assert_eq!(sample(&m, "tollgate_requests_total", &[("route", "api"), ("class", "4xx")]), 1.0);
+    let decision =
+        |limit, result| sample(&m, "tollgate_limiter_decisions_total", &[("limit", limit), ("result", result)]);
+    assert_eq!(decision("per-client", "allowed"), 3.0 - 1.0);
+    assert_eq!(decision("per-client", "throttled"), 1.0);
+    assert_eq!(decision("per-user", "allowed"), 3.0, "per-user admitted all three (the third was refunded)");
+    assert_eq!(sample(&m, "tollgate_local_store_keys", &[("limit", "per-client")]), 1.0);
+
+    get(tg.addr, "/").await;
+    let m = scrape(admin).await;
+    assert_eq!(sample(&m, "tollgate_requests_total", &[("route", "api"), ("class", "4xx")]), 2.0);
+}
+
+#[tokio::test]
+async fn health_ready_and_config_endpoints() {
+    let tg = Tollgate::start(LIMITED).await;
+    let admin = tg.start_admin().await;
+    assert_eq!(get(admin, "/healthz").await.0, StatusCode::OK);
+    assert_eq!(get(admin, "/readyz").await.0, StatusCode::OK);
+    let (s, _, body) = get(admin, "/config").await;
+    assert_eq!(s, StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["routes"][0]["limits"][1]["name"], "per-user");
+    assert_eq!(doc["server"]["header_read_timeout"], "10s", "defaults are filled in");
+}
+
+struct TempConfig(std::path::PathBuf);
+
+impl TempConfig {
+    fn new(text: &str) -> TempConfig {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "tollgate-reload-{}-{}.yaml",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let t = TempConfig(p);
+        t.write(text);
+        t
+    }
+    fn write(&self, text: &str) {
+        std::fs::File::create(&self.0).unwrap().write_all(text.as_bytes()).unwrap();
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_broken_reload_keeps_the_old_config_serving() {
+    let file = TempConfig::new(LIMITED);
+    let tg = Tollgate::start_with_clock(LIMITED, ManualClock::new(T0)).await;
+    let reloader = Reloader::new(file.0.clone(), tg.shared.clone(), Box::new(|_| {}));
+    file.write(&LIMITED.replace("upstream: d\n", "upstream: nowhere\n"));
+    let err = reloader.reload().unwrap_err();
+    assert_eq!((err.line, err.path.as_str()), (6, "routes[0].upstream"), "{err}");
+    assert_eq!(get(tg.addr, "/").await.2, "v1");
+
+    file.write(&LIMITED.replace("body: v1", "body: v2"));
+    reloader.reload().unwrap();
+    assert_eq!(get(tg.addr, "/").await.2, "v2");
+}
+
+#[tokio::test]
+async fn a_reload_that_changes_one_limit_keeps_the_others_state() {
+    let file = TempConfig::new(LIMITED);
+    let tg = Tollgate::start_with_clock(LIMITED, ManualClock::new(T0)).await;
+    let reloader = Reloader::new(file.0.clone(), tg.shared.clone(), Box::new(|_| {}));
+    let user = [("x-user", "ann")];
+    for expected in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+        assert_eq!(get_with(tg.addr, "/", &user).await.0, expected);
+    }
+    // per-user changes; per-client is unchanged and must keep its empty bucket.
+    file.write(&LIMITED.replace("burst: 5", "burst: 50"));
+    reloader.reload().unwrap();
+    assert_eq!(
+        get_with(tg.addr, "/", &user).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the throttled client stays throttled"
+    );
+
+    // Changing per-client itself starts it afresh (documented).
+    file.write(&LIMITED.replace("burst: 2", "burst: 3"));
+    reloader.reload().unwrap();
+    assert_eq!(get_with(tg.addr, "/", &user).await.0, StatusCode::OK);
+}
+
+/// A writer the test can read back.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn access_log_lines_carry_the_decision() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let yaml = format!("log: {{ access: true }}\n{LIMITED}");
+    let tg = Tollgate::start_with_clock(&yaml, ManualClock::new(T0)).await;
+    for _ in 0..3 {
+        get(tg.addr, "/x").await;
+    }
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "tollgate::access")
+        .collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let f = |i: usize| &lines[i]["fields"];
+    assert_eq!(f(0)["status"], 200);
+    assert_eq!(f(0)["route"], "api");
+    assert_eq!(f(0)["limit"], "per-client");
+    assert_eq!(f(0)["remaining"], 1);
+    assert_eq!(f(2)["status"], 429);
+    assert_eq!(f(2)["limit"], "per-client");
+    assert_eq!(f(2)["retry_after"], 3600);
+    assert_eq!(f(2)["stale"], "no");
+}
