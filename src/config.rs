@@ -7,6 +7,7 @@
 mod limits;
 mod locate;
 mod raw;
+mod redis;
 pub mod units;
 
 use std::fmt;
@@ -53,6 +54,8 @@ pub struct Config {
     pub server: ServerConfig,
     pub log: LogConfig,
     pub cache: CacheConfig,
+    /// Present when the file has a `redis:` section (required by any `store: redis` limit).
+    pub redis: Option<crate::limit::RedisConfig>,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
 }

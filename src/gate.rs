@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::body::Body;
 use crate::config::{LimitConfig, Mode, Route};
-use crate::limit::{Algorithm, Decision, KeyCtx, KeyHash, LocalStore, Micros, Store};
+use crate::limit::{Algorithm, Decision, KeyCtx, KeyHash, LocalStore, Micros, Store, StoreError};
 use crate::metrics::{LimitMetrics, Metrics};
 use crate::problem;
 
@@ -142,10 +142,14 @@ impl Limit {
         Limit { config, store, quota, window_secs, shadow_logged: AtomicU64::new(0), metrics }
     }
 
-    /// Live keys in this limit's in-process state.
+    /// Live keys in this limit's in-process state (for Redis: denials and leases held locally).
     pub fn live_keys(&self) -> usize {
         match &*self.store {
             Store::Local(s) => s.len(),
+            Store::Redis(s) => {
+                let (denials, leases) = s.remembered();
+                denials + leases
+            }
         }
     }
 
@@ -154,15 +158,19 @@ impl Limit {
         Arc::new(Store::Local(LocalStore::new(config.algorithm.clone(), config.max_keys)))
     }
 
-    fn decide(&self, key: KeyHash, now: Micros) -> Decision {
+    /// The local store answers at once; Redis applies its `on_error` policy itself and fails
+    /// only with `on_error: deny`.
+    async fn decide(&self, key: KeyHash, now: Micros) -> Result<Decision, StoreError> {
         match &*self.store {
-            Store::Local(s) => s.decide(key, now, self.config.cost),
+            Store::Local(s) => Ok(s.decide(key, now, self.config.cost)),
+            Store::Redis(s) => s.decide(key, now, self.config.cost).await,
         }
     }
 
-    fn refund(&self, key: KeyHash, now: Micros) {
+    async fn refund(&self, key: KeyHash, now: Micros) {
         match &*self.store {
             Store::Local(s) => s.refund(key, now, self.config.cost),
+            Store::Redis(s) => s.refund(key, now, self.config.cost).await,
         }
     }
 
@@ -219,7 +227,19 @@ impl Gate {
         let mut denied = false;
         for (i, limit) in self.limits.iter().enumerate() {
             let key = limit.config.key.hash(ctx);
-            let decision = limit.decide(key, now);
+            let decision = match limit.decide(key, now).await {
+                Ok(d) => d,
+                Err(e) => {
+                    // Fail closed (`on_error: deny`): nothing stays charged anywhere.
+                    self.refund_admitted(&decided, now).await;
+                    let secs = match &e {
+                        StoreError::Unavailable { retry_after, .. } => retry_after.as_secs().max(1),
+                        StoreError::Config(_) => 1,
+                    };
+                    let note = Note { limit: Some(i), retry_after_secs: Some(secs), ..Note::default() };
+                    return Verdict::Reject(self.store_unavailable(&limit.config.name, secs, &e), note);
+                }
+            };
             match decision {
                 Decision::Allow { .. } => {
                     limit.metrics.allowed.inc();
@@ -242,7 +262,7 @@ impl Gate {
             decided.push(Decided { limit: i, key, decision });
         }
         if denied {
-            self.refund_admitted(&decided, now);
+            self.refund_admitted(&decided, now).await;
             let (resp, note) = self.too_many(&decided);
             return Verdict::Reject(resp, note);
         }
@@ -252,7 +272,7 @@ impl Gate {
             Some(cap) => match self.acquire(cap).await {
                 Some(p) => Some(p),
                 None => {
-                    self.refund_admitted(&decided, now);
+                    self.refund_admitted(&decided, now).await;
                     return Verdict::Reject(self.overloaded(), Note { overloaded: true, ..Note::default() });
                 }
             },
@@ -286,9 +306,9 @@ impl Gate {
         }
     }
 
-    fn refund_admitted(&self, decided: &[Decided], now: Micros) {
+    async fn refund_admitted(&self, decided: &[Decided], now: Micros) {
         for d in decided.iter().filter(|d| d.decision.is_admitted()) {
-            self.limits[d.limit].refund(d.key, now);
+            self.limits[d.limit].refund(d.key, now).await;
         }
     }
 
@@ -357,6 +377,20 @@ impl Gate {
             }
         }
         (resp, note)
+    }
+
+    /// 503 when a limit's shared store cannot decide and its policy is to fail closed.
+    fn store_unavailable(&self, limit: &str, secs: u64, e: &StoreError) -> Response<Body> {
+        tracing::debug!(route = %self.route, limit, error = %e, "limit store unavailable");
+        let mut resp = problem::response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "limit-store-unavailable",
+            "Rate limit store unavailable",
+            &format!("route `{}`: limit `{limit}` cannot be checked right now; retry after {secs} s", self.route),
+            json!({ "retry-after": secs }),
+        );
+        resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+        resp
     }
 
     fn overloaded(&self) -> Response<Body> {

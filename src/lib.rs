@@ -10,7 +10,7 @@
 //! - [`route`]: first-match routing.
 //! - [`proxy`]: the compiled config that serves a request end to end.
 //! - [`gate`]: a route's limits and concurrency cap; 429/503 answers and RateLimit headers.
-//! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores.
+//! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores (local, Redis).
 //! - [`forward`]: pooled upstream client, header rewriting, built-in responder.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.

@@ -6,7 +6,7 @@
 //! - [`algo`]: the five algorithms ([`Algorithm`], [`State`], [`decide`], [`refund`]).
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - [`key`]: [`KeySpec`] → [`KeyHash`], and [`TrustedProxies`] for the client IP.
-//! - [`store`]: [`Store`] (today only [`LocalStore`], a sharded in-process map).
+//! - [`store`]: [`Store`]: [`LocalStore`] (a sharded in-process map) or [`RedisStore`] (shared).
 
 pub mod algo;
 pub mod clock;
@@ -16,7 +16,7 @@ pub mod store;
 pub use algo::{decide, max_cost, refund, Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
-pub use store::{LocalStore, Store, StoreError};
+pub use store::{LocalStore, RedisClient, RedisConfig, RedisStore, Store, StoreError};
 
 /// Microseconds; for [`SystemClock`] since the unix epoch.
 pub type Micros = u64;

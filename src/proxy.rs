@@ -12,12 +12,22 @@ use hyper::body::Incoming;
 
 use crate::body::Body;
 use crate::cache::{Cache, StaleReason};
-use crate::config::{Config, LimitConfig, Route, UpstreamKind};
+use crate::config::{Config, LimitConfig, Route, StoreKind, UpstreamKind};
 use crate::forward::{self, Downstream, Failure, HttpForwarder};
 use crate::gate::{Gate, Limit, Note, Verdict};
-use crate::limit::{Clock, KeyCtx, KeyPart, Store, SystemClock, TrustedProxies};
+use crate::limit::store::redis::fallback_algorithm;
+use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::{problem, route};
+
+/// A Redis-backed store for limit `l` of route `route`; its local fallback has the same
+/// parameters divided by `instances`.
+fn redis_store(client: &Arc<RedisClient>, route: &str, l: &LimitConfig) -> Arc<Store> {
+    let fallback = LocalStore::new(fallback_algorithm(&l.algorithm, client.config().instances), l.max_keys);
+    // Route and limit names are `[A-Za-z0-9._-]`: `route/limit` is unique per config.
+    let name = format!("{route}/{}", l.name);
+    Arc::new(Store::Redis(Box::new(RedisStore::new(client.clone(), &name, l.algorithm.clone(), l.lease, fallback))))
+}
 
 /// Where a route sends admitted requests.
 pub enum Target {
@@ -41,6 +51,8 @@ pub struct Proxy {
     clock: Arc<dyn Clock>,
     cache: Cache,
     metrics: Arc<Metrics>,
+    /// The one connection of every `store: redis` limit; kept across reloads while `redis:` is unchanged.
+    redis: Option<Arc<RedisClient>>,
 }
 
 /// Which stale copy, if any, answered a request (for the access log).
@@ -76,12 +88,31 @@ impl Proxy {
                 })
             })
             .collect();
+        let redis = config.redis.as_ref().and_then(|rc| {
+            let kept = previous.and_then(|p| p.redis.clone()).filter(|c| c.config() == rc);
+            kept.or_else(|| match RedisClient::new(rc.clone()) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    // Validation checked the URLs; if one still fails, limits decide locally.
+                    tracing::error!("redis: {e}; `store: redis` limits use in-process state");
+                    None
+                }
+            })
+        });
         let lanes = config
             .routes
             .iter()
             .map(|r| {
                 let mut store_for = |l: &LimitConfig| {
-                    previous.and_then(|p| p.store_of(&r.name, l)).unwrap_or_else(|| Limit::local_store(l))
+                    let kept = previous.and_then(|p| p.store_of(&r.name, l)).filter(|s| match &**s {
+                        // A Redis store holds its connection: keep it only on the same one.
+                        Store::Redis(s) => redis.as_ref().is_some_and(|c| Arc::ptr_eq(c, s.client())),
+                        Store::Local(_) => l.store == StoreKind::Local || redis.is_none(),
+                    });
+                    kept.unwrap_or_else(|| match (&redis, l.store) {
+                        (Some(client), StoreKind::Redis) => redis_store(client, &r.name, l),
+                        _ => Limit::local_store(l),
+                    })
                 };
                 Lane {
                     gate: Gate::new(r, &metrics, &mut store_for),
@@ -95,7 +126,12 @@ impl Proxy {
             _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
-        Proxy { config: Arc::new(config), targets, lanes, trusted, clock, cache, metrics }
+        Proxy { config: Arc::new(config), targets, lanes, trusted, clock, cache, metrics, redis }
+    }
+
+    /// The shared Redis connection, if the config has a `redis:` section (readiness, metrics).
+    pub fn redis(&self) -> Option<&Arc<RedisClient>> {
+        self.redis.as_ref()
     }
 
     /// The store of limit `limit` on route `route`, if it exists with the same definition.

@@ -27,6 +27,7 @@ pub struct Config {
     log: Log,
     #[serde(default)]
     cache: Cache,
+    redis: Option<super::redis::RawRedis>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -186,6 +187,7 @@ impl Config {
                 format!("{} is too small; expected at least 8192 bytes", self.server.max_header_bytes),
             ));
         }
+        let redis = self.redis.map(|r| r.validate()).transpose()?;
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -246,6 +248,9 @@ impl Config {
             let mut limits = Vec::with_capacity(route.limits.len());
             for (j, raw) in route.limits.into_iter().enumerate() {
                 let limit = raw.validate(j, &|field| limit_path(i, j, field))?;
+                if limit.store == super::StoreKind::Redis {
+                    super::redis::check_limit(&limit, redis.is_some(), &|field| limit_path(i, j, field))?;
+                }
                 if limits.iter().any(|l: &super::LimitConfig| l.name == limit.name) {
                     return Err((
                         limit_path(i, j, "name"),
@@ -289,6 +294,7 @@ impl Config {
                 max_bytes: self.cache.max_bytes.0,
                 max_entry_bytes: usize::try_from(self.cache.max_entry_bytes.0).unwrap_or(usize::MAX),
             },
+            redis,
             upstreams,
             routes,
         })

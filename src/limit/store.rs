@@ -2,24 +2,36 @@
 //! keep the `Arc<Store>` of an unchanged limit. Invariant: every backend runs the same pure math
 //! from [`super::algo`]; a backend only decides where the state is kept and how it is locked.
 //!
-//! An enum rather than a trait object: two backends (a `Redis` variant comes next), static
-//! dispatch, no boxing on the hot path.
+//! An enum rather than a trait object: two backends (`Local`, `Redis`), static dispatch; only
+//! the (much larger) Redis store is boxed, its hot path being a network round trip anyway.
 
 pub mod local;
+pub mod redis;
+
+use std::time::Duration;
 
 pub use local::LocalStore;
+pub use redis::{RedisClient, RedisConfig, RedisStore};
 
 use super::{Algorithm, Decision, KeyHash, Micros};
 
-/// A store failure (none yet for the local store; the Redis store will add variants).
+/// A store failure. The local store never fails; the Redis store fails only with
+/// `on_error: deny` (the gate answers 503 with `Retry-After: retry_after`).
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {}
+pub enum StoreError {
+    #[error("redis store unavailable ({kind}): {message}")]
+    Unavailable { kind: redis::FailureKind, retry_after: Duration, message: String },
+    #[error("redis store misconfigured: {0}")]
+    Config(String),
+}
 
 /// The state store of one limit.
 #[derive(Debug)]
 pub enum Store {
     /// In-process, sharded, bounded.
     Local(LocalStore),
+    /// Shared by every instance through Redis (single node or Cluster).
+    Redis(Box<RedisStore>),
 }
 
 impl Store {
@@ -30,6 +42,7 @@ impl Store {
     pub async fn decide(&self, key: KeyHash, now: Micros, cost: u64) -> Result<Decision, StoreError> {
         match self {
             Store::Local(s) => Ok(s.decide(key, now, cost)),
+            Store::Redis(s) => s.decide(key, now, cost).await,
         }
     }
 
@@ -43,12 +56,17 @@ impl Store {
                 s.refund(key, now, cost);
                 Ok(())
             }
+            Store::Redis(s) => {
+                s.refund(key, now, cost).await;
+                Ok(())
+            }
         }
     }
 
     pub fn algorithm(&self) -> &Algorithm {
         match self {
             Store::Local(s) => s.algorithm(),
+            Store::Redis(s) => s.algorithm(),
         }
     }
 }

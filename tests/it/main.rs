@@ -8,5 +8,6 @@ mod cli;
 mod forwarding;
 mod limits;
 mod operate;
+mod redis;
 mod server;
 mod stale;

@@ -1,6 +1,9 @@
 //! Test helpers: an in-process tollgate on 127.0.0.1:0, real hyper upstreams, real clients.
 #![allow(dead_code)]
 
+pub mod redis;
+pub mod vectors;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,0 +1,335 @@
+//! Redis store: the shared truth for limits with `store: redis`. One EVALSHA per decision (a
+//! Lua port of each algorithm, time from Redis `TIME`), keys hash-tagged for Cluster, plus
+//! local memory of denials, optional token-bucket leases, and an `on_error` policy with breaker.
+//!
+//! # Keys
+//! `tollgate:{<limit>:<32 hex digits of the KeyHash>}`: the braces are a Cluster hash tag, so
+//! every key of one script shares a slot while different clients spread over the shards;
+//! request bytes never reach Redis (only the digest), and a key is at most ~50 + limit bytes.
+//!
+//! # Leases (`lease: N`, token bucket only)
+//! A decision that finds no local lease asks Redis for up to `N` units (at least the cost) in
+//! one call and spends the rest locally until `lease_ttl` passes; unused units then lapse (they
+//! were charged in Redis and are not given back). Worst case with `I` instances, rate `r = 1/T`:
+//! - over-admission: none beyond Redis' bucket in units, but units are spent up to `lease_ttl`
+//!   after they were taken, so any interval `t` admits at most `B + (t + lease_ttl)·r` (at most
+//!   `lease_ttl·r` more than without leases, and never more than `I·(N-1)` extra at once);
+//! - under-admission: up to `N-1` units per instance per lease that lapse unused, and one
+//!   instance may be denied while another still holds unspent units.
+//!
+//! Redis calls per request ≈ `1/N` under sustained traffic on one key.
+//!
+//! # Local memory of denials
+//! When Redis denies key `k` (cost `c`) for `retry_after`, this instance answers Deny for `k`
+//! and the same cost (a larger one may need longer) locally until then, with the same
+//! `retry_after` and `reset` Redis would give: a denial changes no state. The only difference:
+//! a refund by another instance in between is noticed late (under-admission, never over).
+//! Bounded by `memo_keys`.
+
+mod breaker;
+mod client;
+mod memo;
+mod metrics;
+mod script;
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use breaker::BreakerState;
+pub use client::RedisClient;
+pub use metrics::{FailureKind, Metrics, Snapshot, LATENCY_BUCKETS_US};
+pub use script::{check_precision, LUA_EXACT};
+
+use self::client::Failure;
+use self::memo::Memo;
+use self::script::{decode, AlgScript, Op};
+use super::{LocalStore, StoreError};
+use crate::limit::{max_cost, Algorithm, Decision, KeyHash, Micros};
+
+/// Where Redis is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// One node: `redis://[user:password@]host:port/db` or `rediss://` (TLS).
+    Single(String),
+    /// Seed nodes of a Redis Cluster.
+    Cluster(Vec<String>),
+}
+
+/// What a decision does when Redis gives no answer in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Admit (fail open).
+    Allow,
+    /// Fail: the gate answers 503 with Retry-After (fail closed).
+    Deny,
+    /// Decide with an in-process limiter of the same parameters (divided by `instances`).
+    #[default]
+    Local,
+}
+
+/// Validated Redis settings (built by the config room from `redis:`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub target: Target,
+    /// Deadline of one decision (connection wait included).
+    pub timeout: Duration,
+    pub on_error: OnError,
+    /// The local fallback divides rates and limits by this.
+    pub instances: NonZeroU64,
+    /// Consecutive failures that open the breaker.
+    pub breaker_failures: NonZeroU32,
+    /// How long the breaker stays open before one probe call.
+    pub breaker_cooldown: Duration,
+    /// Unspent leased units lapse after this.
+    pub lease_ttl: Duration,
+    /// Bound on keys remembered locally (denials, and leases), per limit.
+    pub memo_keys: usize,
+    /// Connecting (and PING) gives up after this.
+    pub connect_timeout: Duration,
+}
+
+impl RedisConfig {
+    /// Defaults for everything but the target.
+    pub fn new(target: Target) -> RedisConfig {
+        RedisConfig {
+            target,
+            timeout: Duration::from_millis(20),
+            on_error: OnError::Local,
+            instances: NonZeroU64::MIN,
+            breaker_failures: NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN),
+            breaker_cooldown: Duration::from_secs(1),
+            lease_ttl: Duration::from_secs(1),
+            memo_keys: 100_000,
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The parameters of the in-process fallback: rates and limits divided by `instances`, so that
+/// `instances` proxies falling back together admit about what Redis would have.
+pub fn fallback_algorithm(alg: &Algorithm, instances: NonZeroU64) -> Algorithm {
+    let i = instances.get();
+    let div = |n: NonZeroU64| NonZeroU64::new(n.get() / i).unwrap_or(NonZeroU64::MIN);
+    let mul = |n: NonZeroU64| n.saturating_mul(instances);
+    match alg.clone() {
+        Algorithm::TokenBucket { interval, burst, warmup } => {
+            Algorithm::TokenBucket { interval: mul(interval), burst: div(burst), warmup }
+        }
+        Algorithm::LeakyBucket { interval, max_delay } => Algorithm::LeakyBucket { interval: mul(interval), max_delay },
+        Algorithm::FixedWindow { window, limit } => Algorithm::FixedWindow { window, limit: div(limit) },
+        Algorithm::SlidingWindow { window, limit } => Algorithm::SlidingWindow { window, limit: div(limit) },
+        Algorithm::SlidingLog { window, limit } => Algorithm::SlidingLog { window, limit: div(limit) },
+    }
+}
+
+/// A denial remembered locally.
+#[derive(Clone, Copy, Debug)]
+struct Denied {
+    cost: u64,
+    reset_at: Micros,
+}
+
+/// Units leased from Redis, spent locally.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    units: u64,
+    /// Redis' `remaining` after the lease was taken (for the RateLimit header).
+    remaining: u64,
+    reset_at: Micros,
+}
+
+/// The Redis-backed state of one limit.
+#[derive(Debug)]
+pub struct RedisStore {
+    client: Arc<RedisClient>,
+    alg: Algorithm,
+    script: AlgScript,
+    prefix: String,
+    max_cost: u64,
+    lease: Option<NonZeroU64>,
+    leases: Memo<Lease>,
+    denials: Memo<Denied>,
+    fallback: LocalStore,
+}
+
+impl RedisStore {
+    /// The store of limit `limit_name` (unique per config; `[A-Za-z0-9._-/]`) on `client`.
+    /// `lease` is honoured for token buckets only (others: one call per decision); `fallback`
+    /// serves `on_error: local` (see [`fallback_algorithm`]).
+    pub fn new(
+        client: Arc<RedisClient>,
+        limit_name: &str,
+        alg: Algorithm,
+        lease: Option<NonZeroU64>,
+        fallback: LocalStore,
+    ) -> RedisStore {
+        let lease = lease.filter(|n| n.get() > 1 && matches!(alg, Algorithm::TokenBucket { .. }));
+        let memo_keys = client.config().memo_keys;
+        // Braces would break the hash tag: keep them out of the name.
+        let name: String = limit_name.chars().map(|c| if matches!(c, '{' | '}') { '_' } else { c }).collect();
+        RedisStore {
+            script: AlgScript::new(&alg),
+            prefix: format!("tollgate:{{{name}:"),
+            max_cost: max_cost(&alg),
+            leases: Memo::new(if lease.is_some() { memo_keys } else { 0 }),
+            denials: Memo::new(memo_keys),
+            alg,
+            lease,
+            fallback,
+            client,
+        }
+    }
+
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.alg
+    }
+
+    pub fn client(&self) -> &Arc<RedisClient> {
+        &self.client
+    }
+
+    /// Keys remembered locally: (denials, leases), for a metric.
+    pub fn remembered(&self) -> (usize, usize) {
+        (self.denials.len(), self.leases.len())
+    }
+
+    /// The Redis key of `key` (for tests and operators).
+    pub fn redis_key(&self, key: KeyHash) -> String {
+        format!("{}{:032x}}}", self.prefix, key.0)
+    }
+
+    /// SHA1 of this limit's script (`EVALSHA <sha> 1 <key> ...`, e.g. for redis-benchmark).
+    pub fn script_sha(&self) -> &str {
+        self.script.sha()
+    }
+
+    /// Decides one request of `cost` for `key`. `now` (local clock, µs) only times the local
+    /// memory of denials and leases; Redis decides on its own clock.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when Redis gives no answer and `on_error: deny` (503). With
+    /// `allow` the answer is an admission, with `local` the fallback's decision.
+    pub async fn decide(&self, key: KeyHash, now: Micros, cost: u64) -> Result<Decision, StoreError> {
+        self.decide_inner(key, now, cost, None).await
+    }
+
+    /// [`RedisStore::decide`] with the scripts on an explicit clock (tests only: production
+    /// decisions read Redis `TIME`).
+    #[doc(hidden)]
+    pub async fn decide_at(&self, key: KeyHash, now: Micros, cost: u64) -> Result<Decision, StoreError> {
+        self.decide_inner(key, now, cost, Some(now)).await
+    }
+
+    async fn decide_inner(
+        &self,
+        key: KeyHash,
+        now: Micros,
+        cost: u64,
+        script_now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
+        let m = self.client.metrics();
+        if cost > self.max_cost {
+            return Ok(Decision::Deny { retry_after: Micros::MAX, reset: 0 });
+        }
+        let remembered =
+            self.denials.with(key, now, |d, until| (true, (cost == d.cost).then_some((until, d.reset_at))));
+        if let Some(Some((until, reset_at))) = remembered {
+            m.denial_hit();
+            return Ok(Decision::Deny { retry_after: until - now, reset: reset_at.saturating_sub(now) });
+        }
+        if self.lease.is_some() {
+            if let Some(d) = self.spend_lease(key, now, cost) {
+                m.lease_hit();
+                return Ok(d);
+            }
+        }
+        let op = match self.lease {
+            Some(n) => Op::Lease(n.get().max(cost)),
+            None => Op::Decide,
+        };
+        let rkey = self.redis_key(key);
+        let inv = self.script.invocation(rkey.as_bytes(), op, cost, script_now);
+        let reply = match self.client.invoke::<Vec<i64>>(&inv).await {
+            Ok(r) => r,
+            Err(f) => return self.on_error(key, now, cost, f),
+        };
+        let Some((decision, granted)) = decode(&reply) else {
+            let f = Failure { kind: FailureKind::Reply, retry_in: Duration::ZERO, error: None };
+            return self.on_error(key, now, cost, f);
+        };
+        match decision {
+            Decision::Deny { retry_after, reset } => {
+                let until = now.saturating_add(retry_after);
+                self.denials.insert(key, now, until, Denied { cost, reset_at: now.saturating_add(reset) });
+            }
+            Decision::Allow { remaining, reset } if granted > cost => {
+                let ttl = u64::try_from(self.client.config().lease_ttl.as_micros()).unwrap_or(u64::MAX);
+                let lease = Lease { units: granted - cost, remaining, reset_at: now.saturating_add(reset) };
+                self.leases.insert(key, now, now.saturating_add(ttl), lease);
+                return Ok(Decision::Allow { remaining: remaining.saturating_add(granted - cost), reset });
+            }
+            _ => {}
+        }
+        Ok(decision)
+    }
+
+    fn spend_lease(&self, key: KeyHash, now: Micros, cost: u64) -> Option<Decision> {
+        self.leases
+            .with(key, now, |l, _| {
+                if l.units < cost {
+                    // Not enough left: let it lapse and take a fresh lease.
+                    return (false, None);
+                }
+                l.units -= cost;
+                let d = Decision::Allow {
+                    remaining: l.remaining.saturating_add(l.units),
+                    reset: l.reset_at.saturating_sub(now),
+                };
+                (l.units > 0, Some(d))
+            })
+            .flatten()
+    }
+
+    fn on_error(&self, key: KeyHash, now: Micros, cost: u64, f: Failure) -> Result<Decision, StoreError> {
+        self.client.metrics().fallback();
+        match self.client.config().on_error {
+            OnError::Allow => Ok(Decision::Allow { remaining: 0, reset: 0 }),
+            OnError::Local => Ok(self.fallback.decide(key, now, cost)),
+            OnError::Deny => Err(StoreError::Unavailable {
+                kind: f.kind,
+                retry_after: f.retry_in.max(Duration::from_secs(1)),
+                message: f.to_string(),
+            }),
+        }
+    }
+
+    /// Undoes an admission of `cost` for `key` (a later limit of the same request denied).
+    /// Leased units go back to the local lease; otherwise Redis refunds on its own clock (so a
+    /// warm-up charge may differ by the µs between the two calls). Never fails: a refund that
+    /// cannot reach Redis goes to the fallback (it only under-admits there), and is counted.
+    pub async fn refund(&self, key: KeyHash, now: Micros, cost: u64) {
+        self.refund_inner(key, now, cost, None).await;
+    }
+
+    /// [`RedisStore::refund`] on an explicit clock (tests only).
+    #[doc(hidden)]
+    pub async fn refund_at(&self, key: KeyHash, now: Micros, cost: u64) {
+        self.refund_inner(key, now, cost, Some(now)).await;
+    }
+
+    async fn refund_inner(&self, key: KeyHash, now: Micros, cost: u64, script_now: Option<Micros>) {
+        if self.lease.is_some()
+            && self.leases.with(key, now, |l, _| (true, l.units = l.units.saturating_add(cost))).is_some()
+        {
+            return;
+        }
+        // Whatever was denied before may fit now.
+        self.denials.remove(key);
+        let rkey = self.redis_key(key);
+        let inv = self.script.invocation(rkey.as_bytes(), Op::Refund, cost, script_now);
+        if self.client.invoke::<i64>(&inv).await.is_err() && self.client.config().on_error == OnError::Local {
+            self.fallback.refund(key, now, cost);
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The shared connection to Redis (one per config): a multiplexed, auto-reconnecting
+//! `ConnectionManager` for one node or the cluster client, wrapped with the decision deadline,
+//! the breaker and the counters. Concurrent calls are pipelined on the one connection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use tokio::sync::{Notify, OnceCell};
+
+use super::breaker::{Breaker, BreakerState, Pass};
+use super::metrics::{FailureKind, Metrics};
+use super::{RedisConfig, Target};
+use crate::limit::store::StoreError;
+
+/// One node or a cluster, behind one type the scripts can run on.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+enum Builder {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+/// The connection shared by every Redis-backed limit of one config.
+pub struct RedisClient {
+    config: RedisConfig,
+    builder: Builder,
+    conn: OnceCell<Conn>,
+    connecting: AtomicBool,
+    /// Woken when a background connect attempt ends, either way.
+    attempted: Notify,
+    breaker: Breaker,
+    metrics: Metrics,
+}
+
+impl std::fmt::Debug for RedisClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisClient").field("target", &self.config.target).finish_non_exhaustive()
+    }
+}
+
+/// A failed call: its kind (for counters and the `on_error` policy) and the error text.
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub retry_in: Duration,
+    pub error: Option<RedisError>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.error {
+            Some(e) => write!(f, "{}: {e}", self.kind),
+            None => write!(f, "{}", self.kind),
+        }
+    }
+}
+
+fn classify(e: &RedisError) -> FailureKind {
+    if e.is_timeout() {
+        FailureKind::Timeout
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error() {
+        FailureKind::Connection
+    } else {
+        FailureKind::Reply
+    }
+}
+
+impl RedisClient {
+    /// A client for `config`. Does not connect yet: the first call (or [`RedisClient::connect`])
+    /// does, in the background, so a proxy can start while Redis is down.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] if a URL cannot be used (validation normally catches this).
+    pub fn new(config: RedisConfig) -> Result<Arc<RedisClient>, StoreError> {
+        let bad = |e: RedisError| StoreError::Config(e.to_string());
+        let builder = match &config.target {
+            Target::Single(url) => Builder::Single(redis::Client::open(url.as_str()).map_err(bad)?),
+            Target::Cluster(urls) => Builder::Cluster(
+                ClusterClient::builder(urls.iter().map(String::as_str))
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.connect_timeout)
+                    .retries(2)
+                    .min_retry_wait(10)
+                    .max_retry_wait(100)
+                    .build()
+                    .map_err(bad)?,
+            ),
+        };
+        let breaker = Breaker::new(config.breaker_failures.get(), config.breaker_cooldown);
+        Ok(Arc::new(RedisClient {
+            config,
+            builder,
+            conn: OnceCell::new(),
+            connecting: AtomicBool::new(false),
+            attempted: Notify::new(),
+            breaker,
+            metrics: Metrics::default(),
+        }))
+    }
+
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    async fn open(&self) -> Result<Conn, RedisError> {
+        match &self.builder {
+            Builder::Single(client) => {
+                // Few, short retries: the breaker and the next call take over from there.
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(self.config.connect_timeout)
+                    .set_number_of_retries(2)
+                    .set_factor(10)
+                    .set_max_delay(200);
+                Ok(Conn::Single(ConnectionManager::new_with_config(client.clone(), cfg).await?))
+            }
+            Builder::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+        }
+    }
+
+    /// Connects now and waits for it (tests, readiness).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if Redis cannot be reached.
+    pub async fn connect(&self) -> Result<(), StoreError> {
+        let unavailable = |e: RedisError| StoreError::Unavailable {
+            kind: classify(&e),
+            retry_after: self.config.breaker_cooldown,
+            message: e.to_string(),
+        };
+        self.conn.get_or_try_init(|| self.open()).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// The connection. Without one, connects in a background task (so a decision that gives up
+    /// at its deadline does not abort the handshake for the others) and waits for that attempt.
+    async fn conn(self: &Arc<Self>) -> Option<Conn> {
+        if let Some(c) = self.conn.get() {
+            return Some(c.clone());
+        }
+        let attempt = self.attempted.notified();
+        tokio::pin!(attempt);
+        // Registered before the re-check, so an attempt ending in between is not missed.
+        attempt.as_mut().enable();
+        if let Some(c) = self.conn.get() {
+            return Some(c.clone());
+        }
+        if !self.connecting.swap(true, Ordering::AcqRel) {
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                let result = me.connect().await;
+                me.connecting.store(false, Ordering::Release);
+                me.attempted.notify_waiters();
+                if let Err(e) = result {
+                    me.breaker.failure(Pass::Call, &e);
+                }
+            });
+        }
+        attempt.await;
+        self.conn.get().cloned()
+    }
+
+    /// `PING` within the connect timeout (readiness checks).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if Redis does not answer.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let fail = |kind, message: String| StoreError::Unavailable { kind, retry_after: Duration::ZERO, message };
+        let attempt = async {
+            self.connect().await?;
+            let mut c =
+                self.conn.get().cloned().ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
+            redis::cmd("PING").query_async::<String>(&mut c).await.map_err(|e| fail(classify(&e), e.to_string()))
+        };
+        match tokio::time::timeout(self.config.connect_timeout, attempt).await {
+            Ok(r) => r.map(|_| ()),
+            Err(_) => Err(fail(FailureKind::Timeout, "ping timed out".into())),
+        }
+    }
+
+    /// Runs one script call within the decision deadline, through the breaker.
+    pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &ScriptInvocation<'_>) -> Result<T, Failure> {
+        let pass = self.breaker.pass();
+        if let Pass::Open(retry_in) = pass {
+            self.metrics.failure(FailureKind::BreakerOpen);
+            return Err(Failure { kind: FailureKind::BreakerOpen, retry_in, error: None });
+        }
+        let started = Instant::now();
+        let call = async {
+            let Some(mut conn) = self.conn().await else {
+                return Err(None);
+            };
+            self.metrics.call();
+            inv.invoke_async::<T>(&mut conn).await.map_err(Some)
+        };
+        let result = tokio::time::timeout(self.config.timeout, call).await;
+        self.metrics.latency(started.elapsed());
+        let cooldown = self.config.breaker_cooldown;
+        let failure = match result {
+            Ok(Ok(v)) => {
+                self.breaker.success(pass);
+                return Ok(v);
+            }
+            Ok(Err(Some(e))) => Failure { kind: classify(&e), retry_in: cooldown, error: Some(e) },
+            Ok(Err(None)) => Failure { kind: FailureKind::Connection, retry_in: cooldown, error: None },
+            Err(_) => Failure { kind: FailureKind::Timeout, retry_in: cooldown, error: None },
+        };
+        self.metrics.failure(failure.kind);
+        self.breaker.failure(pass, &failure);
+        Err(failure)
+    }
+}

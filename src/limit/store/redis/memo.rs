@@ -1,0 +1,119 @@
+//! A small bounded map of per-key entries that expire: the local memory of Redis denials and
+//! the local leases. 16 shards of `Mutex<HashMap>`, no global lock. When a shard is full it
+//! first drops expired entries; if still full the new entry is not kept (the caller degrades to
+//! asking Redis, which is always correct), so memory stays bounded by `max_keys` entries.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::limit::{KeyHash, Micros};
+
+const SHARDS: usize = 16;
+
+/// Keys are uniform digests: their low 64 bits are the hash.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
+}
+
+type Map<V> = HashMap<u128, (Micros, V), BuildHasherDefault<PassThrough>>;
+
+pub struct Memo<V> {
+    shards: Box<[Mutex<Map<V>>]>,
+    cap: usize,
+}
+
+impl<V> std::fmt::Debug for Memo<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memo").field("cap", &self.cap).finish_non_exhaustive()
+    }
+}
+
+impl<V> Memo<V> {
+    /// At most `max_keys` entries in all (0 = remember nothing).
+    pub fn new(max_keys: usize) -> Memo<V> {
+        Memo { shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(), cap: max_keys / SHARDS }
+    }
+
+    fn shard(&self, key: KeyHash) -> MutexGuard<'_, Map<V>> {
+        // Top bits pick the shard; the map hashes with the low bits.
+        let i = (key.0 >> 124) as usize % SHARDS;
+        // A panic while holding the lock cannot leave a half-written entry: use it anyway.
+        self.shards[i].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the live entry of `key` at `now` (with its expiry time); `f` returning false
+    /// removes it.
+    pub fn with<R>(&self, key: KeyHash, now: Micros, f: impl FnOnce(&mut V, Micros) -> (bool, R)) -> Option<R> {
+        let mut map = self.shard(key);
+        let entry = map.get_mut(&key.0)?;
+        if entry.0 <= now {
+            map.remove(&key.0);
+            return None;
+        }
+        let (keep, r) = f(&mut entry.1, entry.0);
+        if !keep {
+            map.remove(&key.0);
+        }
+        Some(r)
+    }
+
+    /// Remembers `v` for `key` until `until`; returns false if there was no room.
+    pub fn insert(&self, key: KeyHash, now: Micros, until: Micros, v: V) -> bool {
+        if until <= now {
+            return false;
+        }
+        let mut map = self.shard(key);
+        if map.len() >= self.cap && !map.contains_key(&key.0) {
+            map.retain(|_, e| e.0 > now);
+            if map.len() >= self.cap {
+                return false;
+            }
+        }
+        map.insert(key.0, (until, v));
+        true
+    }
+
+    pub fn remove(&self, key: KeyHash) {
+        self.shard(key).remove(&key.0);
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_expire_and_the_bound_holds() {
+        let m: Memo<u32> = Memo::new(SHARDS * 2);
+        let k = |i: u128| KeyHash(i << 124 | i);
+        assert!(m.insert(k(1), 0, 100, 7));
+        assert_eq!(m.with(k(1), 50, |v, _| (true, *v)), Some(7));
+        assert_eq!(m.with(k(1), 100, |v, _| (true, *v)), None, "expired at `until`");
+        // Same shard (top bits 0): room for two.
+        assert!(m.insert(KeyHash(1), 0, 100, 1));
+        assert!(m.insert(KeyHash(2), 0, 100, 2));
+        assert!(!m.insert(KeyHash(3), 0, 100, 3), "full");
+        assert!(m.insert(KeyHash(3), 100, 200, 3), "expired entries make room");
+        assert!(m.len() <= SHARDS * 2);
+        assert_eq!(m.with(KeyHash(3), 150, |v, _| (false, *v)), Some(3));
+        assert_eq!(m.with(KeyHash(3), 150, |v, _| (true, *v)), None, "removed by f");
+    }
+}

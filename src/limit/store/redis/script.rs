@@ -1,0 +1,189 @@
+//! The five Lua scripts (one per algorithm, `*.lua` beside this file), their argument layout and
+//! reply decoding, and the precision bound: Lua numbers are doubles, so every intermediate of a
+//! script must stay below 2^53 for the port to agree bit for bit with `crate::limit::algo`.
+
+use redis::{Script, ScriptInvocation};
+
+use crate::limit::{Algorithm, Decision, Micros};
+
+const TOKEN_BUCKET: &str = include_str!("token_bucket.lua");
+const LEAKY_BUCKET: &str = include_str!("leaky_bucket.lua");
+const FIXED_WINDOW: &str = include_str!("fixed_window.lua");
+const SLIDING_WINDOW: &str = include_str!("sliding_window.lua");
+const SLIDING_LOG: &str = include_str!("sliding_log.lua");
+
+/// What one script call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Decide,
+    /// Token bucket only: take at least `cost`, at most this many units.
+    Lease(u64),
+    Refund,
+}
+
+/// One algorithm's script with its parameters already in ARGV order.
+#[derive(Debug)]
+pub struct AlgScript {
+    script: Script,
+    params: Vec<u64>,
+    token_bucket: bool,
+}
+
+impl AlgScript {
+    pub fn new(alg: &Algorithm) -> AlgScript {
+        let (code, params) = match alg {
+            Algorithm::TokenBucket { interval, burst, warmup } => {
+                (TOKEN_BUCKET, vec![interval.get(), burst.get(), *warmup])
+            }
+            Algorithm::LeakyBucket { interval, max_delay } => (LEAKY_BUCKET, vec![interval.get(), *max_delay]),
+            Algorithm::FixedWindow { window, limit } => (FIXED_WINDOW, vec![window.get(), limit.get()]),
+            Algorithm::SlidingWindow { window, limit } => (SLIDING_WINDOW, vec![window.get(), limit.get()]),
+            Algorithm::SlidingLog { window, limit } => (SLIDING_LOG, vec![window.get(), limit.get()]),
+        };
+        AlgScript { script: Script::new(code), params, token_bucket: matches!(alg, Algorithm::TokenBucket { .. }) }
+    }
+
+    /// SHA1 of the script (what EVALSHA sends).
+    pub fn sha(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// The EVALSHA call for `op` on `key`; `now` only from tests (production: Redis TIME).
+    pub fn invocation(&self, key: &[u8], op: Op, cost: u64, now: Option<Micros>) -> ScriptInvocation<'_> {
+        let mut inv = self.script.prepare_invoke();
+        let (code, lease) = match op {
+            Op::Decide => ("d", 0),
+            Op::Lease(n) => ("l", n),
+            Op::Refund => ("r", 0),
+        };
+        inv.key(key).arg(code).arg(cost);
+        for p in &self.params {
+            inv.arg(*p);
+        }
+        if self.token_bucket {
+            inv.arg(lease);
+        }
+        if let Some(now) = now {
+            inv.arg(now);
+        }
+        inv
+    }
+}
+
+/// A decision reply `{kind, wait_or_retry_after, remaining, reset, granted}` → the decision and
+/// the units granted (more than the cost only for a lease). `None` if malformed.
+pub fn decode(reply: &[i64]) -> Option<(Decision, u64)> {
+    let &[kind, a, remaining, reset, granted] = reply else {
+        return None;
+    };
+    let u = |v: i64| u64::try_from(v).ok();
+    let (a, remaining, reset, granted) = (u(a)?, u(remaining)?, u(reset)?, u(granted)?);
+    let d = match kind {
+        0 => Decision::Allow { remaining, reset },
+        1 => Decision::Delay { wait: a, remaining, reset },
+        2 => Decision::Deny { retry_after: a, reset },
+        _ => return None,
+    };
+    Some((d, granted))
+}
+
+/// Every value a script computes with must stay below this: Lua numbers are IEEE doubles.
+pub const LUA_EXACT: u64 = 1 << 53;
+
+/// Durations added to `now` must stay below this, leaving room for `now` (µs since the epoch
+/// stays below 2^52 until the year 2112).
+const SPAN: u128 = 1 << 52;
+
+/// Checks that `alg` runs exactly in Lua (all intermediates < 2^53); config validation calls
+/// this for every `store: redis` limit.
+///
+/// The bounds (T interval, B burst, W warm-up or window, D max_delay, L limit, all in µs/units):
+/// token bucket `3·B·T + W < 2^52` and `3·T·W < 2^53`; leaky bucket `2·D + T < 2^52`; sliding
+/// window `3·L·W < 2^53` (a 1-day window allows L ≤ 34,700, 1 hour L ≤ 834,000); fixed window
+/// and sliding log `W < 2^52`.
+///
+/// # Errors
+/// A sentence for the user naming the bound that is exceeded.
+pub fn check_precision(alg: &Algorithm) -> Result<(), String> {
+    let m = |a: u64, b: u64| u128::from(a) * u128::from(b);
+    let exact = u128::from(LUA_EXACT);
+    let too_big = |what: &str| {
+        Err(format!(
+            "with `store: redis` {what} (Redis scripts compute in doubles, exact only below 2^53); \
+             use smaller parameters or `store: local`"
+        ))
+    };
+    match alg {
+        Algorithm::TokenBucket { interval, burst, warmup } => {
+            let (t, b, w) = (interval.get(), burst.get(), *warmup);
+            if 3 * m(b, t) + u128::from(w) >= SPAN {
+                return too_big("burst × interval (×3) plus warmup must stay below 2^52 µs");
+            }
+            if 3 * m(t, w) >= exact {
+                return too_big("3 × interval × warmup must stay below 2^53 µs²; use a shorter warmup");
+            }
+        }
+        Algorithm::LeakyBucket { interval, max_delay } => {
+            if 2 * u128::from(*max_delay) + u128::from(interval.get()) >= SPAN {
+                return too_big("max_delay must stay below 2^51 µs");
+            }
+        }
+        Algorithm::SlidingWindow { window, limit } => {
+            if 3 * m(limit.get(), window.get()) >= exact {
+                return too_big(
+                    "3 × limit × window (in µs) must stay below 2^53; use a shorter window or a smaller limit",
+                );
+            }
+        }
+        Algorithm::FixedWindow { window, limit } | Algorithm::SlidingLog { window, limit } => {
+            if u128::from(window.get()) >= SPAN || u128::from(limit.get()) >= SPAN {
+                return too_big("window and limit must stay below 2^52");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU64;
+
+    use super::*;
+
+    fn nz(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).expect("non-zero")
+    }
+
+    #[test]
+    fn every_script_opens_with_its_contract() {
+        for code in [TOKEN_BUCKET, LEAKY_BUCKET, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG] {
+            for part in ["KEYS[1]", "ARGV[1]", "ARGV[2]", "optional now", "Reply"] {
+                assert!(code.contains(part), "missing {part}");
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_all_three_kinds_and_rejects_garbage() {
+        assert_eq!(decode(&[0, 0, 4, 100, 1]), Some((Decision::Allow { remaining: 4, reset: 100 }, 1)));
+        assert_eq!(decode(&[1, 7, 0, 100, 1]), Some((Decision::Delay { wait: 7, remaining: 0, reset: 100 }, 1)));
+        assert_eq!(decode(&[2, 9, 0, 50, 0]), Some((Decision::Deny { retry_after: 9, reset: 50 }, 0)));
+        assert_eq!(decode(&[3, 0, 0, 0, 0]), None);
+        assert_eq!(decode(&[0, -1, 0, 0, 0]), None);
+        assert_eq!(decode(&[0, 0, 0]), None);
+    }
+
+    #[test]
+    fn precision_bound_accepts_realistic_and_rejects_huge_configs() {
+        let day = 86_400_000_000;
+        let sw = |limit| Algorithm::SlidingWindow { window: nz(day), limit: nz(limit) };
+        assert!(check_precision(&sw(34_000)).is_ok());
+        assert!(check_precision(&sw(35_000)).unwrap_err().contains("limit × window"));
+        let tb = |t, b, w| Algorithm::TokenBucket { interval: nz(t), burst: nz(b), warmup: w };
+        assert!(check_precision(&tb(10_000, 200, 30_000_000)).is_ok());
+        assert!(check_precision(&tb(1_000_000, 10, 3_600_000_000)).is_err());
+        assert!(check_precision(&tb(1, u64::MAX / 4, 0)).is_err());
+        let lb = Algorithm::LeakyBucket { interval: nz(1), max_delay: 1 << 51 };
+        assert!(check_precision(&lb).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+-- tollgate sliding window counter, a port of src/limit/algo/sliding.rs (same formulas, exact
+-- integer comparison). All times are integer microseconds; windows are aligned to the epoch.
+--
+-- KEYS[1]  state: a string "start:prev:cur" (window start in µs since the unix epoch, units)
+-- ARGV[1]  op: "d" decide | "r" refund
+-- ARGV[2]  cost c (units)
+-- ARGV[3]  W: window (µs)
+-- ARGV[4]  L: limit (units per window)
+-- ARGV[5]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- Reply "d": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
+-- Reply "r": 0
+-- Writes: SET with PX = time until neither counter weighs (start + 2W if cur > 0, else
+-- start + W), or DEL.
+local op, key = ARGV[1], KEYS[1]
+local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now, test = tonumber(ARGV[5]), ARGV[5] ~= nil
+if not now then
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+
+-- Exact floor(a / b) for integers below 2^53: the double quotient is off by at most one.
+local function idiv(x, y)
+  local q = math.floor(x / y)
+  if q * y > x then q = q - 1 elseif (q + 1) * y <= x then q = q + 1 end
+  return q
+end
+
+local start, prev, cur = 0, 0, 0
+local v = redis.call('GET', key)
+if v then
+  local i = string.find(v, ':', 1, true)
+  local j = string.find(v, ':', i + 1, true)
+  start = tonumber(string.sub(v, 1, i - 1))
+  prev, cur = tonumber(string.sub(v, i + 1, j - 1)), tonumber(string.sub(v, j + 1))
+end
+-- Roll to now; a clock that steps back stays in the stored window (lag is added back).
+local n = math.max(now, start)
+local ws = idiv(n, wl) * wl
+if ws ~= start then
+  if start + wl == ws then prev = cur else prev = 0 end
+  cur, start = 0, ws
+end
+local rest, lag = wl - (n - ws), n - now
+
+local function reset()
+  if cur > 0 then return rest + wl + lag elseif prev > 0 then return rest + lag end
+  return lag
+end
+
+local function store()
+  local idle_at = start + wl
+  if cur > 0 then idle_at = start + 2 * wl elseif prev == 0 then idle_at = 0 end
+  if idle_at <= now then
+    redis.call('DEL', key)
+    return
+  end
+  local ms = idiv(idle_at - now + 999, 1000)
+  if test and ms < 60000 then ms = 60000 end
+  local val = string.format('%.0f', start) .. ':' .. string.format('%.0f', prev) .. ':' .. string.format('%.0f', cur)
+  redis.call('SET', key, val, 'PX', ms)
+end
+
+if op == 'r' then
+  cur = math.max(cur - c, 0)
+  store()
+  return 0
+end
+
+local weighted = prev * rest
+if weighted + (cur + c) * wl <= l * wl then
+  cur = cur + c
+  store()
+  return {0, 0, math.max(idiv(l * wl - weighted, wl) - cur, 0), reset(), c}
+end
+-- Smallest wait after which the same request fits: first within this window ...
+local ra
+local spare = l - cur - c
+if spare >= 0 and prev > 0 then
+  local fit = idiv(spare * wl, prev)
+  if fit > 0 then ra = rest - math.min(fit, rest) end
+end
+-- ... else in the next one, where prev' = cur.
+if not ra then
+  local e2 = 0
+  if cur > 0 then e2 = wl - math.min(wl, idiv((l - c) * wl, cur)) end
+  ra = rest + e2
+end
+return {2, ra + lag, 0, reset(), 0}

@@ -1,0 +1,90 @@
+-- tollgate token bucket: GCRA with optional linear warm-up, a port of src/limit/algo/gcra.rs
+-- (same formulas, same rounding). All times are integer microseconds.
+--
+-- KEYS[1]  state: a string "tat" (no warm-up) or "tat:start" (µs since the unix epoch)
+-- ARGV[1]  op: "d" decide | "l" lease (take at least ARGV[2], at most ARGV[6] units) | "r" refund
+-- ARGV[2]  cost c (units)
+-- ARGV[3]  T: interval (µs per unit)
+-- ARGV[4]  B: burst (units)
+-- ARGV[5]  W: warm-up (µs, 0 = off)
+-- ARGV[6]  N: lease size (units; read by "l" only)
+-- ARGV[7]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- Reply "d"/"l": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
+-- Reply "r": 0
+-- Writes: SET with PX = time until the state is initial again (tat + W - now), or DEL.
+local op, key = ARGV[1], KEYS[1]
+local c, t, b, w, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local now, test = tonumber(ARGV[7]), ARGV[7] ~= nil
+if not now then
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+
+-- Exact floor(a / b) for integers below 2^53: the double quotient is off by at most one.
+local function idiv(x, y)
+  local q = math.floor(x / y)
+  if q * y > x then q = q - 1 elseif (q + 1) * y <= x then q = q + 1 end
+  return q
+end
+
+local tat, start = 0, 0
+local v = redis.call('GET', key)
+if v then
+  local i = string.find(v, ':', 1, true)
+  if i then
+    tat, start = tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
+  else
+    tat = tonumber(v)
+  end
+end
+
+local function cold(x) return x == 0 or x + w <= now end
+
+-- µs charged per unit for a key warming up since s (3T cold → T after W).
+local function charge(s)
+  if w == 0 then return t end
+  return idiv(3 * t * w, w + 2 * math.min(math.max(now - s, 0), w))
+end
+
+local function store(x, s)
+  local ttl = x + w - now
+  if x == 0 or ttl <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local ms = idiv(ttl + 999, 1000)
+  -- A test's explicit clock runs apart from Redis' own expiry clock: keep keys long enough.
+  if test and ms < 60000 then ms = 60000 end
+  local val = string.format('%.0f', x)
+  if w > 0 then val = val .. ':' .. string.format('%.0f', s) end
+  redis.call('SET', key, val, 'PX', ms)
+end
+
+if op == 'r' then
+  if tat <= now then return 0 end
+  tat = math.max(tat - c * charge(start), now)
+  if tat <= now and start == now then tat = 0 end -- refunded a cold start: cold again
+  store(tat, start)
+  return 0
+end
+
+local tau = b * t
+local tat0 = math.max(tat, now)
+local st = start
+if cold(tat) then st = now end
+local late = tat0 + c * t - now
+if late > tau then
+  return {2, late - tau, 0, math.max(tat - now, 0), 0}
+end
+local k = c
+if op == 'l' then k = math.max(c, math.min(n, idiv(tau - (tat0 - now), t))) end
+tat = tat0 + k * charge(st)
+local slack = now + tau - math.max(tat, now)
+local rem = 0
+if slack >= t then
+  local s2 = st
+  if cold(tat) then s2 = now end
+  rem = 1 + idiv(slack - t, math.max(charge(s2), 1))
+end
+store(tat, st)
+return {0, 0, rem, math.max(tat - now, 0), k}

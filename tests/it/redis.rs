@@ -1,0 +1,354 @@
+//! The Redis store against real redis-server processes (single node and a 3-master cluster)
+//! started by the tests on free loopback ports: same answers as the local math, TTLs on every
+//! key, leases, the local memory of denials, and the outage policy.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate::limit::store::redis::{BreakerState, OnError, Target};
+use tollgate::limit::{decide, refund, Algorithm, Decision, KeyHash, LocalStore, RedisClient, RedisConfig, RedisStore};
+
+use crate::support::redis::{RedisCluster, RedisNode};
+use crate::support::vectors::{vectors, Step, BASE};
+
+fn nz(n: u64) -> NonZeroU64 {
+    NonZeroU64::new(n).unwrap()
+}
+
+fn client_with(target: Target, f: impl FnOnce(&mut RedisConfig)) -> Arc<RedisClient> {
+    let mut cfg = RedisConfig::new(target);
+    // Generous: CI machines are slow and shared.
+    cfg.timeout = Duration::from_millis(500);
+    f(&mut cfg);
+    RedisClient::new(cfg).unwrap()
+}
+
+fn store(client: &Arc<RedisClient>, name: &str, alg: Algorithm, lease: Option<u64>) -> RedisStore {
+    let fallback = LocalStore::new(alg.clone(), 1_000);
+    RedisStore::new(client.clone(), name, alg, lease.and_then(NonZeroU64::new), fallback)
+}
+
+fn tb(interval: u64, burst: u64) -> Algorithm {
+    Algorithm::TokenBucket { interval: nz(interval), burst: nz(burst), warmup: 0 }
+}
+
+#[test]
+fn vectors_agree_with_pure_math_and_local_store() {
+    for v in vectors() {
+        let local = LocalStore::new(v.alg.clone(), 16);
+        let mut st = None;
+        for (i, step) in v.steps.iter().enumerate() {
+            match *step {
+                Step::Decide { at, cost, expect } => {
+                    let (got, next) = decide(&v.alg, st.as_ref(), BASE + at, cost);
+                    st = next;
+                    assert_eq!(got, expect, "{} step {i} (pure)", v.name);
+                    assert_eq!(local.decide(KeyHash(1), BASE + at, cost), expect, "{} step {i} (local)", v.name);
+                }
+                Step::Refund { at, cost } => {
+                    st = refund(&v.alg, st.as_ref(), BASE + at, cost);
+                    local.refund(KeyHash(1), BASE + at, cost);
+                }
+            }
+        }
+    }
+}
+
+/// Runs every vector through Redis stores on `target`, with and without the denial memory.
+async fn vectors_on(target: Target) {
+    for memo_keys in [0, 1_000] {
+        let client = client_with(target.clone(), |c| c.memo_keys = memo_keys);
+        client.connect().await.unwrap();
+        for (n, v) in vectors().into_iter().enumerate() {
+            let s = store(&client, &format!("vec{n}"), v.alg.clone(), None);
+            let key = KeyHash(0x5eed_0000 + n as u128 + (memo_keys as u128) * 1_000);
+            for (i, step) in v.steps.iter().enumerate() {
+                match *step {
+                    Step::Decide { at, cost, expect } => {
+                        let got = s.decide_at(key, BASE + at, cost).await.unwrap();
+                        assert_eq!(got, expect, "{} step {i} (redis, memo {memo_keys})", v.name);
+                    }
+                    Step::Refund { at, cost } => s.refund_at(key, BASE + at, cost).await,
+                }
+            }
+        }
+        let m = client.metrics().snapshot();
+        assert_eq!(m.fallbacks, 0, "{m:?}");
+        if memo_keys > 0 {
+            assert!(m.denial_hits > 0, "repeated denials are answered locally: {m:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn vectors_agree_on_a_single_node() {
+    let node = RedisNode::start();
+    vectors_on(Target::Single(node.url())).await;
+    let keys = node.tollgate_keys();
+    assert!(!keys.is_empty());
+    assert!(keys.iter().all(|(_, ttl)| *ttl > 0), "every key has a TTL: {keys:?}");
+}
+
+#[tokio::test]
+async fn vectors_agree_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    vectors_on(Target::Cluster(cluster.urls())).await;
+    let keys = cluster.tollgate_keys();
+    assert!(keys.iter().all(|(_, ttl)| *ttl > 0), "every key has a TTL: {keys:?}");
+    let used = cluster.nodes.iter().filter(|n| !n.tollgate_keys().is_empty()).count();
+    assert!(used >= 2, "keys spread over the shards");
+}
+
+#[tokio::test]
+async fn production_decisions_use_redis_time_and_set_ttls() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |_| {});
+    let algs = [
+        tb(1_000_000, 3),
+        Algorithm::TokenBucket { interval: nz(1_000_000), burst: nz(3), warmup: 10_000_000 },
+        Algorithm::LeakyBucket { interval: nz(1_000_000), max_delay: 2_000_000 },
+        Algorithm::FixedWindow { window: nz(60_000_000), limit: nz(3) },
+        Algorithm::SlidingWindow { window: nz(60_000_000), limit: nz(3) },
+        Algorithm::SlidingLog { window: nz(60_000_000), limit: nz(3) },
+    ];
+    for (i, alg) in algs.into_iter().enumerate() {
+        let s = store(&client, &format!("prod{i}"), alg, None);
+        let mut admitted = 0;
+        for _ in 0..10 {
+            // The local `now` is deliberately nonsense: Redis decides on its own clock.
+            if s.decide(KeyHash(42), 7, 1).await.unwrap().is_admitted() {
+                admitted += 1;
+            }
+        }
+        // A cold warm-up bucket charges 3 intervals per unit: a third of the burst.
+        let want = if i == 1 { 1 } else { 3 };
+        assert_eq!(admitted, want, "alg {i}");
+        s.refund(KeyHash(42), 7, 1).await;
+    }
+    let keys = node.tollgate_keys();
+    assert_eq!(keys.len(), 6, "{keys:?}");
+    for (k, ttl) in &keys {
+        assert!(*ttl > 0 && *ttl <= 120_000, "{k}: {ttl}");
+        assert!(k.starts_with("tollgate:{prod") && k.ends_with('}'), "hash-tagged: {k}");
+    }
+    assert_eq!(client.metrics().snapshot().fallbacks, 0);
+}
+
+#[tokio::test]
+async fn keys_carry_only_the_digest_in_a_hash_tag() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |_| {});
+    let s = store(&client, "api.per-client", tb(1_000, 5), None);
+    let k = s.redis_key(KeyHash(0xabc));
+    assert_eq!(k, "tollgate:{api.per-client:00000000000000000000000000000abc}");
+    let weird = store(&client, "a}{b", tb(1_000, 5), None);
+    assert!(weird.redis_key(KeyHash(1)).starts_with("tollgate:{a__b:"));
+}
+
+#[tokio::test]
+async fn script_flush_is_survived_by_reloading() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |_| {});
+    let s = store(&client, "flush", tb(1_000_000, 2), None);
+    assert!(s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
+    node.cli(&["SCRIPT", "FLUSH"]);
+    assert!(s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
+    assert!(!s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
+    assert_eq!(client.metrics().snapshot().fallbacks, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_are_pipelined_and_exact() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |c| c.memo_keys = 0);
+    client.connect().await.unwrap();
+    let s = Arc::new(store(&client, "conc", tb(60_000_000, 50), None));
+    let tasks: Vec<_> = (0..400)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.decide(KeyHash(9), 0, 1).await.unwrap().is_admitted() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 50);
+    assert_eq!(client.metrics().snapshot().calls, 400);
+}
+
+#[tokio::test]
+async fn a_remembered_denial_does_not_ask_redis_again() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |_| {});
+    let s = store(&client, "memo", tb(60_000_000, 1), None);
+    assert!(s.decide(KeyHash(3), 1_000, 1).await.unwrap().is_admitted());
+    let Decision::Deny { retry_after, .. } = s.decide(KeyHash(3), 1_000, 1).await.unwrap() else {
+        panic!("expected deny");
+    };
+    let calls = client.metrics().snapshot().calls;
+    for i in 1..=100 {
+        let d = s.decide(KeyHash(3), 1_000 + i, 1).await.unwrap();
+        assert!(matches!(d, Decision::Deny { retry_after: r, .. } if r == retry_after - i), "{d:?}");
+    }
+    let m = client.metrics().snapshot();
+    assert_eq!(m.calls, calls, "no call to Redis while the denial lasts");
+    assert_eq!(m.denial_hits, 100);
+    // Another key and the end of the remembered denial go to Redis again.
+    assert!(s.decide(KeyHash(4), 1_000, 1).await.unwrap().is_admitted());
+    let _ = s.decide(KeyHash(3), 1_000 + retry_after, 1).await.unwrap();
+    assert_eq!(client.metrics().snapshot().calls, calls + 2);
+}
+
+#[tokio::test]
+async fn lease_needs_about_one_call_per_n_requests() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |c| c.lease_ttl = Duration::from_secs(30));
+    let s = store(&client, "lease", tb(1_000, 10_000), Some(20));
+    let before = node.calls("evalsha");
+    for i in 0..400 {
+        assert!(s.decide(KeyHash(5), i, 1).await.unwrap().is_admitted());
+    }
+    let calls = node.calls("evalsha") - before;
+    let m = client.metrics().snapshot();
+    assert_eq!(m.calls, 20, "{m:?}");
+    assert!(calls <= 21, "Redis saw {calls} EVALSHA for 400 requests with lease 20");
+    assert_eq!(m.lease_hits, 380);
+}
+
+#[tokio::test]
+async fn leases_never_admit_more_than_the_bucket_and_lapse() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |c| c.lease_ttl = Duration::from_millis(100));
+    // Three instances sharing one bucket of 30 that refills once a minute.
+    let stores: Vec<_> = (0..3)
+        .map(|_| {
+            store(
+                &client_with(Target::Single(node.url()), |c| c.lease_ttl = Duration::from_millis(100)),
+                "shared",
+                tb(60_000_000, 30),
+                Some(8),
+            )
+        })
+        .collect();
+    let _ = client;
+    let mut admitted = 0;
+    for round in 0..20 {
+        for s in &stores {
+            if s.decide(KeyHash(6), round, 1).await.unwrap().is_admitted() {
+                admitted += 1;
+            }
+        }
+    }
+    assert_eq!(admitted, 30, "leases hand out exactly the bucket when all of it is spent");
+    // Units left in a lease lapse: after lease_ttl nothing more is admitted locally.
+    let s = &stores[0];
+    let _ = s.decide(KeyHash(7), 0, 1).await.unwrap(); // takes a lease of 8, spends 1
+    assert!(s.decide(KeyHash(7), 1, 1).await.unwrap().is_admitted(), "spent from the lease");
+    let lapsed = 1 + 100_000;
+    assert!(s.decide(KeyHash(7), lapsed, 1).await.unwrap().is_admitted(), "fresh lease from Redis");
+}
+
+#[tokio::test]
+async fn on_error_policies_when_redis_is_unreachable() {
+    // A port nobody listens on: every call fails fast (connection refused).
+    let dead = RedisNode::start();
+    let url = dead.url();
+    drop(dead);
+    for (policy, want) in [(OnError::Allow, Some(true)), (OnError::Local, Some(true)), (OnError::Deny, None)] {
+        let client = client_with(Target::Single(url.clone()), |c| {
+            c.on_error = policy;
+            c.timeout = Duration::from_millis(50);
+        });
+        let s = store(&client, "down", tb(60_000_000, 1), None);
+        let first = s.decide(KeyHash(1), 0, 1).await;
+        match want {
+            Some(admit) => assert_eq!(first.unwrap().is_admitted(), admit, "{policy:?}"),
+            None => assert!(first.is_err(), "{policy:?}"),
+        }
+        if policy == OnError::Local {
+            // The fallback has the same parameters: a burst of 1.
+            assert!(!s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
+        }
+        assert!(client.ping().await.is_err());
+        assert!(client.metrics().snapshot().fallbacks >= 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_falls_back_within_the_deadline_and_recovers_without_restart() {
+    let mut node = RedisNode::start();
+    let timeout = Duration::from_millis(50);
+    let client = client_with(Target::Single(node.url()), |c| {
+        c.timeout = timeout;
+        c.breaker_failures = std::num::NonZeroU32::new(3).unwrap();
+        c.breaker_cooldown = Duration::from_millis(200);
+        c.memo_keys = 0;
+    });
+    client.connect().await.unwrap();
+    let s = Arc::new(store(&client, "outage", tb(1_000_000, 10_000_000), None));
+    let run = |s: Arc<RedisStore>, n: usize| async move {
+        let mut worst = Duration::ZERO;
+        for i in 0..n {
+            let t = Instant::now();
+            let d = s.decide(KeyHash(i as u128 % 7), 0, 1).await.expect("on_error: local never fails");
+            assert!(d.is_admitted());
+            worst = worst.max(t.elapsed());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        worst
+    };
+    let traffic = tokio::spawn(run(s.clone(), 1_500));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut node = tokio::task::spawn_blocking(move || {
+        node.kill();
+        std::thread::sleep(Duration::from_millis(700));
+        node.restart();
+        node
+    })
+    .await
+    .unwrap();
+    let worst = traffic.await.unwrap();
+    assert!(worst < timeout + Duration::from_millis(400), "a decision took {worst:?}");
+    let m = client.metrics().snapshot();
+    assert!(m.fallbacks > 0 && m.short_circuits > 0, "the outage was seen and the breaker opened: {m:?}");
+    // Shared limiting resumes by itself: decisions reach the new Redis process.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = client.metrics().snapshot().fallbacks;
+        let _ = s.decide(KeyHash(99), 0, 1).await.unwrap();
+        if client.metrics().snapshot().fallbacks == before && !node.tollgate_keys().is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered: {:?}", client.metrics().snapshot());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    client.ping().await.unwrap();
+    node.kill();
+}
+
+#[tokio::test]
+async fn password_and_acl_user_in_the_url() {
+    let node = RedisNode::start();
+    node.cli(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let pw = |args: &[&str]| {
+        let mut a = vec!["-a", "s3cret", "--no-auth-warning"];
+        a.extend_from_slice(args);
+        node.cli(&a)
+    };
+    pw(&["ACL", "SETUSER", "gate", "on", ">g4te", "~tollgate:*", "+@all"]);
+    for url in
+        [format!("redis://:s3cret@127.0.0.1:{}", node.port), format!("redis://gate:g4te@127.0.0.1:{}/0", node.port)]
+    {
+        let client = client_with(Target::Single(url.clone()), |c| c.on_error = OnError::Deny);
+        client.ping().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+        let s = store(&client, "auth", tb(60_000_000, 5), None);
+        assert!(s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted(), "{url}");
+    }
+    let wrong = client_with(Target::Single(format!("redis://:nope@127.0.0.1:{}", node.port)), |_| {});
+    assert!(wrong.ping().await.is_err());
+}
+
+mod proxy;
