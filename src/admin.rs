@@ -75,7 +75,11 @@ async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> R
     match req.uri().path() {
         "/metrics" => {
             proxy.refresh_gauges();
-            text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", proxy.metrics().encode())
+            text(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                proxy.metrics().encode(proxy.redis().map(|r| &**r)),
+            )
         }
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {
@@ -189,6 +193,22 @@ pub fn effective(c: &Config) -> Value {
         },
         "log": { "format": format!("{:?}", c.log.format).to_lowercase(), "access": c.log.access },
         "cache": { "max_bytes": c.cache.max_bytes, "max_entry_bytes": c.cache.max_entry_bytes },
+        "redis": c.redis.as_ref().map(|r| {
+            let target = match &r.target {
+                crate::limit::store::redis::Target::Single(u) => json!({ "url": redact_url(u) }),
+                crate::limit::store::redis::Target::Cluster(urls) => json!({ "cluster": urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>() }),
+            };
+            json!({
+                "target": target,
+                "timeout": dur(r.timeout),
+                "on_error": format!("{:?}", r.on_error).to_lowercase(),
+                "instances": r.instances.get(),
+                "breaker": { "failures": r.breaker_failures.get(), "cooldown": dur(r.breaker_cooldown) },
+                "lease_ttl": dur(r.lease_ttl),
+                "memo_keys": r.memo_keys,
+                "connect_timeout": dur(r.connect_timeout),
+            })
+        }),
         "upstreams": upstreams,
         "routes": routes,
     })
@@ -197,6 +217,15 @@ pub fn effective(c: &Config) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn effective_config_hides_the_redis_password() {
+        let yaml = "redis: { url: 'redis://app:hunter2@127.0.0.1:1/0' }\nupstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits: [{ algorithm: token_bucket, rate: 1/s, store: redis }]\n";
+        let c = Config::from_yaml(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let doc = effective(&c).to_string();
+        assert!(!doc.contains("hunter2"), "{doc}");
+        assert!(doc.contains("redis://app:***@127.0.0.1:1/0"), "{doc}");
+    }
 
     #[test]
     fn redacts_passwords_in_urls() {

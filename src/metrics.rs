@@ -2,14 +2,14 @@
 //! and limit names) or fixed sets, never from request data, so cardinality is bounded.
 //! Handles are resolved once per route and limit, so the hot path does plain atomic adds.
 
-use std::sync::atomic::AtomicI64;
-
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use crate::limit::store::redis::{BreakerState, RedisClient, Snapshot, LATENCY_BUCKETS_US};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteClass {
@@ -41,11 +41,6 @@ struct StaleLabel {
     reason: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorKind {
-    kind: &'static str,
-}
-
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 enum Outcome {
@@ -60,11 +55,6 @@ fn seconds_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 19))
 }
 
-fn redis_buckets() -> Histogram {
-    // 50 µs … ~100 ms: a decision's deadline is 20 ms by default.
-    Histogram::new(exponential_buckets(0.00005, 2.0, 12))
-}
-
 /// The process-wide registry; it outlives config reloads.
 pub struct Metrics {
     registry: Registry,
@@ -74,23 +64,6 @@ pub struct Metrics {
     upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram>,
     local_keys: Family<RouteLimit, Gauge>,
     in_flight: Gauge,
-    pub redis: RedisMetrics,
-}
-
-/// What the Redis store reports.
-#[derive(Clone)]
-pub struct RedisMetrics {
-    pub decision_seconds: Histogram,
-    errors: Family<ErrorKind, Counter>,
-    /// 0 closed (calling Redis), 1 open (not calling), 2 half-open (probing).
-    pub breaker_state: Gauge<i64, AtomicI64>,
-}
-
-impl RedisMetrics {
-    /// Counts a failed decision; `kind` is one of a fixed set (`timeout`, `io`, `script`, …).
-    pub fn error(&self, kind: &'static str) {
-        self.errors.get_or_create(&ErrorKind { kind }).inc();
-    }
 }
 
 /// Per-route handles.
@@ -145,23 +118,7 @@ impl Metrics {
         registry.register("local_store_keys", "Live keys in the in-process store", local_keys.clone());
         let in_flight = Gauge::default();
         registry.register("requests_in_flight", "Requests being served", in_flight.clone());
-        let redis = RedisMetrics {
-            decision_seconds: redis_buckets(),
-            errors: Family::default(),
-            breaker_state: Gauge::default(),
-        };
-        registry.register(
-            "redis_decision_seconds",
-            "Latency of one Redis limiter decision",
-            redis.decision_seconds.clone(),
-        );
-        registry.register("redis_errors", "Failed Redis decisions by kind", redis.errors.clone());
-        registry.register(
-            "redis_breaker_state",
-            "Redis circuit breaker: 0 closed, 1 open, 2 half-open",
-            redis.breaker_state.clone(),
-        );
-        Metrics { registry, requests, decisions, stale, upstream_seconds, local_keys, in_flight, redis }
+        Metrics { registry, requests, decisions, stale, upstream_seconds, local_keys, in_flight }
     }
 
     pub fn route(&self, route: &str) -> RouteMetrics {
@@ -197,12 +154,64 @@ impl Metrics {
         &self.in_flight
     }
 
-    /// The Prometheus text exposition (OpenMetrics flavour, which Prometheus scrapes).
-    pub fn encode(&self) -> String {
+    /// The Prometheus text exposition (OpenMetrics flavour, which Prometheus scrapes), with
+    /// the Redis store's counters when a Redis client exists.
+    pub fn encode(&self, redis: Option<&RedisClient>) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        if let Some(client) = redis {
+            // The store keeps plain atomics of its own; they are rendered at scrape time,
+            // before the closing `# EOF`.
+            let body = out.strip_suffix("# EOF\n").map(str::to_owned).unwrap_or(out);
+            out = body;
+            let state = match client.breaker_state() {
+                BreakerState::Closed => 0,
+                BreakerState::Open => 1,
+                BreakerState::HalfOpen => 2,
+            };
+            encode_redis(&mut out, &client.metrics().snapshot(), state);
+            out.push_str("# EOF\n");
+        }
         out
     }
+}
+
+fn encode_redis(out: &mut String, s: &Snapshot, breaker: i64) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "# HELP tollgate_redis_decision_seconds Latency of one Redis limiter call.");
+    let _ = writeln!(out, "# TYPE tollgate_redis_decision_seconds histogram");
+    let mut cumulative = 0;
+    for (i, bound) in LATENCY_BUCKETS_US.iter().enumerate() {
+        cumulative += s.latency_buckets.get(i).copied().unwrap_or(0);
+        let _ = writeln!(out, "tollgate_redis_decision_seconds_bucket{{le=\"{}\"}} {cumulative}", *bound as f64 / 1e6);
+    }
+    cumulative += s.latency_buckets.get(LATENCY_BUCKETS_US.len()).copied().unwrap_or(0);
+    let _ = writeln!(out, "tollgate_redis_decision_seconds_bucket{{le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(out, "tollgate_redis_decision_seconds_sum {}", s.latency_sum_us as f64 / 1e6);
+    let _ = writeln!(out, "tollgate_redis_decision_seconds_count {cumulative}");
+    let _ = writeln!(out, "# HELP tollgate_redis_errors Redis calls that gave no answer, by kind.");
+    let _ = writeln!(out, "# TYPE tollgate_redis_errors counter");
+    for (kind, n) in [
+        ("timeout", s.timeouts),
+        ("connection", s.connection_errors),
+        ("reply", s.reply_errors),
+        ("breaker_open", s.short_circuits),
+    ] {
+        let _ = writeln!(out, "tollgate_redis_errors_total{{kind=\"{kind}\"}} {n}");
+    }
+    for (name, help, n) in [
+        ("redis_calls", "Script calls sent to Redis.", s.calls),
+        ("redis_fallbacks", "Decisions answered by on_error instead of Redis.", s.fallbacks),
+        ("redis_denial_memory_hits", "Denials answered from the local memory of a Redis denial.", s.denial_hits),
+        ("redis_lease_hits", "Admissions spent from a local lease.", s.lease_hits),
+    ] {
+        let _ = writeln!(out, "# HELP tollgate_{name} {help}");
+        let _ = writeln!(out, "# TYPE tollgate_{name} counter");
+        let _ = writeln!(out, "tollgate_{name}_total {n}");
+    }
+    let _ = writeln!(out, "# HELP tollgate_redis_breaker_state Redis circuit breaker: 0 closed, 1 open, 2 half-open.");
+    let _ = writeln!(out, "# TYPE tollgate_redis_breaker_state gauge");
+    let _ = writeln!(out, "tollgate_redis_breaker_state {breaker}");
 }

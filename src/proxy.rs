@@ -292,7 +292,12 @@ impl Proxy {
 
     /// Ready unless a limit depends on a store that cannot answer (see `/readyz`).
     pub async fn readiness(&self) -> Result<(), String> {
-        Ok(())
+        let Some(redis) = &self.redis else { return Ok(()) };
+        // With `on_error: allow` every limit admits while Redis is down: still ready.
+        if redis.config().on_error == crate::limit::store::redis::OnError::Allow {
+            return Ok(());
+        }
+        redis.ping().await.map_err(|e| format!("Redis does not answer: {e}"))
     }
 
     /// Live keys per limit into the gauges (called when metrics are scraped).

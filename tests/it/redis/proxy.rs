@@ -162,3 +162,46 @@ async fn a_redis_limit_without_a_redis_section_is_a_config_error() {
     assert_eq!(err.path, "routes[0].limits[0].store", "{err}");
     assert!(err.message.contains("redis:"), "{err}");
 }
+
+#[tokio::test]
+async fn readyz_flips_when_redis_goes_away_and_back() {
+    let mut redis = RedisNode::start();
+    let (up, _) = counting().await;
+    let config = yaml(
+        &up,
+        &format!("  url: {}\n  timeout: 200ms\n  on_error: local\n", redis.url()),
+        "name: shared, algorithm: token_bucket, rate: 10/s, burst: 10, key: client_ip, store: redis",
+    );
+    let tg = Tollgate::start(&config).await;
+    let admin = tg.start_admin().await;
+    assert_eq!(get(admin, "/readyz").await.0, StatusCode::OK);
+
+    redis.kill();
+    let (s, _, body) = get(admin, "/readyz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("Redis"));
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK, "traffic still flows on the local fallback");
+
+    redis.restart();
+    let mut ready = false;
+    for _ in 0..50 {
+        if get(admin, "/readyz").await.0 == StatusCode::OK {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "/readyz did not recover after Redis came back");
+
+    // The Redis counters are exported with the rest.
+    let (_, _, metrics) = get(admin, "/metrics").await;
+    let text = String::from_utf8_lossy(&metrics);
+    for name in [
+        "tollgate_redis_calls_total",
+        "tollgate_redis_errors_total{kind=\"connection\"}",
+        "tollgate_redis_breaker_state",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    assert!(text.ends_with("# EOF\n"));
+}
