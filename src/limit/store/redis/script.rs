@@ -6,11 +6,11 @@ use redis::{Script, ScriptInvocation};
 
 use crate::limit::{Algorithm, Decision, Micros};
 
-const TOKEN_BUCKET: &str = include_str!("token_bucket.lua");
-const LEAKY_BUCKET: &str = include_str!("leaky_bucket.lua");
-const FIXED_WINDOW: &str = include_str!("fixed_window.lua");
-const SLIDING_WINDOW: &str = include_str!("sliding_window.lua");
-const SLIDING_LOG: &str = include_str!("sliding_log.lua");
+const TOKEN_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("token_bucket.lua"));
+const LEAKY_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("leaky_bucket.lua"));
+const FIXED_WINDOW: &str = concat!(include_str!("prelude.lua"), include_str!("fixed_window.lua"));
+const SLIDING_WINDOW: &str = concat!(include_str!("prelude.lua"), include_str!("sliding_window.lua"));
+const SLIDING_LOG: &str = concat!(include_str!("prelude.lua"), include_str!("sliding_log.lua"));
 
 /// What one script call does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

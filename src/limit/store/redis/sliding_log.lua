@@ -12,11 +12,7 @@
 -- Writes: ZADD/ZREM, then PEXPIRE = newest ts + W - now (the log is empty then).
 local op, key = ARGV[1], KEYS[1]
 local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, test = tonumber(ARGV[5]), ARGV[5] ~= nil
-if not now then
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-end
+local now, test = clock_us(5)
 
 local function f(x) return string.format('%.0f', x) end
 local function member(ts, cost) return f(ts) .. ':' .. f(cost) end

@@ -13,18 +13,7 @@
 -- start + W), or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, test = tonumber(ARGV[5]), ARGV[5] ~= nil
-if not now then
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-end
-
--- Exact floor(a / b) for integers below 2^53: the double quotient is off by at most one.
-local function idiv(x, y)
-  local q = math.floor(x / y)
-  if q * y > x then q = q - 1 elseif (q + 1) * y <= x then q = q + 1 end
-  return q
-end
+local now, test = clock_us(5)
 
 local start, prev, cur = 0, 0, 0
 local v = redis.call('GET', key)
