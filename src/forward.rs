@@ -173,7 +173,7 @@ fn bad_request(detail: &str) -> Response<Body> {
 /// The built-in responder: answers by itself after an optional fixed latency.
 pub async fn respond(r: &Responder) -> Response<Body> {
     if !r.latency.is_zero() {
-        tokio::time::sleep(r.latency).await;
+        Box::pin(tokio::time::sleep(r.latency)).await;
     }
     let mut resp = Response::new(Body::full(r.body.clone()));
     *resp.status_mut() = r.status;

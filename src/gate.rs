@@ -42,6 +42,8 @@ pub struct Limit {
 /// A route's limits and concurrency cap.
 pub struct Gate {
     route: String,
+    /// The route name escaped for a JSON string, for the hand-written 429 body.
+    route_json: String,
     limits: Vec<Limit>,
     cap: Option<Cap>,
     policy: Option<HeaderValue>,
@@ -163,14 +165,16 @@ impl Limit {
     async fn decide(&self, key: KeyHash, now: Micros) -> Result<Decision, StoreError> {
         match &*self.store {
             Store::Local(s) => Ok(s.decide(key, now, self.config.cost)),
-            Store::Redis(s) => s.decide(key, now, self.config.cost).await,
+            // Boxed: the Redis future is large, and an unboxed one would make every local
+            // decision's future as large (and memcpy'd as such).
+            Store::Redis(s) => Box::pin(s.decide(key, now, self.config.cost)).await,
         }
     }
 
     async fn refund(&self, key: KeyHash, now: Micros) {
         match &*self.store {
             Store::Local(s) => s.refund(key, now, self.config.cost),
-            Store::Redis(s) => s.refund(key, now, self.config.cost).await,
+            Store::Redis(s) => Box::pin(s.refund(key, now, self.config.cost)).await,
         }
     }
 
@@ -201,7 +205,9 @@ impl Gate {
         }
         let policy =
             (route.ratelimit_headers && !policy.is_empty()).then(|| HeaderValue::from_str(&policy).ok()).flatten();
+        let quoted = serde_json::to_string(&route.name).unwrap_or_default();
         Gate {
+            route_json: quoted.get(1..quoted.len().saturating_sub(1)).unwrap_or("").to_owned(),
             route: route.name.clone(),
             limits,
             cap: route
@@ -302,7 +308,7 @@ impl Gate {
         match cap.slots.clone().try_acquire_owned() {
             Ok(p) => Some(p),
             Err(_) if cap.max_wait.is_zero() => None,
-            Err(_) => tokio::time::timeout(cap.max_wait, cap.slots.clone().acquire_owned()).await.ok()?.ok(),
+            Err(_) => Box::pin(tokio::time::timeout(cap.max_wait, cap.slots.clone().acquire_owned())).await.ok()?.ok(),
         }
     }
 
@@ -338,48 +344,72 @@ impl Gate {
         }
     }
 
+    /// The 429. Written by hand rather than through `serde_json::Value`: this is the answer a
+    /// flood gets, so it is built with one buffer (limit names are validated to `[A-Za-z0-9._-]`,
+    /// the route name is escaped once in [`Gate::new`]).
     fn too_many(&self, decided: &[Decided]) -> (Response<Body>, Note) {
-        let mut violated = Vec::new();
         let mut retry_us = 0;
-        let mut rl = String::new();
+        let mut rl = String::with_capacity(48);
         let mut note = Note { remaining: Some(0), ..Note::default() };
-        for d in decided {
+        let denied = || decided.iter().filter(|d| !d.decision.is_admitted());
+        for d in denied() {
             if let Decision::Deny { retry_after, .. } = d.decision {
                 note.limit.get_or_insert(d.limit);
-                let name = &self.limits[d.limit].config.name;
-                violated.push(name.as_str());
                 retry_us = retry_us.max(retry_after);
-                sf_item(&mut rl, name);
+                sf_item(&mut rl, &self.limits[d.limit].config.name);
                 push_param(&mut rl, "r", 0);
                 push_param(&mut rl, "t", retry_after_secs(retry_after));
             }
         }
         let secs = retry_after_secs(retry_us);
         note.retry_after_secs = Some(secs);
-        let detail = format!(
-            "route `{}`: {} admits no more requests now; retry after {secs} s",
-            self.route,
-            violated.iter().map(|v| format!("limit `{v}`")).collect::<Vec<_>>().join(" and ")
-        );
-        let mut resp = problem::response(
-            StatusCode::TOO_MANY_REQUESTS,
-            "quota-exceeded",
-            "Too many requests",
-            &detail,
-            json!({ "violated-policies": violated, "retry-after": secs }),
-        );
+        let secs_text = itoa::Buffer::new().format(secs).to_owned();
+        let mut body = String::with_capacity(256);
+        body.push_str(r#"{"type":""#);
+        body.push_str(problem::TYPE_BASE);
+        body.push_str(r#"quota-exceeded","title":"Too many requests","status":429,"detail":"route `"#);
+        body.push_str(&self.route_json);
+        body.push_str("`: ");
+        for (n, d) in denied().enumerate() {
+            if n > 0 {
+                body.push_str(" and ");
+            }
+            body.push_str("limit `");
+            body.push_str(&self.limits[d.limit].config.name);
+            body.push('`');
+        }
+        body.push_str(" admits no more requests now; retry after ");
+        body.push_str(&secs_text);
+        body.push_str(r#" s","violated-policies":["#);
+        for (n, d) in denied().enumerate() {
+            if n > 0 {
+                body.push(',');
+            }
+            body.push('"');
+            body.push_str(&self.limits[d.limit].config.name);
+            body.push('"');
+        }
+        body.push_str(r#"],"retry-after":"#);
+        body.push_str(&secs_text);
+        body.push('}');
+
+        let mut resp = Response::new(Body::full(body));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let h = resp.headers_mut();
-        h.insert(RETRY_AFTER, HeaderValue::from(secs));
+        h.insert(http::header::CONTENT_TYPE, problem::CONTENT_TYPE);
+        h.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Ok(v) = HeaderValue::try_from(secs_text) {
+            h.insert(RETRY_AFTER, v);
+        }
         if let Some(policy) = &self.policy {
             h.insert(RATELIMIT_POLICY, policy.clone());
-            if let Ok(v) = HeaderValue::from_str(&rl) {
+            if let Ok(v) = HeaderValue::try_from(rl) {
                 h.insert(RATELIMIT, v);
             }
         }
         (resp, note)
     }
 
-    /// 503 when a limit's shared store cannot decide and its policy is to fail closed.
     fn store_unavailable(&self, limit: &str, secs: u64, e: &StoreError) -> Response<Body> {
         tracing::debug!(route = %self.route, limit, error = %e, "limit store unavailable");
         let mut resp = problem::response(

@@ -194,7 +194,7 @@ impl Proxy {
                 }
                 Verdict::Admit(a) => {
                     if !a.wait.is_zero() {
-                        tokio::time::sleep(a.wait).await;
+                        Box::pin(tokio::time::sleep(a.wait)).await;
                     }
                     log.note = a.note;
                     admission = Some(a);

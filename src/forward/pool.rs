@@ -56,7 +56,8 @@ impl Pool {
                 return Ok(conn);
             }
         }
-        self.connect().await
+        // Boxed: connecting is rare, and its future would otherwise enlarge every request's.
+        Box::pin(self.connect()).await
     }
 
     fn pop(&self) -> Option<Conn> {
