@@ -24,9 +24,12 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
-if need docker && docker compose version >/dev/null 2>&1 && [[ -f docker-compose.yml ]]; then
+if need docker && docker compose version >/dev/null 2>&1; then
   echo "==> docker compose config"
   docker compose -f docker-compose.yml config --quiet
+elif need docker-compose; then
+  echo "==> docker-compose config"
+  docker-compose -f docker-compose.yml config --quiet
 fi
 echo "==> cargo test"
 cargo test --quiet
