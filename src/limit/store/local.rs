@@ -18,10 +18,10 @@
 //! table's slack (capacity is a power of two, load ≤ 7/8), the sliding log's queues excepted.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::limit::algo::{decide_in_place, refund_in_place};
+use crate::limit::store::DigestHasher;
 use crate::limit::{Algorithm, Decision, KeyHash, Micros, State};
 
 /// Number of shards; a power of two, picked by the hash's top bits.
@@ -46,33 +46,12 @@ struct Padded(Mutex<Shard>);
 
 #[derive(Debug)]
 struct Shard {
-    map: HashMap<u128, State, BuildHasherDefault<PassThrough>>,
+    map: HashMap<u128, State, DigestHasher>,
     cap: usize,
     /// Shared by new keys that found the shard full; `None` = initial.
     overflow: Option<State>,
     /// No sweep before this time: nothing can have become idle earlier.
     next_sweep: Micros,
-}
-
-/// Keys are already uniform digests: use their low 64 bits as the hash, no rehashing.
-#[derive(Debug, Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not reached for u128 keys; a plain fold keeps it correct if it ever is.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u128(&mut self, n: u128) {
-        self.0 = n as u64;
-    }
 }
 
 impl LocalStore {

@@ -4,32 +4,14 @@
 //! asking Redis, which is always correct), so memory stays bounded by `max_keys` entries.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::limit::store::DigestHasher;
 use crate::limit::{KeyHash, Micros};
 
 const SHARDS: usize = 16;
 
-/// Keys are uniform digests: their low 64 bits are the hash.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u128(&mut self, n: u128) {
-        self.0 = n as u64;
-    }
-}
-
-type Map<V> = HashMap<u128, (Micros, V), BuildHasherDefault<PassThrough>>;
+type Map<V> = HashMap<u128, (Micros, V), DigestHasher>;
 
 pub struct Memo<V> {
     shards: Box<[Mutex<Map<V>>]>,
