@@ -271,11 +271,13 @@ pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, Str
 }
 
 impl HostMatch {
-    /// `host` is lower-case without port.
+    /// `host` is without port, in any case (the pattern is stored lower-case).
     pub fn matches(&self, host: &str) -> bool {
         match self {
-            HostMatch::Exact(h) => h == host,
-            HostMatch::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_str()),
+            HostMatch::Exact(h) => h.eq_ignore_ascii_case(host),
+            HostMatch::Suffix(s) => {
+                host.len() > s.len() && host.as_bytes()[host.len() - s.len()..].eq_ignore_ascii_case(s.as_bytes())
+            }
         }
     }
 }
@@ -285,12 +287,6 @@ impl PathMatch {
         match self {
             PathMatch::Prefix(p) => path.starts_with(p.as_str()),
             PathMatch::Exact(p) => path == p,
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        match self {
-            PathMatch::Prefix(p) | PathMatch::Exact(p) => p,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use http::{HeaderMap, Method, Uri};
 
-use crate::config::{HostMatch, PathMatch, Route};
+use crate::config::{PathMatch, Route};
 
 /// The request's host for routing: the URI authority (HTTP/2, absolute-form) or the Host
 /// header, without port. Not lower-cased; comparisons ignore ASCII case.
@@ -29,20 +29,11 @@ fn strip_port(authority: &str) -> &str {
     }
 }
 
-fn host_matches(m: &HostMatch, host: &str) -> bool {
-    match m {
-        HostMatch::Exact(h) => h.eq_ignore_ascii_case(host),
-        HostMatch::Suffix(s) => {
-            host.len() > s.len() && host.as_bytes()[host.len() - s.len()..].eq_ignore_ascii_case(s.as_bytes())
-        }
-    }
-}
-
 /// Does `route` accept this request?
 pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -> bool {
     if let Some(m) = &route.host {
         match host {
-            Some(h) if host_matches(m, h) => {}
+            Some(h) if m.matches(h) => {}
             _ => return false,
         }
     }
@@ -74,6 +65,7 @@ pub fn upstream_path<'a>(route: &Route, path: &'a str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HostMatch;
 
     fn route(host: Option<HostMatch>, path: PathMatch, methods: Option<Vec<Method>>) -> Route {
         Route {
