@@ -26,13 +26,7 @@ if ws ~= start then start, count = ws, 0 end
 local left = ws + wl - now
 
 local function store()
-  if count == 0 or left <= 0 then
-    redis.call('DEL', key)
-    return
-  end
-  local ms = idiv(left + 999, 1000)
-  if test and ms < 60000 then ms = 60000 end
-  redis.call('SET', key, string.format('%.0f', start) .. ':' .. string.format('%.0f', count), 'PX', ms)
+  put(key, count > 0 and left or 0, num(start) .. ':' .. num(count), test)
 end
 
 if op == 'r' then

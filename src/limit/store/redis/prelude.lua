@@ -3,6 +3,10 @@
 --   clock_us(i) -> now, test: ARGV[i] in µs when given (tests only), else Redis TIME in µs
 --   idiv(x, y): exact floor(x / y) for integers below 2^53 (the double quotient is off by at
 --               most one, so it is corrected in both directions)
+--   num(x): an integer as its decimal string (no exponent)
+--   put(key, left, val, test): SET key val with PX = left µs rounded up to ms, or DEL when
+--               left <= 0 (the state is back to initial). Under a test clock, which runs apart
+--               from Redis' own expiry clock, keys live at least 60 s.
 local function clock_us(i)
   local given = tonumber(ARGV[i])
   if given then return given, true end
@@ -14,5 +18,19 @@ local function idiv(x, y)
   local q = math.floor(x / y)
   if q * y > x then q = q - 1 elseif (q + 1) * y <= x then q = q + 1 end
   return q
+end
+
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+local function put(key, left, val, test)
+  if left <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local ms = idiv(left + 999, 1000)
+  if test and ms < 60000 then ms = 60000 end
+  redis.call('SET', key, val, 'PX', ms)
 end
 

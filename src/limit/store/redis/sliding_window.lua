@@ -40,14 +40,7 @@ end
 local function store()
   local idle_at = start + wl
   if cur > 0 then idle_at = start + 2 * wl elseif prev == 0 then idle_at = 0 end
-  if idle_at <= now then
-    redis.call('DEL', key)
-    return
-  end
-  local ms = idiv(idle_at - now + 999, 1000)
-  if test and ms < 60000 then ms = 60000 end
-  local val = string.format('%.0f', start) .. ':' .. string.format('%.0f', prev) .. ':' .. string.format('%.0f', cur)
-  redis.call('SET', key, val, 'PX', ms)
+  put(key, idle_at - now, num(start) .. ':' .. num(prev) .. ':' .. num(cur), test)
 end
 
 if op == 'r' then
