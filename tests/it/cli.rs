@@ -59,26 +59,9 @@ fn version_flag_prints_version() {
 
 #[test]
 fn exits_zero_on_sigterm() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let f = write_config("upstreams: { d: { respond: { body: up } } }\nroutes: [{ upstream: d }]\n");
-    let mut child = Command::new(BIN)
-        .arg("-c")
-        .arg(&f.0)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait until it answers.
-    let mut up = false;
-    for _ in 0..100 {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            let _ = s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-            up = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(up, "tollgate did not start");
+    let (mut child, _port, first) = serve(&f);
+    assert!(first.ends_with("up"), "{first}");
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let mut status = None;
     for _ in 0..200 {
@@ -95,6 +78,28 @@ fn exits_zero_on_sigterm() {
     assert!(status.success(), "{status:?}");
 }
 
+/// Starts the binary on a free port with config `f`; returns it once it answers, with the port
+/// and its first answer.
+fn serve(f: &tempfile_path::TempPath) -> (std::process::Child, u16, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(BIN)
+        .arg("-c")
+        .arg(&f.0)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if let Some(body) = http_get(port) {
+            return (child, port, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("tollgate did not start within 5 s");
+}
+
 fn http_get(port: u16) -> Option<String> {
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -106,24 +111,9 @@ fn http_get(port: u16) -> Option<String> {
 
 #[test]
 fn sighup_reloads_the_file() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let f = write_config("upstreams: { d: { respond: { body: first } } }\nroutes: [{ upstream: d }]\n");
-    let mut child = Command::new(BIN)
-        .arg("-c")
-        .arg(&f.0)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut body = None;
-    for _ in 0..100 {
-        body = http_get(port);
-        if body.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(body.unwrap_or_default().ends_with("first"));
+    let (mut child, port, first) = serve(&f);
+    assert!(first.ends_with("first"), "{first}");
     std::fs::write(&f.0, "upstreams: { d: { respond: { body: second } } }\nroutes: [{ upstream: d }]\n").unwrap();
     let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
     let mut reloaded = false;
