@@ -77,8 +77,7 @@ impl HttpForwarder {
         down: &Downstream,
     ) -> (Response<Body>, Option<Failure>) {
         let received = req.version();
-        let path = req.uri().path().get(strip..).unwrap_or("");
-        let uri = match self.upstream_uri(path, req.uri().query()) {
+        let uri = match self.upstream_uri(req.uri(), strip) {
             Ok(uri) => uri,
             Err(_) => return (bad_request("the request path cannot be forwarded"), None),
         };
@@ -126,8 +125,16 @@ impl HttpForwarder {
         }
     }
 
-    /// The origin-form target sent upstream: base path, the (stripped) path, the query.
-    fn upstream_uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+    /// The origin-form target sent upstream: base path, the path less its first `strip`
+    /// bytes (the route's prefix), the query. Without a rewrite the parsed target is reused.
+    fn upstream_uri(&self, uri: &Uri, strip: usize) -> Result<Uri, http::Error> {
+        let path = uri.path().get(strip..).unwrap_or("");
+        if self.base_path.is_empty() && strip == 0 && uri.authority().is_none() && path.starts_with('/') {
+            if let Some(pq) = uri.path_and_query() {
+                return Ok(Uri::from(pq.clone()));
+            }
+        }
+        let query = uri.query();
         let slash = if path.starts_with('/') { "" } else { "/" };
         let mut pq = String::with_capacity(self.base_path.len() + path.len() + 2 + query.map_or(0, str::len));
         pq.push_str(&self.base_path);

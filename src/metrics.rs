@@ -2,11 +2,15 @@
 //! and limit names) or fixed sets, never from request data, so cardinality is bounded.
 //! Handles are resolved once per route and limit, so the hot path does plain atomic adds.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use crate::limit::store::redis::{BreakerState, RedisClient, Snapshot, LATENCY_BUCKETS_US};
@@ -50,9 +54,59 @@ enum Outcome {
     shadow_throttled,
 }
 
-fn seconds_buckets() -> Histogram {
-    // 100 µs … ~26 s
-    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+/// Upper bounds of [`Seconds`]: 100 µs × 2^i, i < 19 (100 µs … ~26 s), then +Inf.
+const SECONDS_BOUNDS: usize = 19;
+const FIRST_BOUND_NS: u64 = 100_000;
+
+/// A latency histogram of plain relaxed atomics. prometheus-client's own `Histogram` takes
+/// a write lock per observation, which on a route's hot path is a lock every worker
+/// thread shares; this one only adds.
+#[derive(Clone, Debug, Default)]
+pub struct Seconds(Arc<SecondsInner>);
+
+#[derive(Debug, Default)]
+struct SecondsInner {
+    buckets: [AtomicU64; SECONDS_BOUNDS + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Seconds {
+    pub fn observe(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let inner = &*self.0;
+        inner.buckets[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
+        inner.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// The first bucket whose bound holds `ns`: with q = ⌊(ns − 1) / 100 µs⌋, ns ≤ 100 µs × 2^i
+/// exactly when q < 2^i, i.e. when q needs at most i bits.
+fn bucket_of(ns: u64) -> usize {
+    let q = ns.saturating_sub(1) / FIRST_BOUND_NS;
+    ((u64::BITS - q.leading_zeros()) as usize).min(SECONDS_BOUNDS)
+}
+
+impl TypedMetric for Seconds {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Seconds {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let inner = &*self.0;
+        let mut buckets = [(0.0, 0); SECONDS_BOUNDS + 1];
+        for (i, (bound, n)) in buckets.iter_mut().enumerate() {
+            *bound = if i < SECONDS_BOUNDS { (FIRST_BOUND_NS << i) as f64 / 1e9 } else { f64::MAX };
+            *n = inner.buckets[i].load(Ordering::Relaxed);
+        }
+        // The count is the buckets' sum, so a scrape racing an observation stays consistent.
+        let count = buckets.iter().map(|b| b.1).sum();
+        let sum = inner.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 /// The process-wide registry; it outlives config reloads.
@@ -61,7 +115,7 @@ pub struct Metrics {
     requests: Family<RouteClass, Counter>,
     decisions: Family<LimitResult, Counter>,
     stale: Family<StaleLabel, Counter>,
-    upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    upstream_seconds: Family<RouteLabel, Seconds>,
     local_keys: Family<RouteLimit, Gauge>,
     in_flight: Gauge,
 }
@@ -70,7 +124,7 @@ pub struct Metrics {
 #[derive(Clone)]
 pub struct RouteMetrics {
     classes: [Counter; 5],
-    pub upstream_seconds: Histogram,
+    pub upstream_seconds: Seconds,
     pub stale_throttled: Counter,
     pub stale_upstream_error: Counter,
 }
@@ -107,8 +161,7 @@ impl Metrics {
         registry.register("limiter_decisions", "Limiter decisions by route, limit and result", decisions.clone());
         let stale = Family::<StaleLabel, Counter>::default();
         registry.register("stale_responses", "Stale copies served, by route and reason", stale.clone());
-        let upstream_seconds =
-            Family::<RouteLabel, Histogram, fn() -> Histogram>::new_with_constructor(seconds_buckets);
+        let upstream_seconds = Family::<RouteLabel, Seconds>::default();
         registry.register(
             "upstream_response_seconds",
             "Time to the upstream's response head",
@@ -214,4 +267,45 @@ fn encode_redis(out: &mut String, s: &Snapshot, breaker: i64) {
     let _ = writeln!(out, "# HELP tollgate_redis_breaker_state Redis circuit breaker: 0 closed, 1 open, 2 half-open.");
     let _ = writeln!(out, "# TYPE tollgate_redis_breaker_state gauge");
     let _ = writeln!(out, "tollgate_redis_breaker_state {breaker}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_hold_values_up_to_their_bound() {
+        assert_eq!(bucket_of(0), 0);
+        assert_eq!(bucket_of(100_000), 0);
+        assert_eq!(bucket_of(100_001), 1);
+        assert_eq!(bucket_of(200_000), 1);
+        assert_eq!(bucket_of(200_001), 2);
+        assert_eq!(bucket_of(FIRST_BOUND_NS << 18), 18);
+        assert_eq!(bucket_of((FIRST_BOUND_NS << 18) + 1), SECONDS_BOUNDS);
+        assert_eq!(bucket_of(u64::MAX), SECONDS_BOUNDS);
+        for i in 0..SECONDS_BOUNDS {
+            let bound = FIRST_BOUND_NS << i;
+            assert_eq!(bucket_of(bound), i, "{bound}");
+            assert_eq!(bucket_of(bound + 1), i + 1, "{bound}");
+        }
+    }
+
+    #[test]
+    fn seconds_encode_as_a_cumulative_histogram() {
+        let m = Metrics::new();
+        let r = m.route("api");
+        r.upstream_seconds.observe(Duration::from_micros(50));
+        r.upstream_seconds.observe(Duration::from_micros(150));
+        r.upstream_seconds.observe(Duration::from_secs(60));
+        let text = m.encode(None);
+        let line = |needle: &str| text.lines().find(|l| l.starts_with(needle)).map(str::to_owned);
+        let bucket = |le: &str| line(&format!("tollgate_upstream_response_seconds_bucket{{le=\"{le}\",route=\"api\"}}"));
+        assert_eq!(bucket("0.0001").as_deref(), Some("tollgate_upstream_response_seconds_bucket{le=\"0.0001\",route=\"api\"} 1"), "{text}");
+        assert!(bucket("0.0002").is_some_and(|l| l.ends_with(" 2")), "{text}");
+        assert!(bucket("+Inf").is_some_and(|l| l.ends_with(" 3")), "{text}");
+        assert!(line("tollgate_upstream_response_seconds_count").is_some_and(|l| l.ends_with(" 3")), "{text}");
+        let sum = line("tollgate_upstream_response_seconds_sum").unwrap_or_default();
+        let sum: f64 = sum.rsplit(' ').next().unwrap_or("").parse().unwrap();
+        assert!((sum - 60.0002).abs() < 1e-9, "{sum}");
+    }
 }

@@ -213,7 +213,7 @@ impl Proxy {
                 let sent = Instant::now();
                 let out = fwd.forward(req, strip, &down).await;
                 let took = sent.elapsed();
-                lane.metrics.upstream_seconds.observe(took.as_secs_f64());
+                lane.metrics.upstream_seconds.observe(took);
                 log.upstream = Some((out.1.map_or(out.0.status().as_u16(), |_| 0), took));
                 out
             }

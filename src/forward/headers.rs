@@ -12,9 +12,27 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// Whether `name` is hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1, plus the
+/// non-standard `Keep-Alive` and `Proxy-Connection`).
+fn always_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == KEEP_ALIVE
+        || name == PROXY_CONNECTION
+}
+
 /// Removes hop-by-hop fields: those named by `Connection`, and the fixed list.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests carry no Connection field: skip the collection then.
+    // One pass over the names (a request has a handful) instead of a hashed lookup per
+    // listed field; most messages have none of them and stop here.
+    if !headers.keys().any(always_hop_by_hop) {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -26,21 +44,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         for name in named {
             headers.remove(name);
         }
-        headers.remove(header::CONNECTION);
     }
-    for name in [
-        KEEP_ALIVE,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        PROXY_CONNECTION,
-    ] {
-        if headers.contains_key(&name) {
-            headers.remove(name);
-        }
+    let listed: Vec<HeaderName> = headers.keys().filter(|n| always_hop_by_hop(n)).cloned().collect();
+    for name in listed {
+        headers.remove(name);
     }
 }
 
@@ -128,6 +135,19 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn connection_named_fields_go_even_without_fixed_ones() {
+        let mut h = map(&[("connection", "x-secret"), ("x-secret", "1"), ("x-keep", "yes")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        let mut h = map(&[("proxy-connection", "keep-alive"), ("x-keep", "yes")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        let mut h = map(&[("x-keep", "yes"), ("host", "a")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2, "{h:?}");
     }
 
     #[test]

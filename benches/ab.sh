@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Interleaved A/B of tollgate binaries in `bench` mode behind one nginx upstream.
+#
+#   benches/ab.sh /tmp/old/tollgate target/release/tollgate     # ROUNDS=5 DURATION=8s PATH_=/
+#
+# The upstream (nginx, `return 200`) and every candidate share core 0, wrk -t1 -c50 runs on
+# core 1; each round measures every binary once, in turn, after a 2 s warm-up. CPU per request
+# comes from /proc (utime + stime) of the candidate process. There is no quiet gate as in
+# shared/bench/run.sh, so absolute figures run ~10% high: use the differences between binaries
+# measured in the same rounds, and the harness for figures you quote.
+set -euo pipefail
+[[ $# -ge 1 ]] || { echo "usage: $0 BINARY..." >&2; exit 2; }
+for t in nginx wrk taskset; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
+rounds=${ROUNDS:-5} duration=${DURATION:-8s} path=${PATH_:-/}
+work=$(mktemp -d)
+trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
+cat > "$work/nginx.conf" <<NGX
+worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000000;
+  server { listen 127.0.0.1:18190; location / { return 200 "ok\n"; } } }
+NGX
+taskset -c 0 nginx -c "$work/nginx.conf" -p "$work"
+bins=("$@")
+for i in "${!bins[@]}"; do
+  UPSTREAM_ADDR=127.0.0.1:18190 LISTEN_ADDR=127.0.0.1:$((18191 + i)) taskset -c 0 "${bins[$i]}" bench &
+  echo $! > "$work/c$i.pid"
+done
+sleep 1
+cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+declare -A results
+for r in $(seq "$rounds"); do
+  for i in "${!bins[@]}"; do
+    url="http://127.0.0.1:$((18191 + i))$path" pid=$(cat "$work/c$i.pid")
+    taskset -c 1 wrk -t1 -c50 -d2s "$url" >/dev/null
+    before=$(cpu "$pid"); out=$(taskset -c 1 wrk -t1 -c50 -d"$duration" "$url"); after=$(cpu "$pid")
+    reqs=$(awk '/requests in/{print $1}' <<<"$out"); rps=$(awk '/Requests\/sec/{printf "%.0f", $2}' <<<"$out")
+    us=$(awk -v t=$((after - before)) -v n="$reqs" -v hz="$hz" 'BEGIN{printf "%.1f", t * 1e6 / hz / n}')
+    results[$i]="${results[$i]:-} $us"
+    printf 'round %d  %-40s %8s req/s %6s us/req\n' "$r" "${bins[$i]}" "$rps" "$us"
+  done
+done
+echo "--- us/req per round, median"
+for i in "${!bins[@]}"; do
+  # shellcheck disable=SC2086
+  printf '%-40s %s  median %s\n' "${bins[$i]}" "${results[$i]}" \
+    "$(tr ' ' '\n' <<<"${results[$i]}" | grep . | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')"
+done
