@@ -2,14 +2,16 @@
 # Interleaved A/B of tollgate binaries in `bench` mode behind one nginx upstream.
 #
 #   benches/ab.sh /tmp/old/tollgate target/release/tollgate     # ROUNDS=5 DURATION=8s PATH_=/
+#   benches/ab.sh "BENCH_LEASE=100 BENCH_REDIS_URL=redis://127.0.0.1:16400 target/release/tollgate" ...
 #
+# A candidate is a binary, optionally preceded by VAR=value words (run through `env`).
 # The upstream (nginx, `return 200`) and every candidate share core 0, wrk -t1 -c50 runs on
 # core 1; each round measures every binary once, in turn, after a 2 s warm-up. CPU per request
 # comes from /proc (utime + stime) of the candidate process. There is no quiet gate as in
 # shared/bench/run.sh, so absolute figures run ~10% high: use the differences between binaries
 # measured in the same rounds, and the harness for figures you quote.
 set -euo pipefail
-[[ $# -ge 1 ]] || { echo "usage: $0 BINARY..." >&2; exit 2; }
+[[ $# -ge 1 ]] || { echo "usage: $0 [VAR=value...] BINARY..." >&2; exit 2; }
 for t in nginx wrk taskset; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 rounds=${ROUNDS:-5} duration=${DURATION:-8s} path=${PATH_:-/}
 work=$(mktemp -d)
@@ -23,13 +25,14 @@ NGX
 taskset -c 0 nginx -c "$work/nginx.conf" -p "$work"
 bins=("$@")
 for i in "${!bins[@]}"; do
-  UPSTREAM_ADDR=127.0.0.1:18190 LISTEN_ADDR=127.0.0.1:$((18191 + i)) taskset -c 0 "${bins[$i]}" bench &
+  # shellcheck disable=SC2086 # a candidate is words: VAR=value... binary
+  UPSTREAM_ADDR=127.0.0.1:18190 LISTEN_ADDR=127.0.0.1:$((18191 + i)) taskset -c 0 env ${bins[$i]} bench &
   echo $! > "$work/c$i.pid"
 done
 sleep 1
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
-declare -A results
+declare -A results rates
 for r in $(seq "$rounds"); do
   for i in "${!bins[@]}"; do
     url="http://127.0.0.1:$((18191 + i))$path" pid=$(cat "$work/c$i.pid")
@@ -37,13 +40,13 @@ for r in $(seq "$rounds"); do
     before=$(cpu "$pid"); out=$(taskset -c 1 wrk -t1 -c50 -d"$duration" "$url"); after=$(cpu "$pid")
     reqs=$(awk '/requests in/{print $1}' <<<"$out"); rps=$(awk '/Requests\/sec/{printf "%.0f", $2}' <<<"$out")
     us=$(awk -v t=$((after - before)) -v n="$reqs" -v hz="$hz" 'BEGIN{printf "%.1f", t * 1e6 / hz / n}')
-    results[$i]="${results[$i]:-} $us"
-    printf 'round %d  %-40s %8s req/s %6s us/req\n' "$r" "${bins[$i]}" "$rps" "$us"
+    results[$i]="${results[$i]:-} $us" rates[$i]="${rates[$i]:-} $rps"
+    printf 'round %d  %-40s %8s req/s %6s us/req\n' "$r" "${bins[$i]##*/}" "$rps" "$us"
   done
 done
-echo "--- us/req per round, median"
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+echo "--- medians (us/req per round)"
 for i in "${!bins[@]}"; do
-  # shellcheck disable=SC2086
-  printf '%-40s %s  median %s\n' "${bins[$i]}" "${results[$i]}" \
-    "$(tr ' ' '\n' <<<"${results[$i]}" | grep . | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')"
+  printf '%-60s %8s req/s %6s us/req  (%s )\n' "${bins[$i]}" "$(median "${rates[$i]}")" "$(median "${results[$i]}")" \
+    "${results[$i]}"
 done

@@ -6,6 +6,14 @@
 //!   the path that never rejects.
 //! - `REJECT_PORT` (optional): the same, limited to `REJECT_RATE`/s with burst `REJECT_BURST`.
 //! - `H2_PORT` (optional): the pass config again; h2c is detected on every port.
+//! - `BENCH_REDIS_URL` (optional): every listener's limit keeps its state in that Redis
+//!   (`store: redis`), taking `BENCH_LEASE` tokens per Redis call when that is set.
+//! - `BENCH_RATE` / `BENCH_BURST` (optional): the pass limit instead of 1000000/s, burst
+//!   100000000 (a slow rate keeps many keys live: the 1M-key scenario).
+//! - `BENCH_TRUSTED_PROXIES` (optional, comma-separated CIDRs): `X-Forwarded-For` from these
+//!   peers names the client, so one load generator can be a million clients.
+//! - `BENCH_ADMIN` (optional address): the admin listener of the pass config (`/metrics`
+//!   shows `tollgate_local_store_keys`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,18 +28,45 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// Where the bench limit keeps its state.
+#[derive(Clone, Debug, Default)]
+pub struct BenchStore {
+    /// `trusted_proxies:` entries.
+    pub trusted: Vec<String>,
+    /// `store: redis` on this server; in-process when `None`.
+    pub redis_url: Option<String>,
+    /// `lease:` of the Redis-backed limit.
+    pub lease: Option<u64>,
+}
+
 /// The YAML of one bench listener.
-pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64) -> String {
+pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &BenchStore) -> String {
+    let trusted = if store.trusted.is_empty() {
+        String::new()
+    } else {
+        let quoted: Vec<String> = store.trusted.iter().map(|c| format!("{c:?}")).collect();
+        format!("trusted_proxies: [{}]\n", quoted.join(", "))
+    };
+    let (redis, store) = match &store.redis_url {
+        None => (String::new(), String::new()),
+        Some(url) => (
+            format!("redis:\n  url: {url}\n"),
+            match store.lease {
+                Some(n) => format!(", store: redis, lease: {n}"),
+                None => ", store: redis".to_owned(),
+            },
+        ),
+    };
     format!(
         "listen: {listen}
-upstreams:
+{trusted}{redis}upstreams:
   up:
     url: http://{upstream}
 routes:
   - name: bench
     upstream: up
     limits:
-      - {{ name: per-client, algorithm: token_bucket, rate: {rate}, burst: {burst}, key: client_ip }}
+      - {{ name: per-client, algorithm: token_bucket, rate: {rate}, burst: {burst}, key: client_ip{store} }}
 "
     )
 }
@@ -44,14 +79,27 @@ pub fn run_from_env() -> anyhow::Result<()> {
     let upstream = env("UPSTREAM_ADDR").context("UPSTREAM_ADDR is not set")?;
     let listen = env("LISTEN_ADDR").context("LISTEN_ADDR is not set")?;
     let host = listen.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h).to_owned();
-    let mut yamls = vec![bench_yaml(&listen, &upstream, "1000000/s", 100_000_000)];
+    let store = BenchStore {
+        trusted: env("BENCH_TRUSTED_PROXIES")
+            .map(|t| t.split(',').map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()).collect())
+            .unwrap_or_default(),
+        redis_url: env("BENCH_REDIS_URL"),
+        lease: env("BENCH_LEASE").map(|n| n.parse()).transpose().context("BENCH_LEASE")?,
+    };
+    let rate = env("BENCH_RATE").unwrap_or_else(|| "1000000/s".into());
+    let burst = env("BENCH_BURST").map(|b| b.parse()).transpose().context("BENCH_BURST")?.unwrap_or(100_000_000);
+    let mut pass = bench_yaml(&listen, &upstream, &rate, burst, &store);
+    if let Some(admin) = env("BENCH_ADMIN") {
+        pass.push_str(&format!("admin: {admin}\n"));
+    }
+    let mut yamls = vec![pass];
     if let Some(port) = env("REJECT_PORT") {
         let rate = env("REJECT_RATE").unwrap_or_else(|| "1000".into());
         let burst: u64 = env("REJECT_BURST").unwrap_or_else(|| "100".into()).parse().context("REJECT_BURST")?;
-        yamls.push(bench_yaml(&format!("{host}:{port}"), &upstream, &format!("{rate}/s"), burst));
+        yamls.push(bench_yaml(&format!("{host}:{port}"), &upstream, &format!("{rate}/s"), burst, &store));
     }
     if let Some(port) = env("H2_PORT") {
-        yamls.push(bench_yaml(&format!("{host}:{port}"), &upstream, "1000000/s", 100_000_000));
+        yamls.push(bench_yaml(&format!("{host}:{port}"), &upstream, "1000000/s", 100_000_000, &store));
     }
     let configs = yamls
         .iter()
@@ -65,7 +113,21 @@ pub fn run_from_env() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .with_context(|| format!("binding {}", config.listen))?;
+            let admin = match config.admin {
+                Some(addr) => {
+                    Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?)
+                }
+                None => None,
+            };
             let shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
+            if let Some(admin) = admin {
+                let ready = Arc::new(crate::admin::Readiness::default());
+                ready.set_listening(true);
+                let mut rx = stop_rx.clone();
+                tokio::spawn(crate::admin::serve(admin, shared.clone(), ready, async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }));
+            }
             let mut rx = stop_rx.clone();
             servers.push(tokio::spawn(crate::server::serve(listener, shared, async move {
                 let _ = rx.wait_for(|s| *s).await;
@@ -90,9 +152,21 @@ mod tests {
 
     #[test]
     fn bench_configs_are_valid() {
-        for (rate, burst) in [("1000000/s", 100_000_000), ("1000/s", 100)] {
-            let yaml = bench_yaml("127.0.0.1:18020", "127.0.0.1:18000", rate, burst);
-            Config::from_yaml(Path::new("bench.yaml"), &yaml).unwrap();
+        let stores = [
+            BenchStore::default(),
+            BenchStore { redis_url: Some("redis://127.0.0.1:16379".into()), ..BenchStore::default() },
+            BenchStore { redis_url: Some("redis://127.0.0.1:16379".into()), lease: Some(100), ..BenchStore::default() },
+            BenchStore { trusted: vec!["127.0.0.1/32".into(), "::1/128".into()], ..BenchStore::default() },
+        ];
+        for store in &stores {
+            for (rate, burst) in [("1000000/s", 100_000_000), ("1000/s", 100)] {
+                let yaml = bench_yaml("127.0.0.1:18020", "127.0.0.1:18000", rate, burst, store);
+                let config = Config::from_yaml(Path::new("bench.yaml"), &yaml).unwrap();
+                let limit = &config.routes[0].limits[0];
+                assert_eq!(limit.store == crate::config::StoreKind::Redis, store.redis_url.is_some(), "{yaml}");
+                assert_eq!(limit.lease.map(std::num::NonZeroU64::get), store.lease, "{yaml}");
+                assert_eq!(config.trusted_proxies.len(), store.trusted.len(), "{yaml}");
+            }
         }
     }
 }

@@ -299,8 +299,13 @@ mod tests {
         r.upstream_seconds.observe(Duration::from_secs(60));
         let text = m.encode(None);
         let line = |needle: &str| text.lines().find(|l| l.starts_with(needle)).map(str::to_owned);
-        let bucket = |le: &str| line(&format!("tollgate_upstream_response_seconds_bucket{{le=\"{le}\",route=\"api\"}}"));
-        assert_eq!(bucket("0.0001").as_deref(), Some("tollgate_upstream_response_seconds_bucket{le=\"0.0001\",route=\"api\"} 1"), "{text}");
+        let bucket =
+            |le: &str| line(&format!("tollgate_upstream_response_seconds_bucket{{le=\"{le}\",route=\"api\"}}"));
+        assert_eq!(
+            bucket("0.0001").as_deref(),
+            Some("tollgate_upstream_response_seconds_bucket{le=\"0.0001\",route=\"api\"} 1"),
+            "{text}"
+        );
         assert!(bucket("0.0002").is_some_and(|l| l.ends_with(" 2")), "{text}");
         assert!(bucket("+Inf").is_some_and(|l| l.ends_with(" 3")), "{text}");
         assert!(line("tollgate_upstream_response_seconds_count").is_some_and(|l| l.ends_with(" 3")), "{text}");

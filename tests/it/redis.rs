@@ -2,6 +2,7 @@
 //! started by the tests on free loopback ports: same answers as the local math, TTLs on every
 //! key, leases, the local memory of denials, and the outage policy.
 
+use std::future::Future;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -215,6 +216,58 @@ async fn lease_needs_about_one_call_per_n_requests() {
     assert_eq!(m.calls, 20, "{m:?}");
     assert!(calls <= 21, "Redis saw {calls} EVALSHA for 400 requests with lease 20");
     assert_eq!(m.lease_hits, 380);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_share_one_lease_call() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |c| {
+        c.lease_ttl = Duration::from_secs(30);
+        c.timeout = Duration::from_secs(5);
+    });
+    client.connect().await.unwrap();
+    let s = Arc::new(store(&client, "herd", tb(1_000, 100_000), Some(20)));
+    // 400 decisions on one key at once: without coordination each would miss the empty lease
+    // and call Redis; with it, one call per 20 decisions.
+    let tasks: Vec<_> = (0..400)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.decide(KeyHash(12), 0, 1).await.unwrap().is_admitted() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 400);
+    let m = client.metrics().snapshot();
+    assert_eq!(m.calls, 20, "{m:?}");
+    assert_eq!(m.lease_hits, 380, "{m:?}");
+}
+
+#[tokio::test]
+async fn a_dropped_lease_call_does_not_hold_up_the_key() {
+    let node = RedisNode::start();
+    // A decision timeout far above the test's: a waiter held up by the abandoned call would
+    // wait for all of it.
+    let client = client_with(Target::Single(node.url()), |c| {
+        c.lease_ttl = Duration::from_secs(30);
+        c.timeout = Duration::from_secs(20);
+    });
+    client.connect().await.unwrap();
+    let s = store(&client, "dropped", tb(1_000, 100_000), Some(20));
+    // Start a lease call and abandon it before Redis answers (a client that went away).
+    {
+        let mut first = Box::pin(s.decide(KeyHash(13), 0, 1));
+        let waker = futures_util::task::noop_waker();
+        let _ = first.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+    }
+    // The next decision takes its own lease at once instead of waiting on the abandoned one.
+    let d = tokio::time::timeout(Duration::from_secs(5), s.decide(KeyHash(13), 1, 1)).await;
+    assert!(d.expect("not held up").unwrap().is_admitted());
+    assert!(s.decide(KeyHash(13), 2, 1).await.unwrap().is_admitted());
+    let calls = client.metrics().snapshot().calls;
+    assert!((1..=2).contains(&calls), "the abandoned call, if it was sent, and one lease: {calls}");
 }
 
 #[tokio::test]

@@ -17,7 +17,9 @@
 //! - under-admission: up to `N-1` units per instance per lease that lapse unused, and one
 //!   instance may be denied while another still holds unspent units.
 //!
-//! Redis calls per request ≈ `1/N` under sustained traffic on one key.
+//! Redis calls per request ≈ `1/N` under sustained traffic on one key: while one decision
+//! takes a fresh lease for a key, concurrent decisions for it wait for that lease (at most the
+//! decision `timeout`) instead of each calling Redis, then spend from it or call themselves.
 //!
 //! # Local memory of denials
 //! When Redis denies key `k` (cost `c`) for `retry_after`, this instance answers Deny for `k`
@@ -35,6 +37,9 @@ mod script;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 
 pub use breaker::BreakerState;
 pub use client::RedisClient;
@@ -131,12 +136,55 @@ struct Denied {
 }
 
 /// Units leased from Redis, spent locally.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug, Default)]
 struct Lease {
     units: u64,
     /// Redis' `remaining` after the lease was taken (for the RateLimit header).
     remaining: u64,
     reset_at: Micros,
+    /// Set while one decision takes a fresh lease; the others wait on it.
+    refill: Option<Arc<Notify>>,
+}
+
+/// Takes `cost` units from `l` when it holds that many.
+fn spend(l: &mut Lease, now: Micros, cost: u64) -> Option<Decision> {
+    if l.units < cost {
+        return None;
+    }
+    l.units -= cost;
+    Some(Decision::Allow { remaining: l.remaining.saturating_add(l.units), reset: l.reset_at.saturating_sub(now) })
+}
+
+/// What the local lease of a key says to one decision.
+enum LeaseStep<'a> {
+    Spent(Decision),
+    /// Another decision is taking a lease for this key.
+    Wait(OwnedNotified),
+    /// This decision takes the lease; the others wait until the guard drops.
+    Refill(RefillGuard<'a>),
+    /// No room to remember a lease: call Redis without coordinating.
+    Alone,
+}
+
+/// Ends a refill, with or without a lease (also when the deciding future is dropped), and
+/// wakes the decisions waiting on it.
+struct RefillGuard<'a> {
+    leases: &'a Memo<Lease>,
+    key: KeyHash,
+    notify: Arc<Notify>,
+}
+
+impl Drop for RefillGuard<'_> {
+    fn drop(&mut self) {
+        // `now` 0: an expired entry is still cleared rather than judged.
+        self.leases.with(self.key, 0, |l, _| {
+            if l.refill.as_ref().is_some_and(|n| Arc::ptr_eq(n, &self.notify)) {
+                l.refill = None;
+            }
+            (l.units > 0 || l.refill.is_some(), ())
+        });
+        self.notify.notify_waiters();
+    }
 }
 
 /// The Redis-backed state of one limit.
@@ -232,18 +280,50 @@ impl RedisStore {
         if cost > self.max_cost {
             return Ok(Decision::Deny { retry_after: Micros::MAX, reset: 0 });
         }
-        let remembered =
-            self.denials.with(key, now, |d, until| (true, (cost == d.cost).then_some((until, d.reset_at))));
-        if let Some(Some((until, reset_at))) = remembered {
-            m.denial_hit();
-            return Ok(Decision::Deny { retry_after: until - now, reset: reset_at.saturating_sub(now) });
+        if let Some(d) = self.remembered_denial(key, now, cost) {
+            return Ok(d);
         }
-        if self.lease.is_some() {
-            if let Some(d) = self.spend_lease(key, now, cost) {
-                m.lease_hit();
-                return Ok(d);
+        let mut refill = None;
+        let mut deadline = None;
+        while self.lease.is_some() {
+            match self.lease_step(key, now, cost) {
+                LeaseStep::Spent(d) => {
+                    m.lease_hit();
+                    return Ok(d);
+                }
+                LeaseStep::Wait(notified) => {
+                    // Wait for the lease being taken, then spend from it or take the next one;
+                    // past the decision timeout, call Redis without waiting any longer.
+                    let until =
+                        *deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.client.config().timeout);
+                    // Boxed: rare next to spending, and it would enlarge every decision's future.
+                    if Box::pin(tokio::time::timeout_at(until, notified)).await.is_err() {
+                        break;
+                    }
+                    if let Some(d) = self.remembered_denial(key, now, cost) {
+                        return Ok(d);
+                    }
+                }
+                LeaseStep::Refill(guard) => {
+                    refill = Some(guard);
+                    break;
+                }
+                LeaseStep::Alone => break,
             }
         }
+        let decided = self.call(key, now, cost, script_now).await;
+        drop(refill);
+        decided
+    }
+
+    /// One decision (or lease) from Redis; a lease taken is stored before it returns.
+    async fn call(
+        &self,
+        key: KeyHash,
+        now: Micros,
+        cost: u64,
+        script_now: Option<Micros>,
+    ) -> Result<Decision, StoreError> {
         let op = match self.lease {
             Some(n) => Op::Lease(n.get().max(cost)),
             None => Op::Decide,
@@ -265,8 +345,14 @@ impl RedisStore {
             }
             Decision::Allow { remaining, reset } if granted > cost => {
                 let ttl = u64::try_from(self.client.config().lease_ttl.as_micros()).unwrap_or(u64::MAX);
-                let lease = Lease { units: granted - cost, remaining, reset_at: now.saturating_add(reset) };
-                self.leases.insert(key, now, now.saturating_add(ttl), lease);
+                let expires = now.saturating_add(ttl);
+                // A fresh lease replaces what was left of the last one, so no unit is spent
+                // later than `lease_ttl` after Redis charged it.
+                self.leases.upsert(key, now, expires, Lease::default, |l, until| {
+                    (l.units, l.remaining, l.reset_at, *until) =
+                        (granted - cost, remaining, now.saturating_add(reset), expires);
+                    (true, ())
+                });
                 return Ok(Decision::Allow { remaining: remaining.saturating_add(granted - cost), reset });
             }
             _ => {}
@@ -274,21 +360,32 @@ impl RedisStore {
         Ok(decision)
     }
 
-    fn spend_lease(&self, key: KeyHash, now: Micros, cost: u64) -> Option<Decision> {
-        self.leases
-            .with(key, now, |l, _| {
-                if l.units < cost {
-                    // Not enough left: let it lapse and take a fresh lease.
-                    return (false, None);
+    /// A denial of `key` at `cost` remembered from Redis, still standing at `now`.
+    fn remembered_denial(&self, key: KeyHash, now: Micros, cost: u64) -> Option<Decision> {
+        let (until, reset_at) =
+            self.denials.with(key, now, |d, until| (true, (cost == d.cost).then_some((until, d.reset_at))))??;
+        self.client.metrics().denial_hit();
+        Some(Decision::Deny { retry_after: until - now, reset: reset_at.saturating_sub(now) })
+    }
+
+    /// Spends from the key's lease, or finds who takes the next one (under one lock).
+    fn lease_step(&self, key: KeyHash, now: Micros, cost: u64) -> LeaseStep<'_> {
+        // A marker made here lives as long as a lease would; the refill ends it sooner.
+        let until = now.saturating_add(u64::try_from(self.client.config().lease_ttl.as_micros()).unwrap_or(u64::MAX));
+        let step = self.leases.upsert(key, now, until, Lease::default, |l, _| {
+            if let Some(d) = spend(l, now, cost) {
+                return (l.units > 0 || l.refill.is_some(), LeaseStep::Spent(d));
+            }
+            match &l.refill {
+                Some(n) => (true, LeaseStep::Wait(n.clone().notified_owned())),
+                None => {
+                    let notify = Arc::new(Notify::new());
+                    l.refill = Some(notify.clone());
+                    (true, LeaseStep::Refill(RefillGuard { leases: &self.leases, key, notify }))
                 }
-                l.units -= cost;
-                let d = Decision::Allow {
-                    remaining: l.remaining.saturating_add(l.units),
-                    reset: l.reset_at.saturating_sub(now),
-                };
-                (l.units > 0, Some(d))
-            })
-            .flatten()
+            }
+        });
+        step.unwrap_or(LeaseStep::Alone)
     }
 
     fn on_error(&self, key: KeyHash, now: Micros, cost: u64, f: Failure) -> Result<Decision, StoreError> {

@@ -59,14 +59,45 @@ impl<V> Memo<V> {
             return false;
         }
         let mut map = self.shard(key);
-        if map.len() >= self.cap && !map.contains_key(&key.0) {
-            map.retain(|_, e| e.0 > now);
-            if map.len() >= self.cap {
-                return false;
-            }
+        if !self.make_room(&mut map, key, now) {
+            return false;
         }
         map.insert(key.0, (until, v));
         true
+    }
+
+    /// Runs `f` on the live entry of `key` and its expiry, first making one with `new`
+    /// (expiring at `until`) when there is none; like [`Memo::with`], `f` says whether to keep
+    /// it. `None` when there was no room.
+    pub fn upsert<R>(
+        &self,
+        key: KeyHash,
+        now: Micros,
+        until: Micros,
+        new: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V, &mut Micros) -> (bool, R),
+    ) -> Option<R> {
+        let mut map = self.shard(key);
+        if map.get(&key.0).is_none_or(|e| e.0 <= now) {
+            if until <= now || !self.make_room(&mut map, key, now) {
+                return None;
+            }
+            map.insert(key.0, (until, new()));
+        }
+        let entry = map.get_mut(&key.0)?;
+        let (keep, r) = f(&mut entry.1, &mut entry.0);
+        if !keep {
+            map.remove(&key.0);
+        }
+        Some(r)
+    }
+
+    /// Whether `key` fits in its shard, dropping expired entries when it is full.
+    fn make_room(&self, map: &mut Map<V>, key: KeyHash, now: Micros) -> bool {
+        if map.len() >= self.cap && !map.contains_key(&key.0) {
+            map.retain(|_, e| e.0 > now);
+        }
+        map.len() < self.cap || map.contains_key(&key.0)
     }
 
     pub fn remove(&self, key: KeyHash) {
@@ -97,5 +128,33 @@ mod tests {
         assert!(m.len() <= SHARDS * 2);
         assert_eq!(m.with(KeyHash(3), 150, |v, _| (false, *v)), Some(3));
         assert_eq!(m.with(KeyHash(3), 150, |v, _| (true, *v)), None, "removed by f");
+    }
+
+    #[test]
+    fn upsert_makes_updates_and_respects_the_bound() {
+        let m: Memo<u32> = Memo::new(SHARDS);
+        let k = KeyHash(9);
+        assert_eq!(m.upsert(k, 0, 100, || 1, |v, _| (true, *v)), Some(1), "made");
+        assert_eq!(
+            m.upsert(
+                k,
+                10,
+                100,
+                || 5,
+                |v, until| (true, {
+                    *v += 1;
+                    *until = 300;
+                    *v
+                })
+            ),
+            Some(2),
+            "updated"
+        );
+        assert_eq!(m.with(k, 200, |v, _| (true, *v)), Some(2), "expiry moved to 300");
+        assert_eq!(m.upsert(k, 300, 400, || 7, |v, _| (true, *v)), Some(7), "expired: made anew");
+        assert_eq!(m.upsert(KeyHash(10), 300, 400, || 1, |v, _| (true, *v)), None, "shard full");
+        assert_eq!(m.upsert(k, 300, 400, || 7, |v, _| (false, *v)), Some(7));
+        assert_eq!(m.upsert(KeyHash(10), 300, 400, || 1, |v, _| (true, *v)), Some(1), "removed by f: room again");
+        assert_eq!(m.upsert(KeyHash(11), 300, 300, || 1, |v, _| (true, *v)), None, "already expired");
     }
 }
