@@ -4,8 +4,10 @@
 #   benches/store-load.sh            # both parts; PART=redis or PART=keys for one
 #
 # redis: tollgate `bench` with its limit in-process, in a local redis-server (one Lua call per
-#        decision) and with `lease: 100`, interleaved by benches/ab.sh (proxy, upstream and
-#        redis-server on core 0, wrk on core 1). Prints req/s and CPU per request of each.
+#        decision) and with `lease: 100`, interleaved by benches/ab.sh (proxy and upstream on
+#        core 0, wrk on core 1, redis-server on REDIS_CORE: 1 by default, as a Redis node on
+#        its own machine would not share the proxy's core; REDIS_CORE=0 charges its work to
+#        the proxy's core). Prints req/s and CPU per request of each.
 # keys:  one tollgate trusts X-Forwarded-For from loopback and wrk's Lua script sends up to
 #        KEYS (1000000) client addresses, so the token bucket keeps that many live keys
 #        (rate 1/h: a key lives an hour after its request). Prints RSS before and after, and
@@ -24,7 +26,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 if [[ $part == all || $part == redis ]]; then
   port=$(free_port)
-  taskset -c 0 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
+  taskset -c "${REDIS_CORE:-1}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
     --pidfile "$work/redis.pid" --logfile "$work/redis.log"
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
   url=redis://127.0.0.1:$port
@@ -72,13 +74,15 @@ LUA
   }
   taskset -c 1 wrk -t1 -c50 -d2s -s "$work/hot.lua" http://127.0.0.1:18195/ >/dev/null
   base=$(rss)
-  measure "hot key (1 live key)" "$work/hot.lua" 8s
   # Fill: every address once (wrk runs until the counter has wrapped at least once).
   rate=$(taskset -c 1 wrk -t1 -c50 -d3s -s "$work/spread.lua" http://127.0.0.1:18195/ | awk '/Requests\/sec/{printf "%d", $2}')
   fill=$(( keys / (rate > 0 ? rate : 1) + 5 ))
   taskset -c 1 wrk -t1 -c50 -d"${fill}s" -s "$work/spread.lua" http://127.0.0.1:18195/ >/dev/null
   live=$(curl -s "http://$admin/metrics" | awk '/^tollgate_local_store_keys/{print $2}')
-  measure "spread over $keys keys" "$work/spread.lua" 8s
-  measure "hot key again (with $keys live)" "$work/hot.lua" 8s
+  # Interleaved rounds: the machine's noise hits both alike.
+  for r in $(seq "${ROUNDS:-3}"); do
+    measure "round $r: spread over $keys keys" "$work/spread.lua" 8s
+    measure "round $r: hot key ($keys live)" "$work/hot.lua" 8s
+  done
   echo "rss: $base KiB with one key, $(rss) KiB after $keys keys: +$(( ($(rss) - base) / 1024 )) MiB; live keys after the fill: $live"
 fi
