@@ -7,7 +7,7 @@
 # A candidate is a binary, optionally preceded by VAR=value words (run through `env`).
 # The upstream (nginx, `return 200`) and every candidate share core 0, wrk -t1 -c50 runs on
 # core 1; each round measures every binary once, in turn, after a 2 s warm-up. CPU per request
-# comes from /proc (utime + stime) of the candidate process. There is no quiet gate as in
+# comes from /proc (utime + stime) of the candidate process, its user-space part (utime) beside it. There is no quiet gate as in
 # shared/bench/run.sh, so absolute figures run ~10% high: use the differences between binaries
 # measured in the same rounds, and the harness for figures you quote.
 set -euo pipefail
@@ -30,23 +30,24 @@ for i in "${!bins[@]}"; do
   echo $! > "$work/c$i.pid"
 done
 sleep 1
-cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+cpu() { awk '{print $14, $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
-declare -A results rates
+declare -A results rates users
 for r in $(seq "$rounds"); do
   for i in "${!bins[@]}"; do
     url="http://127.0.0.1:$((18191 + i))$path" pid=$(cat "$work/c$i.pid")
     taskset -c 1 wrk -t1 -c50 -d2s "$url" >/dev/null
-    before=$(cpu "$pid"); out=$(taskset -c 1 wrk -t1 -c50 -d"$duration" "$url"); after=$(cpu "$pid")
+    read -r u0 s0 < <(cpu "$pid"); out=$(taskset -c 1 wrk -t1 -c50 -d"$duration" "$url"); read -r u1 s1 < <(cpu "$pid")
     reqs=$(awk '/requests in/{print $1}' <<<"$out"); rps=$(awk '/Requests\/sec/{printf "%.0f", $2}' <<<"$out")
-    us=$(awk -v t=$((after - before)) -v n="$reqs" -v hz="$hz" 'BEGIN{printf "%.1f", t * 1e6 / hz / n}')
-    results[$i]="${results[$i]:-} $us" rates[$i]="${rates[$i]:-} $rps"
-    printf 'round %d  %-40s %8s req/s %6s us/req\n' "$r" "${bins[$i]##*/}" "$rps" "$us"
+    us=$(awk -v t=$((u1 + s1 - u0 - s0)) -v n="$reqs" -v hz="$hz" 'BEGIN{printf "%.2f", t * 1e6 / hz / n}')
+    user=$(awk -v t=$((u1 - u0)) -v n="$reqs" -v hz="$hz" 'BEGIN{printf "%.2f", t * 1e6 / hz / n}')
+    results[$i]="${results[$i]:-} $us" rates[$i]="${rates[$i]:-} $rps" users[$i]="${users[$i]:-} $user"
+    printf 'round %d  %-40s %8s req/s %6s us/req (user %s)\n' "$r" "${bins[$i]##*/}" "$rps" "$us" "$user"
   done
 done
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
-echo "--- medians (us/req per round)"
+echo "--- medians (us/req per round; user-space part beside it)"
 for i in "${!bins[@]}"; do
-  printf '%-60s %8s req/s %6s us/req  (%s )\n' "${bins[$i]}" "$(median "${rates[$i]}")" "$(median "${results[$i]}")" \
-    "${results[$i]}"
+  printf '%-60s %8s req/s %6s us/req  user %5s  (%s )\n' "${bins[$i]}" "$(median "${rates[$i]}")" \
+    "$(median "${results[$i]}")" "$(median "${users[$i]}")" "${results[$i]}"
 done

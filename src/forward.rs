@@ -5,6 +5,7 @@
 pub mod headers;
 pub mod pool;
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use serde_json::json;
 
 use pool::{Pool, Returner};
@@ -70,17 +72,44 @@ impl HttpForwarder {
     }
 
     /// Forwards `req`, dropping the first `strip` bytes of its path (the route's prefix).
-    pub async fn forward(
-        &self,
-        mut req: Request<Incoming>,
+    ///
+    /// The head is rewritten before the returned future exists, and the request lives in
+    /// one place only while it waits: futures on the request path are moved several times
+    /// by value, so every byte kept out of them is a byte not copied per request.
+    pub fn forward<'a>(
+        &'a self,
+        req: Request<Incoming>,
         strip: usize,
         down: &Downstream,
-    ) -> (Response<Body>, Option<Failure>) {
+    ) -> impl Future<Output = (Response<Body>, Option<Failure>)> + 'a {
+        let prepared = self.prepare(req, strip, down);
+        async move {
+            let Some(req) = prepared else {
+                return (bad_request("the request path cannot be forwarded"), None);
+            };
+            match tokio::time::timeout(self.timeout, self.exchange(req)).await {
+                Ok(Ok((resp, conn))) => {
+                    let (mut parts, body) = resp.into_parts();
+                    headers::strip_hop_by_hop(&mut parts.headers);
+                    headers::append_via(&mut parts.headers, parts.version);
+                    parts.version = Version::HTTP_11;
+                    let body = Body::upstream(body, Returner::new(self.pool.clone(), conn));
+                    (Response::from_parts(parts, body), None)
+                }
+                Ok(Err((failure, error))) => {
+                    tracing::debug!(upstream = %self.name, %error, "upstream request failed");
+                    (self.failure_response(failure), Some(failure))
+                }
+                Err(_) => (self.failure_response(Failure::Timeout), Some(Failure::Timeout)),
+            }
+        }
+    }
+
+    /// The request as it goes upstream: target, version, hop-by-hop fields, forwarding
+    /// fields, `Via`, `Host`; `None` when its path cannot be forwarded.
+    fn prepare(&self, mut req: Request<Incoming>, strip: usize, down: &Downstream) -> Option<Request<Incoming>> {
         let received = req.version();
-        let uri = match self.upstream_uri(req.uri(), strip) {
-            Ok(uri) => uri,
-            Err(_) => return (bad_request("the request path cannot be forwarded"), None),
-        };
+        let uri = self.upstream_uri(req.uri(), strip).ok()?;
         // The client's Host: the Host header (HTTP/1) or the :authority (HTTP/2).
         let client_host = match req.headers().get(header::HOST) {
             Some(h) => Some(h.clone()),
@@ -100,28 +129,21 @@ impl HttpForwarder {
                 h.insert(header::HOST, self.authority_value.clone());
             }
         }
+        Some(req)
+    }
 
-        let exchange = async {
+    /// A pooled connection, and the response head on it.
+    #[allow(clippy::manual_async_fn)] // an `async fn` would hold `req` twice: argument and local
+    fn exchange(
+        &self,
+        req: Request<Incoming>,
+    ) -> impl Future<Output = Result<(Response<Incoming>, SendRequest<Incoming>), (Failure, String)>> + '_ {
+        async move {
             let mut conn = self.pool.checkout().await.map_err(|e| (Failure::Connect, e.to_string()))?;
             match conn.send_request(req).await {
                 Ok(resp) => Ok((resp, conn)),
                 Err(e) => Err((Failure::Broken, e.to_string())),
             }
-        };
-        match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(Ok((resp, conn))) => {
-                let (mut parts, body) = resp.into_parts();
-                headers::strip_hop_by_hop(&mut parts.headers);
-                headers::append_via(&mut parts.headers, parts.version);
-                parts.version = Version::HTTP_11;
-                let body = Body::upstream(body, Returner::new(self.pool.clone(), conn));
-                (Response::from_parts(parts, body), None)
-            }
-            Ok(Err((failure, error))) => {
-                tracing::debug!(upstream = %self.name, %error, "upstream request failed");
-                (self.failure_response(failure), Some(failure))
-            }
-            Err(_) => (self.failure_response(Failure::Timeout), Some(Failure::Timeout)),
         }
     }
 

@@ -7,10 +7,11 @@
 //! exact for every algorithm, so no double charge remains).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde_json::json;
 use smallvec::SmallVec;
@@ -27,6 +28,16 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 
 const MICROS_PER_SEC: u64 = 1_000_000;
 
+/// A limit keeps its rendered 429 for each Retry-After of 1 to this many seconds.
+const CACHED_SECS: usize = 64;
+
+/// A rendered 429: cloned per rejection (the values are shared, not copied).
+#[derive(Clone)]
+struct Rejection {
+    headers: HeaderMap,
+    body: Bytes,
+}
+
 /// One configured limit with its state.
 pub struct Limit {
     pub config: LimitConfig,
@@ -37,6 +48,8 @@ pub struct Limit {
     /// Last time a shadow denial was logged (µs), so a flood logs once a second.
     shadow_logged: AtomicU64,
     pub metrics: LimitMetrics,
+    /// Its 429 when it alone denies, by Retry-After seconds − 1 (see [`Gate::too_many`]).
+    rejections: Box<[OnceLock<Rejection>]>,
 }
 
 /// A route's limits and concurrency cap.
@@ -141,7 +154,8 @@ fn push_param(out: &mut String, key: &str, value: u64) {
 impl Limit {
     pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
         let (quota, window_secs) = policy_numbers(&config.algorithm);
-        Limit { config, store, quota, window_secs, shadow_logged: AtomicU64::new(0), metrics }
+        let rejections = (0..CACHED_SECS).map(|_| OnceLock::new()).collect();
+        Limit { config, store, quota, window_secs, shadow_logged: AtomicU64::new(0), metrics, rejections }
     }
 
     /// Live keys in this limit's in-process state (for Redis: denials and leases held locally).
@@ -344,25 +358,48 @@ impl Gate {
         }
     }
 
-    /// The 429. Written by hand rather than through `serde_json::Value`: this is the answer a
-    /// flood gets, so it is built with one buffer (limit names are validated to `[A-Za-z0-9._-]`,
-    /// the route name is escaped once in [`Gate::new`]).
+    /// The 429 and what it says for the log. A flood gets this answer, so when one limit
+    /// denies with a short Retry-After it is a clone of an answer rendered once (the
+    /// rendering costs five hashed header inserts and five allocations).
     fn too_many(&self, decided: &[Decided]) -> (Response<Body>, Note) {
         let mut retry_us = 0;
-        let mut rl = String::with_capacity(48);
-        let mut note = Note { remaining: Some(0), ..Note::default() };
+        let mut denying = decided.iter().filter(|d| !d.decision.is_admitted()).peekable();
+        let first = denying.peek().map(|d| d.limit);
+        let mut several = false;
+        for (n, d) in denying.enumerate() {
+            several |= n > 0;
+            if let Decision::Deny { retry_after, .. } = d.decision {
+                retry_us = retry_us.max(retry_after);
+            }
+        }
+        let secs = retry_after_secs(retry_us);
+        let note = Note { limit: first, remaining: Some(0), retry_after_secs: Some(secs), ..Note::default() };
+        let slot = usize::try_from(secs - 1).ok().filter(|&s| s < CACHED_SECS && !several);
+        let rejection = match (first, slot) {
+            (Some(limit), Some(slot)) => {
+                self.limits[limit].rejections[slot].get_or_init(|| self.render_too_many(decided, secs)).clone()
+            }
+            _ => self.render_too_many(decided, secs),
+        };
+        let mut resp = Response::new(Body::full(rejection.body));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *resp.headers_mut() = rejection.headers;
+        (resp, note)
+    }
+
+    /// Body and headers of the 429 for the denying limits of `decided`, retry after `secs`.
+    /// Written by hand rather than through `serde_json::Value`: limit names are validated to
+    /// `[A-Za-z0-9._-]`, the route name is escaped once in [`Gate::new`].
+    fn render_too_many(&self, decided: &[Decided], secs: u64) -> Rejection {
         let denied = || decided.iter().filter(|d| !d.decision.is_admitted());
+        let mut rl = String::with_capacity(48);
         for d in denied() {
             if let Decision::Deny { retry_after, .. } = d.decision {
-                note.limit.get_or_insert(d.limit);
-                retry_us = retry_us.max(retry_after);
                 sf_item(&mut rl, &self.limits[d.limit].config.name);
                 push_param(&mut rl, "r", 0);
                 push_param(&mut rl, "t", retry_after_secs(retry_after));
             }
         }
-        let secs = retry_after_secs(retry_us);
-        note.retry_after_secs = Some(secs);
         let secs_text = itoa::Buffer::new().format(secs).to_owned();
         let mut body = String::with_capacity(256);
         body.push_str(r#"{"type":""#);
@@ -393,21 +430,19 @@ impl Gate {
         body.push_str(&secs_text);
         body.push('}');
 
-        let mut resp = Response::new(Body::full(body));
-        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        let h = resp.headers_mut();
-        h.insert(http::header::CONTENT_TYPE, problem::CONTENT_TYPE);
-        h.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        let mut headers = HeaderMap::with_capacity(5);
+        headers.insert(http::header::CONTENT_TYPE, problem::CONTENT_TYPE);
+        headers.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Ok(v) = HeaderValue::try_from(secs_text) {
-            h.insert(RETRY_AFTER, v);
+            headers.insert(RETRY_AFTER, v);
         }
         if let Some(policy) = &self.policy {
-            h.insert(RATELIMIT_POLICY, policy.clone());
+            headers.insert(RATELIMIT_POLICY, policy.clone());
             if let Ok(v) = HeaderValue::try_from(rl) {
-                h.insert(RATELIMIT, v);
+                headers.insert(RATELIMIT, v);
             }
         }
-        (resp, note)
+        Rejection { headers, body: Bytes::from(body) }
     }
 
     fn store_unavailable(&self, limit: &str, secs: u64, e: &StoreError) -> Response<Body> {
@@ -447,5 +482,54 @@ mod tests {
         assert_eq!(retry_after_secs(1_000_000), 1);
         assert_eq!(retry_after_secs(1_000_001), 2);
         assert_eq!(retry_after_secs(2_500_000), 3);
+    }
+
+    fn gate(limits: &str) -> Gate {
+        let yaml = format!(
+            "listen: 127.0.0.1:1\nupstreams:\n  up: {{ respond: {{ status: 200 }} }}\nroutes:\n  - name: r\n    upstream: up\n    limits:\n{limits}"
+        );
+        let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), &yaml).unwrap();
+        Gate::new(&config.routes[0], &Metrics::new(), &mut |l| Limit::local_store(l))
+    }
+
+    async fn reject(gate: &Gate, now: Micros) -> (Response<Body>, String) {
+        let (parts, ()) = http::Request::new(()).into_parts();
+        let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), parts: &parts };
+        let Verdict::Reject(resp, _) = gate.check(&ctx, now).await else { panic!("admitted at {now}") };
+        use http_body_util::BodyExt;
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (Response::from_parts(parts, Body::empty()), String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn cached_rejections_follow_the_retry_after() {
+        // One request per 10 s: denied at 0 s (retry after 10), at 4.5 s (6), at 9.2 s (1).
+        let g = gate("      - { name: slow, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n");
+        let parts = http::Request::new(()).into_parts().0;
+        let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), parts: &parts };
+        let Verdict::Admit(_) = g.check(&ctx, 0).await else { panic!() };
+        for round in 0..2 {
+            for (now, secs) in [(1, "10"), (4_500_000, "6"), (9_200_000, "1")] {
+                let (resp, body) = reject(&g, now).await;
+                assert_eq!(resp.headers()[RETRY_AFTER], secs, "round {round} at {now}");
+                assert_eq!(resp.headers()[RATELIMIT], format!("\"slow\";r=0;t={secs}").as_str());
+                assert!(body.ends_with(&format!(r#""retry-after":{secs}}}"#)), "{body}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn two_denying_limits_are_both_named() {
+        let g = gate(
+            "      - { name: a, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n      - { name: b, algorithm: fixed_window, rate: 1/m }\n",
+        );
+        let parts = http::Request::new(()).into_parts().0;
+        let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), parts: &parts };
+        let Verdict::Admit(_) = g.check(&ctx, 0).await else { panic!() };
+        let (resp, body) = reject(&g, 1).await;
+        assert_eq!(resp.headers()[RATELIMIT], "\"a\";r=0;t=10, \"b\";r=0;t=60");
+        assert_eq!(resp.headers()[RETRY_AFTER], "60");
+        assert!(body.contains(r#""violated-policies":["a","b"]"#), "{body}");
     }
 }

@@ -48,9 +48,13 @@ pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -
 
 /// Index of the first route that accepts the request.
 pub fn find(routes: &[Route], method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<usize> {
-    let host = request_host(uri, headers);
     let path = uri.path();
-    routes.iter().position(|r| matches(r, method, host, path))
+    // The host is looked up only once a route asks for it.
+    let mut host = None;
+    routes.iter().position(|r| {
+        let host = if r.host.is_some() { *host.get_or_insert_with(|| request_host(uri, headers)) } else { None };
+        matches(r, method, host, path)
+    })
 }
 
 /// The path sent upstream, possibly without its leading `/` (the caller adds it):

@@ -4,18 +4,20 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hyper::body::Incoming;
 use hyper::service::service_fn;
+use hyper::Response;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use crate::body::Body;
 use crate::config::ServerConfig;
 use crate::proxy::Proxy;
 
@@ -57,7 +59,7 @@ pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<O
         };
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
-        let service = service_fn(move |req| handle(proxy.clone(), req, peer));
+        let service = service_fn(move |req| Answer { inner: proxy.load_full().handle(req, peer) });
         let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -74,11 +76,19 @@ pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<O
     }
 }
 
-async fn handle(
-    proxy: Shared,
-    req: hyper::Request<Incoming>,
-    peer: SocketAddr,
-) -> Result<hyper::Response<crate::body::Body>, Infallible> {
-    let proxy = proxy.load_full();
-    Ok(proxy.handle(req, peer).await)
+pin_project_lite::pin_project! {
+    /// A request's future as hyper's service wants it: never an error. Not an `async`
+    /// block, which would hold the request twice (see [`Proxy::handle`]).
+    struct Answer<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F: Future<Output = Response<Body>>> Future for Answer<F> {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx).map(Ok)
+    }
 }

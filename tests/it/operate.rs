@@ -187,3 +187,39 @@ async fn access_log_lines_carry_the_decision() {
     assert_eq!(f(2)["retry_after"], 3600);
     assert_eq!(f(2)["stale"], "no");
 }
+
+#[tokio::test]
+async fn a_client_that_gives_up_leaves_no_request_in_flight() {
+    use tokio::io::AsyncWriteExt;
+    let tg = Tollgate::start(
+        "
+upstreams:
+  slow: { respond: { body: late, latency: 30s } }
+routes:
+  - { name: slow, upstream: slow }
+",
+    )
+    .await;
+    let admin = tg.start_admin().await;
+    let mut client = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    client.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let in_flight = |m: &prometheus_parse::Scrape| sample(m, "tollgate_requests_in_flight", &[]);
+    let mut seen = 0.0;
+    for _ in 0..100 {
+        seen = in_flight(&scrape(admin).await);
+        if seen == 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen, 1.0, "the slow request is in flight");
+    drop(client);
+    for _ in 0..250 {
+        seen = in_flight(&scrape(admin).await);
+        if seen == 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen, 0.0, "the abandoned request is no longer counted");
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# User-space instructions per request of tollgate binaries in `bench` mode, counted by
+# callgrind: repeatable whatever the hypervisor or the other core is doing, so a change of
+# 1-2 % shows, where CPU time on this machine moves by 5-10 % between rounds. Kernel time
+# (about 70 % of a proxied request) is not counted, and neither is the cost of a cache miss
+# or of a large memmove (`rep movsb` is one instruction): read it beside benches/ab.sh.
+#
+#   benches/instr.sh /tmp/old/tollgate target/release/tollgate      # N=20000 PATH_=/
+#   PORT_VAR=REJECT_PORT benches/instr.sh target/release/tollgate     # the 429 path
+#
+# Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
+# 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
+# KEEP=dir keeps each profile for callgrind_annotate.
+set -euo pipefail
+[[ $# -ge 1 ]] || { echo "usage: $0 BINARY..." >&2; exit 2; }
+for t in nginx h2load valgrind callgrind_control; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
+n=${N:-20000} path=${PATH_:-/} port_var=${PORT_VAR:-LISTEN_ADDR}
+work=$(mktemp -d)
+trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
+cat > "$work/nginx.conf" <<NGX
+worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000000;
+  server { listen 127.0.0.1:18290; location / { return 200 "ok\n"; } } }
+NGX
+nginx -c "$work/nginx.conf" -p "$work"
+for bin in "$@"; do
+  env=(UPSTREAM_ADDR=127.0.0.1:18290 LISTEN_ADDR=127.0.0.1:18291)
+  url=http://127.0.0.1:18291$path
+  # The 429 path: a limit of 1/s admits next to nothing, however slowly valgrind runs.
+  if [[ $port_var == REJECT_PORT ]]; then env+=(REJECT_PORT=18292 REJECT_RATE=1 REJECT_BURST=1); url=http://127.0.0.1:18292$path; fi
+  env "${env[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "$bin" bench \
+    2>"$work/vg.log" &
+  for _ in $(seq 100); do curl -s -o /dev/null "$url" && break; sleep 0.2; done
+  pgrep -f "valgrind.bin.*$work/cg.out" > "$work/tg.pid"
+  h2load --h1 -n 2000 -c 50 "$url" >/dev/null
+  callgrind_control -i on "$(cat "$work/tg.pid")" >/dev/null 2>&1
+  h2load --h1 -n "$n" -c 50 "$url" | grep -E "^status codes" || true
+  callgrind_control -d "$(cat "$work/tg.pid")" >/dev/null 2>&1
+  kill "$(cat "$work/tg.pid")"; wait 2>/dev/null || true; rm "$work/tg.pid"
+  ir=$(cat "$work"/cg.out.* | awk '/^summary:/{s+=$2} END{print s}')
+  printf '%-50s %10.0f instructions/request\n' "$bin" "$(awk -v i="$ir" -v n="$n" 'BEGIN{print i/n}')"
+  if [[ -n ${KEEP:-} ]]; then cat "$work"/cg.out.* > "$KEEP/$(basename "$bin").callgrind"; fi
+  rm -f "$work"/cg.out*
+done
