@@ -7,6 +7,7 @@
 #
 #   benches/instr.sh /tmp/old/tollgate target/release/tollgate      # N=20000 PATH_=/
 #   PORT_VAR=REJECT_PORT benches/instr.sh target/release/tollgate     # the 429 path
+#   H2=1 benches/instr.sh target/release/tollgate                       # h2c, 10 streams a connection
 #
 # Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
 # 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
@@ -15,6 +16,7 @@ set -euo pipefail
 [[ $# -ge 1 ]] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 for t in nginx h2load valgrind callgrind_control; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 n=${N:-20000} path=${PATH_:-/} port_var=${PORT_VAR:-LISTEN_ADDR}
+proto=(--h1); [[ -n ${H2:-} ]] && proto=(-m 10)
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 cat > "$work/nginx.conf" <<NGX
@@ -33,9 +35,9 @@ for bin in "$@"; do
     2>"$work/vg.log" &
   for _ in $(seq 100); do curl -s -o /dev/null "$url" && break; sleep 0.2; done
   pgrep -f "valgrind.bin.*$work/cg.out" > "$work/tg.pid"
-  h2load --h1 -n 2000 -c 50 "$url" >/dev/null
+  h2load "${proto[@]}" -n 2000 -c 50 "$url" >/dev/null
   callgrind_control -i on "$(cat "$work/tg.pid")" >/dev/null 2>&1
-  h2load --h1 -n "$n" -c 50 "$url" | grep -E "^status codes" || true
+  h2load "${proto[@]}" -n "$n" -c 50 "$url" | grep -E "^status codes" || true
   callgrind_control -d "$(cat "$work/tg.pid")" >/dev/null 2>&1
   kill "$(cat "$work/tg.pid")"; wait 2>/dev/null || true; rm "$work/tg.pid"
   ir=$(cat "$work"/cg.out.* | awk '/^summary:/{s+=$2} END{print s}')

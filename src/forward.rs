@@ -87,7 +87,7 @@ impl HttpForwarder {
             let Some(req) = prepared else {
                 return (bad_request("the request path cannot be forwarded"), None);
             };
-            match tokio::time::timeout(self.timeout, self.exchange(req)).await {
+            match crate::timer::timeout(self.timeout, self.exchange(req)).await {
                 Ok(Ok((resp, conn))) => {
                     let (mut parts, body) = resp.into_parts();
                     headers::strip_hop_by_hop(&mut parts.headers);

@@ -33,3 +33,4 @@ pub mod proxy;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod timer;

@@ -26,8 +26,13 @@ pub type Shared = Arc<ArcSwap<Proxy>>;
 
 fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
+    // The header-read timeout is armed for every request: a long one on the coarse clock.
+    if cfg.header_read_timeout >= crate::timer::COARSE_FROM {
+        b.http1().timer(crate::timer::CoarseTimer);
+    } else {
+        b.http1().timer(TokioTimer::new());
+    }
     b.http1()
-        .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
         .max_buf_size(cfg.max_header_bytes)
         // One write per small response instead of writev (measured: a small win).
