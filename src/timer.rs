@@ -226,39 +226,24 @@ pub struct CoarseTimer;
 
 impl hyper::rt::Timer for CoarseTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(HyperSleep(Sleep::after(duration)))
+        Box::pin(Sleep::after(duration))
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        let duration = deadline.saturating_duration_since(Instant::now());
-        Box::pin(HyperSleep(Sleep::until(deadline, duration)))
+        Box::pin(Sleep::until(deadline, deadline.saturating_duration_since(Instant::now())))
     }
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
-        match sleep.as_mut().downcast_mut_pin::<HyperSleep>() {
-            Some(mut s) => {
-                let duration = new_deadline.saturating_duration_since(Instant::now());
-                match &mut s.0 {
-                    Sleep::Coarse(c) if duration >= COARSE_FROM => c.reset(new_deadline),
-                    other => *other = Sleep::until(new_deadline, duration),
-                }
-            }
+        let duration = new_deadline.saturating_duration_since(Instant::now());
+        match sleep.as_mut().downcast_mut_pin::<Sleep>().map(Pin::into_inner) {
+            Some(Sleep::Coarse(c)) if duration >= COARSE_FROM => c.reset(new_deadline),
+            Some(other) => *other = Sleep::until(new_deadline, duration),
             None => *sleep = self.sleep_until(new_deadline),
         }
     }
 }
 
-struct HyperSleep(Sleep);
-
-impl Future for HyperSleep {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl hyper::rt::Sleep for HyperSleep {}
+impl hyper::rt::Sleep for Sleep {}
 
 #[cfg(test)]
 mod tests {
