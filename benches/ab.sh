@@ -11,18 +11,14 @@
 # shared/bench/run.sh, so absolute figures run ~10% high: use the differences between binaries
 # measured in the same rounds, and the harness for figures you quote.
 set -euo pipefail
+# shellcheck source=benches/upstream.sh
+source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 [[ $# -ge 1 ]] || { echo "usage: $0 [VAR=value...] BINARY..." >&2; exit 2; }
 for t in nginx wrk taskset; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 rounds=${ROUNDS:-5} duration=${DURATION:-8s} path=${PATH_:-/}
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
-cat > "$work/nginx.conf" <<NGX
-worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 1000000000;
-  server { listen 127.0.0.1:18190; location / { return 200 "ok\n"; } } }
-NGX
-taskset -c 0 nginx -c "$work/nginx.conf" -p "$work"
+start_upstream "$work" 18190 0
 bins=("$@")
 for i in "${!bins[@]}"; do
   # shellcheck disable=SC2086 # a candidate is words: VAR=value... binary

@@ -13,19 +13,15 @@
 # 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
 # KEEP=dir keeps each profile for callgrind_annotate.
 set -euo pipefail
+# shellcheck source=benches/upstream.sh
+source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 [[ $# -ge 1 ]] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 for t in nginx h2load valgrind callgrind_control; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 n=${N:-20000} path=${PATH_:-/} port_var=${PORT_VAR:-LISTEN_ADDR}
 proto=(--h1); [[ -n ${H2:-} ]] && proto=(-m 10)
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
-cat > "$work/nginx.conf" <<NGX
-worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 1000000000;
-  server { listen 127.0.0.1:18290; location / { return 200 "ok\n"; } } }
-NGX
-nginx -c "$work/nginx.conf" -p "$work"
+start_upstream "$work" 18290
 for bin in "$@"; do
   env=(UPSTREAM_ADDR=127.0.0.1:18290 LISTEN_ADDR=127.0.0.1:18291)
   url=http://127.0.0.1:18291$path

@@ -13,6 +13,8 @@
 #        (rate 1/h: a key lives an hour after its request). Prints RSS before and after, and
 #        CPU per request with one hot key and across all the keys.
 set -euo pipefail
+# shellcheck source=benches/upstream.sh
+source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD part=${PART:-all} keys=${KEYS:-1000000}
 for t in nginx wrk taskset redis-server redis-cli; do
@@ -37,13 +39,7 @@ if [[ $part == all || $part == redis ]]; then
 fi
 
 if [[ $part == all || $part == keys ]]; then
-  cat > "$work/nginx.conf" <<NGX
-worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 1000000000;
-  server { listen 127.0.0.1:18190; location / { return 200 "ok\n"; } } }
-NGX
-  taskset -c 0 nginx -c "$work/nginx.conf" -p "$work"
+  start_upstream "$work" 18190 0
   cat > "$work/spread.lua" <<LUA
 -- X-Forwarded-For cycles through $keys addresses in 10.0.0.0/8.
 local n, keys = 0, $keys

@@ -203,23 +203,20 @@ routes:
     let admin = tg.start_admin().await;
     let mut client = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
     client.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
-    let in_flight = |m: &prometheus_parse::Scrape| sample(m, "tollgate_requests_in_flight", &[]);
-    let mut seen = 0.0;
-    for _ in 0..100 {
-        seen = in_flight(&scrape(admin).await);
-        if seen == 1.0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert_eq!(seen, 1.0, "the slow request is in flight");
+    assert_eq!(in_flight_becomes(admin, 1.0).await, 1.0, "the slow request is in flight");
     drop(client);
+    assert_eq!(in_flight_becomes(admin, 0.0).await, 0.0, "the abandoned request is no longer counted");
+}
+
+/// `tollgate_requests_in_flight` once it reads `want`, or its last reading after 5 s.
+async fn in_flight_becomes(admin: std::net::SocketAddr, want: f64) -> f64 {
+    let mut seen = f64::NAN;
     for _ in 0..250 {
-        seen = in_flight(&scrape(admin).await);
-        if seen == 0.0 {
+        seen = sample(&scrape(admin).await, "tollgate_requests_in_flight", &[]);
+        if seen == want {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(seen, 0.0, "the abandoned request is no longer counted");
+    seen
 }
