@@ -362,16 +362,16 @@ impl Gate {
     /// denies with a short Retry-After it is a clone of an answer rendered once (the
     /// rendering costs five hashed header inserts and five allocations).
     fn too_many(&self, decided: &[Decided]) -> (Response<Body>, Note) {
-        let mut retry_us = 0;
-        let mut denying = decided.iter().filter(|d| !d.decision.is_admitted()).peekable();
-        let first = denying.peek().map(|d| d.limit);
-        let mut several = false;
-        for (n, d) in denying.enumerate() {
-            several |= n > 0;
-            if let Decision::Deny { retry_after, .. } = d.decision {
-                retry_us = retry_us.max(retry_after);
-            }
-        }
+        let denying = || decided.iter().filter(|d| !d.decision.is_admitted());
+        let first = denying().next().map(|d| d.limit);
+        let several = denying().nth(1).is_some();
+        let retry_us = denying()
+            .filter_map(|d| match d.decision {
+                Decision::Deny { retry_after, .. } => Some(retry_after),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         let secs = retry_after_secs(retry_us);
         let note = Note { limit: first, remaining: Some(0), retry_after_secs: Some(secs), ..Note::default() };
         let slot = usize::try_from(secs - 1).ok().filter(|&s| s < CACHED_SECS && !several);

@@ -167,7 +167,8 @@ pub enum Sleep {
 }
 
 impl Sleep {
-    pub fn until(deadline: Instant, duration: Duration) -> Sleep {
+    /// A sleep until `deadline`, which is `duration` from now.
+    fn at(deadline: Instant, duration: Duration) -> Sleep {
         if duration >= COARSE_FROM {
             Sleep::Coarse(CoarseSleep::until(deadline))
         } else {
@@ -176,7 +177,11 @@ impl Sleep {
     }
 
     pub fn after(duration: Duration) -> Sleep {
-        Sleep::until(Instant::now() + duration, duration)
+        Sleep::at(Instant::now() + duration, duration)
+    }
+
+    pub fn until(deadline: Instant) -> Sleep {
+        Sleep::at(deadline, deadline.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -230,14 +235,14 @@ impl hyper::rt::Timer for CoarseTimer {
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(Sleep::until(deadline, deadline.saturating_duration_since(Instant::now())))
+        Box::pin(Sleep::until(deadline))
     }
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
         let duration = new_deadline.saturating_duration_since(Instant::now());
         match sleep.as_mut().downcast_mut_pin::<Sleep>().map(Pin::into_inner) {
             Some(Sleep::Coarse(c)) if duration >= COARSE_FROM => c.reset(new_deadline),
-            Some(other) => *other = Sleep::until(new_deadline, duration),
+            Some(other) => *other = Sleep::at(new_deadline, duration),
             None => *sleep = self.sleep_until(new_deadline),
         }
     }
