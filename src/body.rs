@@ -1,9 +1,20 @@
-//! The one response body type: a full buffer (built-in responder, problem answers) or an
-//! upstream stream passed through untouched, optionally holding a concurrency slot until the
-//! body ends. An enum, not a box, so the hot path does not allocate for it.
+//! The body types at the proxy's two edges.
+//!
+//! - [`Body`]: every response tollgate sends. A full buffer (its own answers, the built-in
+//!   responder, stale copies) or an upstream's body passed on as it arrives, with an
+//!   idle-read deadline; optionally copied as it streams (a [`Tap`]), giving its upstream
+//!   connection back (a [`Lease`]) and holding a concurrency slot until it ends.
+//! - [`RequestBody`]: a client's body on its way upstream, with an idle-read deadline and
+//!   errors that say they are the client's ([`ClientBodyError`]).
+//!
+//! Enums and inline fields, not boxes, so the hot path allocates nothing for them. This
+//! module knows neither the cache nor the pool: they plug in through [`Tap`] and [`Home`].
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -11,22 +22,98 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::forward::pool::Returner;
+use crate::timer::Sleep;
 
-fn release(ret: &mut Option<Returner>) {
-    if let Some(r) = ret.take() {
-        r.release();
+/// An upstream HTTP/1 connection, ready for one request.
+pub type UpstreamConn = hyper::client::conn::http1::SendRequest<RequestBody>;
+
+/// Where an upstream connection goes back to once the response it carried has ended.
+pub trait Home: Send + Sync {
+    fn put(&self, conn: UpstreamConn);
+    /// A response on one of its connections sent nothing for its idle-read timeout; the
+    /// connection is dropped, not put back.
+    fn read_timed_out(&self);
+}
+
+/// An upstream connection lent to one response; given back when the body ends cleanly, and
+/// closed (dropped) on error or when the client goes away mid-body.
+pub struct Lease {
+    pub conn: UpstreamConn,
+    pub home: Arc<dyn Home>,
+}
+
+impl Lease {
+    fn release(self) {
+        self.home.put(self.conn);
     }
+}
+
+/// A copy taken of a body as it streams (the stale-copy cache). Dropped without
+/// [`Tap::end`] means the copy is abandoned: the body failed, had trailers, or was cut short.
+pub trait Tap: Send {
+    /// A data frame on its way to the client; `false` ends the copy (it is dropped).
+    fn data(&mut self, data: &Bytes) -> bool;
+    /// The body ended cleanly.
+    fn end(self: Box<Self>);
+}
+
+/// A read deadline that runs only while the other side owes data: armed when a read finds
+/// nothing, disarmed when something arrives. Armed lazily, so a body that is always ready
+/// never touches a timer.
+struct Idle {
+    sleep: Option<Sleep>,
+    /// Milliseconds (a u32 keeps bodies small; config bounds timeouts far below 49 days).
+    after_ms: u32,
+    armed: bool,
+}
+
+impl Idle {
+    /// `after` zero: no deadline.
+    fn new(after: Duration) -> Idle {
+        let after_ms = u32::try_from(after.as_millis()).unwrap_or(u32::MAX);
+        Idle { sleep: None, after_ms, armed: false }
+    }
+
+    fn after(&self) -> Duration {
+        Duration::from_millis(u64::from(self.after_ms))
+    }
+
+    /// The read found nothing: true once `after` has passed since it last found something.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.after_ms == 0 {
+            return false;
+        }
+        if !self.armed {
+            let deadline = Instant::now() + self.after();
+            match &mut self.sleep {
+                Some(s) => s.reset(deadline),
+                None => self.sleep = Some(Sleep::until(deadline)),
+            }
+            self.armed = true;
+        }
+        self.sleep.as_mut().is_some_and(|s| Pin::new(s).poll(cx).is_ready())
+    }
+
+    fn progress(&mut self) {
+        self.armed = false;
+    }
+}
+
+/// Why a response body stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("upstream body failed: {0}")]
+    Upstream(#[from] hyper::Error),
+    #[error("upstream sent nothing for {0:?}")]
+    IdleTimeout(Duration),
 }
 
 pin_project! {
     #[project = KindProj]
     enum Kind {
         Full { data: Option<Bytes> },
-        // An upstream body; `ret` gives its connection back to the pool once it ends.
-        Stream { #[pin] inner: Incoming, ret: Option<Returner> },
-        // Any body, copied for the cache as it streams (see `crate::cache::Capture`).
-        Captured { #[pin] inner: crate::cache::Capture<Pin<Box<Body>>> },
+        // An upstream body; `lease` goes back to its pool once the body ends.
+        Upstream { #[pin] inner: Incoming, lease: Option<Lease>, idle: Idle },
     }
 }
 
@@ -35,42 +122,49 @@ pin_project! {
     pub struct Body {
         #[pin]
         kind: Kind,
+        tap: Option<Box<dyn Tap>>,
         // A route's concurrency slot: released when the body ends (or is dropped).
         hold: Option<OwnedSemaphorePermit>,
     }
 }
 
 impl Body {
+    fn of(kind: Kind) -> Body {
+        Body { kind, tap: None, hold: None }
+    }
+
     pub fn empty() -> Body {
-        Body { kind: Kind::Full { data: None }, hold: None }
+        Body::of(Kind::Full { data: None })
     }
 
     pub fn full(data: impl Into<Bytes>) -> Body {
         let data: Bytes = data.into();
-        Body { kind: Kind::Full { data: (!data.is_empty()).then_some(data) }, hold: None }
+        Body::of(Kind::Full { data: (!data.is_empty()).then_some(data) })
     }
 
-    pub fn stream(inner: Incoming) -> Body {
-        Body { kind: Kind::Stream { inner, ret: None }, hold: None }
-    }
-
-    /// An upstream body whose connection goes back to its pool when the body ends.
-    pub fn upstream(inner: Incoming, ret: Returner) -> Body {
+    /// An upstream body. `lease` goes back to its pool when the body ends; a body that sends
+    /// nothing for `idle_timeout` (zero: no limit) fails, and its connection is dropped.
+    pub fn upstream(inner: Incoming, lease: Lease, idle_timeout: Duration) -> Body {
         if inner.is_end_stream() {
             // hyper may never poll an empty body: the connection is free already.
-            ret.release();
-            return Body::stream(inner);
+            lease.release();
+            return Body::of(Kind::Upstream { inner, lease: None, idle: Idle::new(Duration::ZERO) });
         }
-        Body { kind: Kind::Stream { inner, ret: Some(ret) }, hold: None }
+        Body::of(Kind::Upstream { inner, lease: Some(lease), idle: Idle::new(idle_timeout) })
     }
 
-    /// `inner` copied for the cache as it streams.
-    pub fn captured(inner: crate::cache::Capture<Pin<Box<Body>>>) -> Body {
-        Body { kind: Kind::Captured { inner }, hold: None }
+    /// Copies the body into `tap` as it streams.
+    pub fn tap(&mut self, tap: Box<dyn Tap>) {
+        if self.is_end_stream() {
+            // Over before it starts (empty): it may never be polled.
+            tap.end();
+        } else {
+            self.tap = Some(tap);
+        }
     }
 
-    pub fn is_captured(&self) -> bool {
-        matches!(self.kind, Kind::Captured { .. })
+    pub fn is_tapped(&self) -> bool {
+        self.tap.is_some()
     }
 
     /// Keeps `permit` until the body has been sent in full.
@@ -81,26 +175,45 @@ impl Body {
 
 impl HttpBody for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.project();
-        let polled = match this.kind.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Stream { mut inner, ret } => {
-                let polled = inner.as_mut().poll_frame(cx);
-                match &polled {
-                    Poll::Ready(None) => release(ret),
-                    Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => release(ret),
-                    Poll::Ready(Some(Err(_))) => drop(ret.take()),
-                    _ => {}
+        let (polled, ended) = match this.kind.project() {
+            KindProj::Full { data } => (Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))), true),
+            KindProj::Upstream { mut inner, lease, idle } => match inner.as_mut().poll_frame(cx) {
+                Poll::Pending if idle.expired(cx) => {
+                    // The upstream connection is mid-response: it can never be reused.
+                    if let Some(l) = lease.take() {
+                        l.home.read_timed_out();
+                    }
+                    (Poll::Ready(Some(Err(BodyError::IdleTimeout(idle.after())))), true)
                 }
-                polled
-            }
-            KindProj::Captured { inner } => inner.poll_frame(cx),
+                Poll::Pending => (Poll::Pending, false),
+                Poll::Ready(polled) => {
+                    idle.progress();
+                    let ended = match &polled {
+                        None => true,
+                        Some(Ok(_)) => inner.is_end_stream(),
+                        Some(Err(_)) => {
+                            drop(lease.take());
+                            true
+                        }
+                    };
+                    if ended {
+                        if let Some(l) = lease.take() {
+                            l.release();
+                        }
+                    }
+                    (Poll::Ready(polled.map(|r| r.map_err(BodyError::from))), ended)
+                }
+            },
         };
-        if let Poll::Ready(None | Some(Err(_))) = polled {
-            this.hold.take();
+        if let Poll::Ready(frame) = &polled {
+            feed(this.tap, frame, ended);
+            if ended {
+                this.hold.take();
+            }
         }
         polled
     }
@@ -108,16 +221,143 @@ impl HttpBody for Body {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
-            Kind::Stream { inner, .. } => inner.is_end_stream(),
-            Kind::Captured { inner } => inner.is_end_stream(),
+            Kind::Upstream { inner, .. } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
-            Kind::Stream { inner, .. } => inner.size_hint(),
-            Kind::Captured { inner } => inner.size_hint(),
+            Kind::Upstream { inner, .. } => inner.size_hint(),
         }
+    }
+}
+
+/// Passes one polled frame to `tap`; `ended`: the body is over after it. Trailers and errors
+/// abandon the copy (dropped without `end`). hyper stops polling once `is_end_stream` is
+/// true, so the end may never be seen as `None`.
+fn feed<E>(tap: &mut Option<Box<dyn Tap>>, frame: &Option<Result<Frame<Bytes>, E>>, ended: bool) {
+    let Some(t) = tap.as_mut() else { return };
+    let copied = match frame {
+        Some(Ok(f)) => f.data_ref().is_some_and(|d| t.data(d)),
+        Some(Err(_)) => false,
+        None => true,
+    };
+    match tap.take() {
+        Some(t) if copied && ended => t.end(),
+        Some(t) if copied => *tap = Some(t),
+        _ => {}
+    }
+}
+
+/// Any body with a tap, driven the way [`Body`] drives its own: lets tests feed a tap from
+/// bodies that fail, which `Incoming` cannot be made to do without a socket.
+#[cfg(test)]
+pub(crate) use tapped::Tapped;
+
+#[cfg(test)]
+mod tapped {
+    use super::*;
+
+    pin_project! {
+        pub(crate) struct Tapped<B> {
+            #[pin]
+            inner: B,
+            tap: Option<Box<dyn Tap>>,
+        }
+    }
+
+    impl<B: HttpBody<Data = Bytes>> Tapped<B> {
+        pub(crate) fn new(inner: B, tap: Box<dyn Tap>) -> Tapped<B> {
+            Tapped { inner, tap: Some(tap) }
+        }
+    }
+
+    impl<B: HttpBody<Data = Bytes>> HttpBody for Tapped<B> {
+        type Data = Bytes;
+        type Error = B::Error;
+
+        fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+            let mut this = self.project();
+            let polled = std::task::ready!(this.inner.as_mut().poll_frame(cx));
+            let ended = polled.is_none() || this.inner.is_end_stream();
+            feed(this.tap, &polled, ended);
+            Poll::Ready(polled)
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.inner.is_end_stream()
+        }
+    }
+}
+
+/// Why a client's request body could not be passed on. The client's fault: it gets `400`
+/// if no answer has started, and it is never counted as an upstream failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ClientBodyError {
+    #[error("the body is malformed or longer than announced")]
+    Malformed,
+    #[error("the client ended the body before it was complete")]
+    Incomplete,
+    #[error("the client sent no body data for longer than `server.body_read_timeout`")]
+    Timeout,
+}
+
+impl ClientBodyError {
+    fn of(e: &hyper::Error) -> ClientBodyError {
+        let eof = std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof);
+        if e.is_incomplete_message() || e.is_canceled() || eof {
+            ClientBodyError::Incomplete
+        } else {
+            ClientBodyError::Malformed
+        }
+    }
+
+    /// The client-body failure behind an upstream exchange's error, if that is what it was.
+    pub fn behind(e: &hyper::Error) -> Option<ClientBodyError> {
+        std::error::Error::source(e).and_then(|s| s.downcast_ref::<ClientBodyError>()).copied()
+    }
+}
+
+pin_project! {
+    /// A client's request body on its way upstream.
+    pub struct RequestBody {
+        #[pin]
+        inner: Incoming,
+        idle: Idle,
+    }
+}
+
+impl RequestBody {
+    /// `idle_timeout`: the longest the client may leave a started body without data.
+    pub fn new(inner: Incoming, idle_timeout: Duration) -> RequestBody {
+        RequestBody { inner, idle: Idle::new(idle_timeout) }
+    }
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Pending if this.idle.expired(cx) => Poll::Ready(Some(Err(ClientBodyError::Timeout))),
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(polled) => {
+                this.idle.progress();
+                Poll::Ready(polled.map(|r| r.map_err(|e| ClientBodyError::of(&e))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

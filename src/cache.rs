@@ -7,7 +7,7 @@
 //! - [`Cache::may_store`]`(&req, keyed_on_credentials)`: cheap pre-check, so a caller keeps a
 //!   copy of the request head only when [`Cache::capture`] could store the answer.
 //! - [`Cache::capture`]`(&req, keyed_on_credentials, resp, now) -> Response<Body>`: the same
-//!   response, its body wrapped in [`Body::captured`] when storable. Frames pass on at once.
+//!   response, its body tapped ([`crate::body::Tap`]) when storable. Frames pass on at once.
 //! - [`Cache::stale`]`(&req, reason, max_age, now) -> Option<Response<Body>>`: the stored
 //!   copy with `Age` and `Cache-Status`, or `None` (caller sends its 429 / 502 / 504).
 //! - [`Cache::stats`], [`Cache::weighted_size`], [`Cache::entry_count`]: for metrics.
@@ -41,8 +41,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
-
-pub use capture::Capture;
+use http_body::Body as _;
 
 use crate::body::Body;
 use capture::Pending;
@@ -184,10 +183,18 @@ impl Cache {
         resp: Response<Body>,
         now: SystemTime,
     ) -> Response<Body> {
-        match self.prepare(req, keyed_on_credentials, &resp, now) {
-            Some(pending) => resp.map(|body| Body::captured(Capture::new(Box::pin(body), pending))),
-            None => resp,
+        let mut resp = resp;
+        if let Some(mut pending) = self.prepare(req, keyed_on_credentials, &resp, now) {
+            let hint = resp.body().size_hint();
+            let expected = hint.upper().unwrap_or(hint.lower());
+            if let Ok(expected) = usize::try_from(expected) {
+                if expected <= pending.budget {
+                    pending.buf.reserve_exact(expected);
+                }
+            }
+            resp.body_mut().tap(pending);
         }
+        resp
     }
 
     /// The stored copy for `req` if one may be served for `reason` at `now`: at most `max_age`
@@ -283,7 +290,14 @@ impl Cache {
             received: now,
             weight,
         };
-        Some(Box::new(Pending { cache: self.clone(), primary, stored, buf: Vec::new(), budget }))
+        Some(Box::new(Pending {
+            cache: self.clone(),
+            primary,
+            stored: Some(stored),
+            buf: Vec::new(),
+            budget,
+            done: false,
+        }))
     }
 
     /// Adds a finished variant, replacing the one that answers the same requests.

@@ -68,6 +68,8 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// On SIGINT/SIGTERM, in-flight requests get this long to finish.
     pub grace_period: Duration,
+    /// A client that pauses mid-body longer than this gets 400 (or its connection closed).
+    pub body_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -112,6 +114,9 @@ pub struct HttpUpstream {
     pub connect_timeout: Duration,
     /// The whole response head must arrive within this.
     pub timeout: Duration,
+    /// After the head, the longest pause between two reads of the body; then the client's
+    /// connection is closed and the upstream's dropped.
+    pub read_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle: usize,
     /// Send the client's Host (default) or the upstream's authority.

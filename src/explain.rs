@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::config::units::Dur;
 use crate::config::{Config, LimitConfig, Mode, StoreKind};
-use crate::gate::retry_after_secs;
 use crate::limit::{self, Algorithm, Decision, KeyPart, State};
+use crate::ratelimit::retry_after_secs;
 
 fn dur(us: u64) -> String {
     Dur(Duration::from_micros(us)).to_string()

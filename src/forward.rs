@@ -1,6 +1,6 @@
 //! Sends an admitted request on: to an `http://` upstream through a pooled keep-alive
-//! client, or to the built-in responder. Failures become problem+json answers here, so the
-//! caller always gets a response; which failure it was is kept for the caller to act on.
+//! connection, or to the built-in responder. Failures are returned as [`Error`]s with their
+//! source (the client's body, or the upstream); the answer module writes the response.
 
 pub mod headers;
 pub mod pool;
@@ -14,25 +14,12 @@ use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
-use serde_json::json;
 
-use pool::{Pool, Returner};
+use pool::Pool;
 
-use crate::body::Body;
+use crate::answer::{Error, UpstreamFailure};
+use crate::body::{Body, ClientBodyError, Lease, RequestBody, UpstreamConn};
 use crate::config::{HttpUpstream, Responder};
-use crate::problem;
-
-/// What went wrong upstream; `None` in [`Forwarded::failure`] when a response came back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// No connection could be made (refused, unreachable, connect timeout): 502.
-    Connect,
-    /// No response head within `timeout`: 504.
-    Timeout,
-    /// The connection broke before a response head arrived: 502.
-    Broken,
-}
 
 /// Per-request facts the forwarder needs from the downstream side.
 pub struct Downstream {
@@ -47,11 +34,19 @@ pub struct HttpForwarder {
     authority_value: HeaderValue,
     base_path: String,
     timeout: Duration,
+    read_timeout: Duration,
+    body_read_timeout: Duration,
     preserve_host: bool,
 }
 
 impl HttpForwarder {
-    pub fn new(name: &str, cfg: &HttpUpstream) -> HttpForwarder {
+    /// `body_read_timeout`: how long a client may pause mid-body (`server.body_read_timeout`).
+    pub fn new(
+        name: &str,
+        cfg: &HttpUpstream,
+        body_read_timeout: Duration,
+        metrics: &crate::metrics::Metrics,
+    ) -> HttpForwarder {
         HttpForwarder {
             name: name.to_owned(),
             pool: Arc::new(Pool::new(
@@ -59,10 +54,13 @@ impl HttpForwarder {
                 cfg.connect_timeout,
                 cfg.pool_idle_timeout,
                 cfg.pool_max_idle,
+                metrics.upstream_read_timeouts(name),
             )),
             authority_value: HeaderValue::from_str(cfg.authority.as_str()).unwrap_or(HeaderValue::from_static("")),
             base_path: cfg.base_path.clone(),
             timeout: cfg.timeout,
+            read_timeout: cfg.read_timeout,
+            body_read_timeout,
             preserve_host: cfg.preserve_host,
         }
     }
@@ -76,82 +74,104 @@ impl HttpForwarder {
     /// The head is rewritten before the returned future exists, and the request lives in
     /// one place only while it waits: futures on the request path are moved several times
     /// by value, so every byte kept out of them is a byte not copied per request.
+    ///
+    /// # Errors
+    /// [`Error::Upstream`] when the upstream cannot be reached or fails before its response
+    /// head; [`Error::ClientBody`] when the client's body fails first.
     pub fn forward<'a>(
         &'a self,
         req: Request<Incoming>,
         strip: usize,
         down: &Downstream,
-    ) -> impl Future<Output = (Response<Body>, Option<Failure>)> + 'a {
+    ) -> impl Future<Output = Result<Response<Body>, Error>> + 'a {
         let prepared = self.prepare(req, strip, down);
         async move {
-            let Some(req) = prepared else {
-                return (bad_request("the request path cannot be forwarded"), None);
-            };
+            let req = prepared?;
             match crate::timer::timeout(self.timeout, self.exchange(req)).await {
-                Ok(Ok((resp, conn))) => {
-                    let (mut parts, body) = resp.into_parts();
-                    headers::strip_hop_by_hop(&mut parts.headers);
-                    headers::append_via(&mut parts.headers, parts.version);
-                    parts.version = Version::HTTP_11;
-                    let body = Body::upstream(body, Returner::new(self.pool.clone(), conn));
-                    (Response::from_parts(parts, body), None)
-                }
-                Ok(Err((failure, error))) => {
-                    tracing::debug!(upstream = %self.name, %error, "upstream request failed");
-                    (self.failure_response(failure), Some(failure))
-                }
-                Err(_) => (self.failure_response(Failure::Timeout), Some(Failure::Timeout)),
+                Ok(Ok((resp, conn))) => self.accept(resp, conn),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(Error::Upstream(UpstreamFailure::Timeout)),
             }
         }
     }
 
+    /// The response as it goes to the client: hop-by-hop fields out, `Via` in, the body
+    /// streaming from the leased connection.
+    fn accept(&self, resp: Response<Incoming>, conn: UpstreamConn) -> Result<Response<Body>, Error> {
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // Upgrades are never forwarded, so no 101 was asked for; the connection is dropped.
+            return Err(Error::Upstream(UpstreamFailure::BadResponse("a 101 Switching Protocols nobody asked for")));
+        }
+        let (mut parts, body) = resp.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers);
+        headers::append_via(&mut parts.headers, parts.version);
+        parts.version = Version::HTTP_11;
+        let lease = Lease { conn, home: self.pool.clone() };
+        Ok(Response::from_parts(parts, Body::upstream(body, lease, self.read_timeout)))
+    }
+
     /// The request as it goes upstream: target, version, hop-by-hop fields, forwarding
-    /// fields, `Via`, `Host`; `None` when its path cannot be forwarded.
-    fn prepare(&self, mut req: Request<Incoming>, strip: usize, down: &Downstream) -> Option<Request<Incoming>> {
-        let received = req.version();
-        let uri = self.upstream_uri(req.uri(), strip).ok()?;
-        // The client's Host: the Host header (HTTP/1) or the :authority (HTTP/2).
-        let client_host = match req.headers().get(header::HOST) {
-            Some(h) => Some(h.clone()),
-            None => req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
-        };
-        *req.uri_mut() = uri;
-        *req.version_mut() = Version::HTTP_11;
-        let h = req.headers_mut();
+    /// fields, `Via`, `Host`.
+    fn prepare(&self, req: Request<Incoming>, strip: usize, down: &Downstream) -> Result<Request<RequestBody>, Error> {
+        let (mut parts, body) = req.into_parts();
+        let received = parts.version;
+        parts.uri = self
+            .upstream_uri(&parts.uri, strip)
+            .map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
+        parts.version = Version::HTTP_11;
+        let h = &mut parts.headers;
+        // The one authority of the request (see `crate::target`), already in `Host`.
+        let client_host = h.get(header::HOST).cloned();
         headers::strip_hop_by_hop(h);
         headers::add_forwarding(h, down.peer, down.peer_trusted, client_host.as_ref());
         headers::append_via(h, received);
         match (self.preserve_host, client_host) {
-            (true, Some(host)) => {
-                h.insert(header::HOST, host);
-            }
+            (true, Some(_)) => {}
             _ => {
                 h.insert(header::HOST, self.authority_value.clone());
             }
         }
-        Some(req)
+        Ok(Request::from_parts(parts, RequestBody::new(body, self.body_read_timeout)))
     }
 
     /// A pooled connection, and the response head on it.
     #[allow(clippy::manual_async_fn)] // an `async fn` would hold `req` twice: argument and local
     fn exchange(
         &self,
-        req: Request<Incoming>,
-    ) -> impl Future<Output = Result<(Response<Incoming>, SendRequest<Incoming>), (Failure, String)>> + '_ {
+        req: Request<RequestBody>,
+    ) -> impl Future<Output = Result<(Response<Incoming>, UpstreamConn), Error>> + '_ {
         async move {
-            let mut conn = self.pool.checkout().await.map_err(|e| (Failure::Connect, e.to_string()))?;
+            let mut conn = self.pool.checkout().await.map_err(|e| {
+                tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
+                Error::Upstream(UpstreamFailure::Connect)
+            })?;
             match conn.send_request(req).await {
                 Ok(resp) => Ok((resp, conn)),
-                Err(e) => Err((Failure::Broken, e.to_string())),
+                Err(e) => Err(self.failed(&e)),
             }
         }
+    }
+
+    /// Whose fault a failed exchange was: the client's body, or the upstream's.
+    fn failed(&self, e: &hyper::Error) -> Error {
+        if let Some(client) = ClientBodyError::behind(e) {
+            return Error::ClientBody(client);
+        }
+        tracing::debug!(upstream = %self.name, error = %e, "upstream request failed");
+        Error::Upstream(if e.is_parse_too_large() {
+            UpstreamFailure::BadResponse("the response head is too large")
+        } else if e.is_parse() || e.is_parse_status() {
+            UpstreamFailure::BadResponse("the response head is malformed")
+        } else {
+            UpstreamFailure::Broken
+        })
     }
 
     /// The origin-form target sent upstream: base path, the path less its first `strip`
     /// bytes (the route's prefix), the query. Without a rewrite the parsed target is reused.
     fn upstream_uri(&self, uri: &Uri, strip: usize) -> Result<Uri, http::Error> {
         let path = uri.path().get(strip..).unwrap_or("");
-        if self.base_path.is_empty() && strip == 0 && uri.authority().is_none() && path.starts_with('/') {
+        if self.base_path.is_empty() && strip == 0 && path.starts_with('/') {
             if let Some(pq) = uri.path_and_query() {
                 return Ok(Uri::from(pq.clone()));
             }
@@ -168,35 +188,6 @@ impl HttpForwarder {
         }
         Ok(Uri::from(PathAndQuery::try_from(pq)?))
     }
-
-    /// The problem answer for `failure`; it names the upstream, never its address.
-    pub fn failure_response(&self, failure: Failure) -> Response<Body> {
-        let (status, kind, title, detail) = match failure {
-            Failure::Connect => (
-                StatusCode::BAD_GATEWAY,
-                "upstream-unreachable",
-                "Upstream unreachable",
-                format!("could not connect to upstream `{}`", self.name),
-            ),
-            Failure::Broken => (
-                StatusCode::BAD_GATEWAY,
-                "upstream-failed",
-                "Upstream failed",
-                format!("upstream `{}` closed the connection without a response", self.name),
-            ),
-            Failure::Timeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream-timeout",
-                "Upstream timed out",
-                format!("upstream `{}` sent no response within {:?}", self.name, self.timeout),
-            ),
-        };
-        problem::response(status, kind, title, &detail, json!({ "upstream": self.name }))
-    }
-}
-
-fn bad_request(detail: &str) -> Response<Body> {
-    problem::response(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail, serde_json::Value::Null)
 }
 
 /// The built-in responder: answers by itself after an optional fixed latency.

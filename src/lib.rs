@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod answer;
 pub mod bench;
 pub mod body;
 pub mod cache;
@@ -28,9 +29,10 @@ pub mod forward;
 pub mod gate;
 pub mod limit;
 pub mod metrics;
-pub mod problem;
 pub mod proxy;
+pub mod ratelimit;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod target;
 pub mod timer;

@@ -40,6 +40,18 @@ struct RouteLimit {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    route: String,
+    source: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabel {
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StaleLabel {
     route: String,
     reason: &'static str,
@@ -118,6 +130,8 @@ pub struct Metrics {
     upstream_seconds: Family<RouteLabel, Seconds>,
     local_keys: Family<RouteLimit, Gauge>,
     in_flight: Gauge,
+    errors: Family<ErrorLabel, Counter>,
+    upstream_read_timeouts: Family<UpstreamLabel, Counter>,
 }
 
 /// Per-route handles.
@@ -171,7 +185,29 @@ impl Metrics {
         registry.register("local_store_keys", "Live keys in the in-process store", local_keys.clone());
         let in_flight = Gauge::default();
         registry.register("requests_in_flight", "Requests being served", in_flight.clone());
-        Metrics { registry, requests, decisions, stale, upstream_seconds, local_keys, in_flight }
+        let errors = Family::<ErrorLabel, Counter>::default();
+        registry.register(
+            "errors",
+            "Answers tollgate made itself, by route (- before routing), source and kind",
+            errors.clone(),
+        );
+        let upstream_read_timeouts = Family::<UpstreamLabel, Counter>::default();
+        registry.register(
+            "upstream_read_timeouts",
+            "Upstream responses cut off after sending nothing for the upstream's read_timeout",
+            upstream_read_timeouts.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            decisions,
+            stale,
+            upstream_seconds,
+            local_keys,
+            in_flight,
+            errors,
+            upstream_read_timeouts,
+        }
     }
 
     pub fn route(&self, route: &str) -> RouteMetrics {
@@ -201,6 +237,15 @@ impl Metrics {
                 .get_or_create(&RouteLimit { route: route.to_owned(), limit: limit.to_owned() })
                 .clone(),
         }
+    }
+
+    /// The counter of answers of `kind` (from `source`) on `route`.
+    pub fn error(&self, route: &str, source: &'static str, kind: &'static str) -> Counter {
+        self.errors.get_or_create(&ErrorLabel { route: route.to_owned(), source, kind }).clone()
+    }
+
+    pub fn upstream_read_timeouts(&self, upstream: &str) -> Counter {
+        self.upstream_read_timeouts.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).clone()
     }
 
     pub fn in_flight(&self) -> &Gauge {

@@ -11,15 +11,17 @@ use http::request::Parts;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
+use crate::answer::{self, Error, RouteAnswers, RouteFacts};
 use crate::body::Body;
 use crate::cache::{Cache, StaleReason};
 use crate::config::{Config, LimitConfig, Route, StoreKind, UpstreamKind};
-use crate::forward::{self, Downstream, Failure, HttpForwarder};
-use crate::gate::{Gate, Limit, Note, Verdict};
+use crate::forward::{self, Downstream, HttpForwarder};
+use crate::gate::{Gate, Limit, Note};
 use crate::limit::store::redis::fallback_algorithm;
 use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
 use crate::metrics::{Metrics, RouteMetrics};
-use crate::{problem, route};
+use crate::route;
+use crate::target::{self, Target};
 
 /// A Redis-backed store for limit `l` of route `route`; its local fallback has the same
 /// parameters divided by `instances`.
@@ -31,14 +33,15 @@ fn redis_store(client: &Arc<RedisClient>, route: &str, l: &LimitConfig) -> Arc<S
 }
 
 /// Where a route sends admitted requests.
-pub enum Target {
+pub enum Backend {
     Http(Box<HttpForwarder>),
     Respond(crate::config::Responder),
 }
 
-/// Per-route runtime: gate, metric handles, cache policy.
+/// Per-route runtime: gate, answers, metric handles, cache policy.
 struct Lane {
     gate: Gate,
+    answers: RouteAnswers,
     metrics: RouteMetrics,
     /// The route keys on `Authorization` / `Cookie`, so copies may be kept per credential.
     keyed_on_credentials: bool,
@@ -46,8 +49,10 @@ struct Lane {
 
 pub struct Proxy {
     pub config: Arc<Config>,
-    targets: Vec<Arc<Target>>,
+    targets: Vec<Arc<Backend>>,
     lanes: Vec<Lane>,
+    /// Answers to requests no route took (a bad target, no route).
+    unrouted: RouteAnswers,
     trusted: TrustedProxies,
     clock: Arc<dyn Clock>,
     cache: Cache,
@@ -101,8 +106,13 @@ impl Proxy {
             .iter()
             .map(|u| {
                 Arc::new(match &u.kind {
-                    UpstreamKind::Http(h) => Target::Http(Box::new(HttpForwarder::new(&u.name, h))),
-                    UpstreamKind::Respond(r) => Target::Respond(r.clone()),
+                    UpstreamKind::Http(h) => Backend::Http(Box::new(HttpForwarder::new(
+                        &u.name,
+                        h,
+                        config.server.body_read_timeout,
+                        &metrics,
+                    ))),
+                    UpstreamKind::Respond(r) => Backend::Respond(r.clone()),
                 })
             })
             .collect();
@@ -117,6 +127,7 @@ impl Proxy {
                 }
             })
         });
+        let type_base: Arc<str> = Arc::from(answer::DEFAULT_TYPE_BASE);
         let lanes = config
             .routes
             .iter()
@@ -132,8 +143,20 @@ impl Proxy {
                         _ => Limit::local_store(l),
                     })
                 };
+                let gate = Gate::new(r, &metrics, &mut store_for);
+                let upstream = config.upstream(r);
+                let facts = RouteFacts {
+                    name: &r.name,
+                    limits: r.limits.iter().map(|l| l.name.clone()).collect(),
+                    policy: gate.policy().cloned(),
+                    upstream: match &upstream.kind {
+                        UpstreamKind::Http(h) => Some((upstream.name.as_str(), h.timeout)),
+                        UpstreamKind::Respond(_) => None,
+                    },
+                };
                 Lane {
-                    gate: Gate::new(r, &metrics, &mut store_for),
+                    answers: RouteAnswers::new(Some(facts), type_base.clone(), &metrics),
+                    gate,
                     metrics: metrics.route(&r.name),
                     keyed_on_credentials: keys_on_credentials(r),
                 }
@@ -144,7 +167,8 @@ impl Proxy {
             _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
-        Proxy { config: Arc::new(config), targets, lanes, trusted, clock, cache, metrics, redis }
+        let unrouted = RouteAnswers::new(None, type_base, &metrics);
+        Proxy { config: Arc::new(config), targets, lanes, unrouted, trusted, clock, cache, metrics, redis }
     }
 
     /// The shared Redis connection, if the config has a `redis:` section (readiness, metrics).
@@ -178,78 +202,103 @@ impl Proxy {
         UNIX_EPOCH + Duration::from_micros(self.clock.now())
     }
 
-    /// Serves one request. Never fails: every problem is an HTTP answer.
+    /// Serves one request. Never fails: every problem is an answer from [`answer`].
     ///
-    /// The route is found and the head taken apart before the returned future exists, and
-    /// the future holds the request in one place only: hyper moves it by value per request,
-    /// so its size is copying work (it was 3.7 kB before this shape, about half now).
+    /// The target is decided, the route found and the head taken apart before the returned
+    /// future exists, and the future holds the request in one place only: hyper moves it by
+    /// value per request, so its size is copying work.
     pub fn handle(self: Arc<Proxy>, req: Request<Incoming>, peer: SocketAddr) -> impl Future<Output = Response<Body>> {
         let started = self.config.log.access.then(Instant::now);
-        let found = route::find(&self.config.routes, req.method(), req.uri(), req.headers());
-        let (parts, body) = req.into_parts();
-        async move {
-            let this = &*self;
-            let in_flight = InFlight::enter(&this.metrics);
-            let (resp, log) = 'served: {
-                let Some(idx) = found else {
-                    break 'served (problem::no_route(&parts.method, parts.uri.path()), None);
-                };
-                let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
-                let mut log = Access::new(lane, route, &parts, this.config.log.access);
-                let mut admission = None;
-                if !lane.gate.is_open() {
-                    let client_ip = this.trusted.client_ip(peer.ip(), &parts.headers);
-                    let ctx = KeyCtx { route: &route.name, client_ip, parts: &parts };
-                    match lane.gate.check(&ctx, this.clock.now()).await {
-                        Verdict::Reject(resp, note) => {
-                            log.note = note;
-                            break 'served (this.throttled(route, lane, &parts, resp, &mut log), Some(log));
+        let (mut parts, body) = req.into_parts();
+        let routed = target::decide(&mut parts).and_then(|t| {
+            let found = route::find(&self.config.routes, &parts.method, &parts.headers, t.path(&parts));
+            found.map(|i| (i, t)).ok_or(Error::NoRoute)
+        });
+        self.serve(routed, parts, body, peer, started)
+    }
+
+    /// The answer of the routed request: from upstream when admitted, else a refusal or a
+    /// stale copy. One `async fn` holding the head once (see [`Proxy::handle`]).
+    async fn serve(
+        self: Arc<Proxy>,
+        routed: Result<(usize, Target), Error>,
+        parts: Parts,
+        body: Incoming,
+        peer: SocketAddr,
+        started: Option<Instant>,
+    ) -> Response<Body> {
+        let this = &*self;
+        let _in_flight = InFlight::enter(&this.metrics);
+        let (idx, target) = match routed {
+            Ok(found) => found,
+            Err(e) => {
+                if started.is_some() {
+                    let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
+                    tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind());
+                }
+                return this.unrouted.respond(&e, &parts.method, parts.uri.path());
+            }
+        };
+        let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
+        let mut log = Access::new(lane, route, &parts, this.config.log.access);
+        let resp = 'answer: {
+            let mut admission = None;
+            if !lane.gate.is_open() {
+                let client_ip = this.trusted.client_ip(peer.ip(), &parts.headers);
+                let ctx = KeyCtx { route: &route.name, client_ip, path: target.path(&parts), parts: &parts };
+                match lane.gate.check(&ctx, this.clock.now()).await {
+                    Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), &mut log),
+                    Ok(a) => {
+                        if !a.wait.is_zero() {
+                            Box::pin(tokio::time::sleep(a.wait)).await;
                         }
-                        Verdict::Admit(a) => {
-                            if !a.wait.is_zero() {
-                                Box::pin(tokio::time::sleep(a.wait)).await;
-                            }
-                            log.note = a.note;
-                            admission = Some(a);
-                        }
+                        log.note = a.note;
+                        admission = Some(a);
                     }
                 }
-                // A copy of the head, only when a stale copy could be stored or served for it.
-                let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
-                let (mut resp, failure) = match &*this.targets[route.upstream] {
-                    Target::Respond(r) => (forward::respond(r).await, None),
-                    Target::Http(fwd) => {
-                        let down = Downstream { peer: peer.ip(), peer_trusted: this.trusted.is_trusted(peer.ip()) };
-                        let path = parts.uri.path();
-                        let strip = path.len() - route::upstream_path(route, path).len();
-                        let sent = Instant::now();
-                        let out = fwd.forward(Request::from_parts(parts, body), strip, &down).await;
-                        let took = sent.elapsed();
-                        lane.metrics.upstream_seconds.observe(took);
-                        log.upstream = Some((out.1.map_or(out.0.status().as_u16(), |_| 0), took));
-                        out
+            }
+            // A copy of the head, only when a stale copy could be stored or served for it.
+            let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
+            let mut resp = match &*this.targets[route.upstream] {
+                Backend::Respond(r) => forward::respond(r).await,
+                Backend::Http(fwd) => {
+                    let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
+                        break 'answer this.refused(
+                            route,
+                            lane,
+                            &Error::BadRequest(STRIP_PARAMS),
+                            Some(&parts),
+                            &mut log,
+                        );
+                    };
+                    let down = Downstream { peer: peer.ip(), peer_trusted: this.trusted.is_trusted(peer.ip()) };
+                    let sent = Instant::now();
+                    let out = fwd.forward(Request::from_parts(parts, body), strip, &down).await;
+                    let took = sent.elapsed();
+                    lane.metrics.upstream_seconds.observe(took);
+                    log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
+                    match out {
+                        Ok(resp) => resp,
+                        Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), &mut log),
                     }
-                };
-                if let Some(head) = &head {
-                    resp = this.after_upstream(route, lane, head, resp, failure, &mut log);
                 }
-                if let Some(mut a) = admission {
-                    lane.gate.decorate(&mut a, &mut resp);
-                    if let Some(permit) = a.permit {
-                        resp.body_mut().hold(permit);
-                    }
-                }
-                (resp, Some(log))
             };
-            drop(in_flight);
-            if let Some(log) = log {
-                log.lane.metrics.response(resp.status().as_u16());
-                if let Some(started) = started {
-                    log.emit(resp.status().as_u16(), started.elapsed());
+            if let Some(head) = &head {
+                resp = this.after_upstream(route, lane, head, resp, &mut log);
+            }
+            if let Some(mut a) = admission {
+                lane.gate.decorate(&mut a, &mut resp);
+                if let Some(permit) = a.permit {
+                    resp.body_mut().hold(permit);
                 }
             }
             resp
+        };
+        lane.metrics.response(resp.status().as_u16());
+        if let Some(started) = started {
+            log.emit(resp.status().as_u16(), started.elapsed());
         }
+        resp
     }
 
     fn wants_copy(&self, route: &Route, lane: &Lane, parts: &Parts) -> bool {
@@ -263,44 +312,70 @@ impl Proxy {
         }
     }
 
-    /// The gate said no: a stale copy when the route allows one, else the gate's answer.
-    fn throttled(
-        &self,
-        route: &Route,
-        lane: &Lane,
-        parts: &Parts,
-        resp: Response<Body>,
-        log: &mut Access,
-    ) -> Response<Body> {
-        if let Some(max_age) = route.stale_on_limit {
-            if matches!(parts.method, Method::GET | Method::HEAD) {
-                if let Some(stale) = self.cache.stale(parts, StaleReason::Throttled, max_age, self.wall_now()) {
-                    lane.metrics.stale_throttled.inc();
-                    log.stale = Stale::Throttled;
-                    return stale;
-                }
+    /// The answer to a request that was refused or failed: a stale copy when the route allows
+    /// one for this kind of failure and `head` is known, else the error's own answer.
+    fn refused(&self, route: &Route, lane: &Lane, e: &Error, head: Option<&Parts>, log: &mut Access) -> Response<Body> {
+        log.error = Some(e.kind());
+        if let Error::Throttled(d) = e {
+            log.note = Note {
+                limit: d.limits.first().map(|l| l.0),
+                remaining: Some(0),
+                retry_after_secs: Some(d.retry_after_secs),
+                delayed_us: 0,
+            };
+        }
+        if let (Some(reason), Some(parts)) = (e.stale_reason(), head) {
+            let max_age = match reason {
+                StaleReason::Throttled => route.stale_on_limit,
+                StaleReason::UpstreamError { .. } => route.stale_on_upstream_error,
+            };
+            if let Some(stale) = max_age.and_then(|max_age| self.stale(lane, parts, reason, max_age, log)) {
+                return stale;
             }
         }
-        resp
+        let (method, path) = head.map_or((&Method::GET, ""), |p| (&p.method, p.uri.path()));
+        lane.answers.respond(e, method, path)
     }
 
-    /// stale-if-error on a failed answer; otherwise keep a copy of a good GET answer.
+    fn stale(
+        &self,
+        lane: &Lane,
+        parts: &Parts,
+        reason: StaleReason,
+        max_age: Duration,
+        log: &mut Access,
+    ) -> Option<Response<Body>> {
+        if !matches!(parts.method, Method::GET | Method::HEAD) {
+            return None;
+        }
+        let stale = self.cache.stale(parts, reason, max_age, self.wall_now())?;
+        match reason {
+            StaleReason::Throttled => {
+                lane.metrics.stale_throttled.inc();
+                log.stale = Stale::Throttled;
+            }
+            StaleReason::UpstreamError { .. } => {
+                lane.metrics.stale_upstream_error.inc();
+                log.stale = Stale::UpstreamError;
+            }
+        }
+        Some(stale)
+    }
+
+    /// stale-if-error on an upstream 5xx; otherwise keep a copy of a good GET answer.
     fn after_upstream(
         &self,
         route: &Route,
         lane: &Lane,
         head: &Parts,
         resp: Response<Body>,
-        failure: Option<Failure>,
         log: &mut Access,
     ) -> Response<Body> {
         let status = resp.status().as_u16();
-        if failure.is_some() || matches!(status, 500 | 502 | 503 | 504) {
+        if matches!(status, 500 | 502 | 503 | 504) {
             if let Some(max_age) = route.stale_on_upstream_error {
                 let reason = StaleReason::UpstreamError { status };
-                if let Some(stale) = self.cache.stale(head, reason, max_age, self.wall_now()) {
-                    lane.metrics.stale_upstream_error.inc();
-                    log.stale = Stale::UpstreamError;
+                if let Some(stale) = self.stale(lane, head, reason, max_age, log) {
                     return stale;
                 }
             }
@@ -332,6 +407,17 @@ impl Proxy {
     }
 }
 
+const STRIP_PARAMS: &str = "the path has parameters inside the prefix the route strips";
+
+/// Bytes of `path` (as forwarded) that `route`'s `strip_prefix` removes, given `matched`, the
+/// same path as routes see it. `None` when path parameters sit inside the stripped prefix,
+/// where no byte count of the forwarded path corresponds to it.
+fn strip_len(route: &Route, path: &str, matched: &str) -> Option<usize> {
+    let kept = route::upstream_path(route, matched).len();
+    let prefix = &matched[..matched.len() - kept];
+    path.starts_with(prefix).then_some(prefix.len())
+}
+
 fn keys_on_credentials(route: &Route) -> bool {
     route.limits.iter().any(|l| {
         l.key
@@ -350,6 +436,8 @@ struct Access<'a> {
     note: Note,
     upstream: Option<(u16, Duration)>,
     stale: Stale,
+    /// The kind of error tollgate answered, if it did.
+    error: Option<&'static str>,
 }
 
 impl<'a> Access<'a> {
@@ -363,6 +451,7 @@ impl<'a> Access<'a> {
             note: Note::default(),
             upstream: None,
             stale: Stale::No,
+            error: None,
         }
     }
 
@@ -381,7 +470,7 @@ impl<'a> Access<'a> {
             remaining = self.note.remaining,
             retry_after = self.note.retry_after_secs,
             delayed_ms = self.note.delayed_us as f64 / 1e3,
-            overloaded = self.note.overloaded,
+            error = self.error,
             stale = match self.stale {
                 Stale::No => "no",
                 Stale::Throttled => "throttled",

@@ -1,33 +1,11 @@
 //! First-match routing: routes are tried in file order, the first whose host, path and
-//! method all match wins. Matching allocates nothing.
+//! method all match wins. Matching allocates nothing; it sees the target as
+//! [`crate::target`] decided it.
 
-use http::{HeaderMap, Method, Uri};
+use http::{HeaderMap, Method};
 
 use crate::config::{PathMatch, Route};
-
-/// The request's host for routing: the URI authority (HTTP/2, absolute-form) or the Host
-/// header, without port. Not lower-cased; comparisons ignore ASCII case.
-pub fn request_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
-    let raw = match uri.authority() {
-        Some(a) => a.as_str(),
-        None => headers.get(http::header::HOST)?.to_str().ok()?,
-    };
-    Some(strip_port(raw))
-}
-
-fn strip_port(authority: &str) -> &str {
-    // userinfo is not allowed in Host; an IPv6 literal keeps its brackets.
-    if authority.starts_with('[') {
-        return match authority.find(']') {
-            Some(end) => &authority[..=end],
-            None => authority,
-        };
-    }
-    match authority.rfind(':') {
-        Some(i) => &authority[..i],
-        None => authority,
-    }
-}
+use crate::target;
 
 /// Does `route` accept this request?
 pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -> bool {
@@ -46,13 +24,12 @@ pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -
     }
 }
 
-/// Index of the first route that accepts the request.
-pub fn find(routes: &[Route], method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<usize> {
-    let path = uri.path();
-    // The host is looked up only once a route asks for it.
+/// Index of the first route that accepts the request: `path` is the normalised path
+/// ([`target::Target::path`]); the host is the canonical `Host`, read only once a route asks.
+pub fn find(routes: &[Route], method: &Method, headers: &HeaderMap, path: &str) -> Option<usize> {
     let mut host = None;
     routes.iter().position(|r| {
-        let host = if r.host.is_some() { *host.get_or_insert_with(|| request_host(uri, headers)) } else { None };
+        let host = if r.host.is_some() { *host.get_or_insert_with(|| target::host(headers)) } else { None };
         matches(r, method, host, path)
     })
 }
@@ -92,7 +69,7 @@ mod tests {
         let exact = route(Some(HostMatch::Exact("api.example.com".into())), PathMatch::Prefix("/".into()), None);
         let wild = route(Some(HostMatch::Suffix(".example.com".into())), PathMatch::Prefix("/".into()), None);
         let get = Method::GET;
-        assert!(matches(&exact, &get, Some(strip_port("API.example.com:8080")), "/"));
+        assert!(matches(&exact, &get, Some("API.example.com"), "/"));
         assert!(!matches(&exact, &get, Some("www.example.com"), "/"));
         assert!(matches(&wild, &get, Some("a.b.Example.com"), "/"));
         assert!(!matches(&wild, &get, Some("example.com"), "/"));
@@ -118,11 +95,5 @@ mod tests {
         assert_eq!(upstream_path(&r, "/api/users"), "/users");
         assert_eq!(upstream_path(&r, "/api"), "");
         assert_eq!(upstream_path(&r, "/apix"), "x");
-    }
-
-    #[test]
-    fn ipv6_host_keeps_brackets() {
-        assert_eq!(strip_port("[::1]:8080"), "[::1]");
-        assert_eq!(strip_port("[::1]"), "[::1]");
     }
 }

@@ -105,8 +105,8 @@ fn shard_index() -> usize {
 /// A sleep until `deadline` on the coarse clock.
 pub struct CoarseSleep {
     deadline: Instant,
-    /// (shard, slot) once armed.
-    armed: Option<(usize, u32)>,
+    /// (shard, slot) once armed; u32s keep a sleep at 32 bytes.
+    armed: Option<(u32, u32)>,
 }
 
 impl CoarseSleep {
@@ -116,7 +116,7 @@ impl CoarseSleep {
 
     fn disarm(&mut self) {
         if let Some((shard, slot)) = self.armed.take() {
-            lock(&wheel().shards[shard]).remove(slot);
+            lock(&wheel().shards[shard as usize]).remove(slot);
         }
     }
 
@@ -139,10 +139,11 @@ impl Future for CoarseSleep {
                 let shard = shard_index();
                 let entry = Entry { deadline: self.deadline, waker: cx.waker().clone(), woken: false };
                 let slot = lock(&wheel().shards[shard]).insert(entry);
-                self.armed = Some((shard, slot));
+                // `shard` < SHARDS (64): the cast is lossless.
+                self.armed = Some((shard as u32, slot));
             }
             Some((shard, slot)) => {
-                let mut shard = lock(&wheel().shards[shard]);
+                let mut shard = lock(&wheel().shards[shard as usize]);
                 if let Some(Some(entry)) = shard.slots.get_mut(slot as usize) {
                     if !entry.waker.will_wake(cx.waker()) {
                         entry.waker = cx.waker().clone();
@@ -182,6 +183,16 @@ impl Sleep {
 
     pub fn until(deadline: Instant) -> Sleep {
         Sleep::at(deadline, deadline.saturating_duration_since(Instant::now()))
+    }
+
+    /// Moves the deadline, keeping the clock it runs on when that still fits.
+    pub fn reset(&mut self, deadline: Instant) {
+        let duration = deadline.saturating_duration_since(Instant::now());
+        match self {
+            Sleep::Coarse(c) if duration >= COARSE_FROM => c.reset(deadline),
+            Sleep::Fine(s) if duration < COARSE_FROM => s.as_mut().reset(deadline.into()),
+            other => *other = Sleep::at(deadline, duration),
+        }
     }
 }
 
@@ -239,10 +250,8 @@ impl hyper::rt::Timer for CoarseTimer {
     }
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
-        let duration = new_deadline.saturating_duration_since(Instant::now());
         match sleep.as_mut().downcast_mut_pin::<Sleep>().map(Pin::into_inner) {
-            Some(Sleep::Coarse(c)) if duration >= COARSE_FROM => c.reset(new_deadline),
-            Some(other) => *other = Sleep::at(new_deadline, duration),
+            Some(ours) => ours.reset(new_deadline),
             None => *sleep = self.sleep_until(new_deadline),
         }
     }
@@ -267,8 +276,8 @@ mod tests {
         assert_eq!(timeout(Duration::from_secs(30), async { 7 }).await, Ok(7));
         // A deadline no other test uses, to tell this sleep's slot from a reuse of it.
         let deadline = Instant::now() + Duration::from_secs(30) + Duration::from_nanos(4321);
-        let is_armed = |(shard, slot): (usize, u32)| {
-            lock(&wheel().shards[shard]).slots[slot as usize].as_ref().is_some_and(|e| e.deadline == deadline)
+        let is_armed = |(shard, slot): (u32, u32)| {
+            lock(&wheel().shards[shard as usize]).slots[slot as usize].as_ref().is_some_and(|e| e.deadline == deadline)
         };
         let mut sleep = Box::pin(CoarseSleep::until(deadline));
         assert!(futures_util::poll!(sleep.as_mut()).is_pending());

@@ -7,6 +7,7 @@ use http_body::{Body as HttpBody, Frame};
 use http_body_util::BodyExt;
 
 use super::*;
+use crate::body::Tapped;
 
 const MIN: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3_600);
@@ -98,9 +99,9 @@ impl HttpBody for Script {
 }
 
 /// Wraps `body` as [`Cache::capture`] would for a 200 with `headers` to GET `uri`.
-fn capture_script(cache: &Cache, uri: &str, headers: &[(&str, &str)], body: Script) -> Capture<Script> {
+fn capture_script(cache: &Cache, uri: &str, headers: &[(&str, &str)], body: Script) -> Tapped<Script> {
     let pending = cache.prepare(&get(uri), false, &ok(headers, ""), at(0)).expect("storable response");
-    Capture::new(body, pending)
+    Tapped::new(body, pending)
 }
 
 #[tokio::test]
@@ -434,9 +435,9 @@ async fn trailers_cut_short_bodies_and_dropped_bodies_are_not_stored() {
 async fn unstorable_responses_are_returned_unwrapped() {
     let cache = Cache::new(1 << 20, 64 << 10);
     let resp = cache.capture(&get("/"), false, ok(&[("cache-control", "no-store")], "x"), at(0));
-    assert!(!resp.body().is_captured());
+    assert!(!resp.body().is_tapped());
     let resp = cache.capture(&get("/"), false, ok(&[], "x"), at(0));
-    assert!(resp.body().is_captured());
+    assert!(resp.body().is_tapped());
 }
 
 #[test]

@@ -45,6 +45,8 @@ struct Server {
     max_header_bytes: usize,
     #[serde(default = "default_grace_period")]
     grace_period: Dur,
+    #[serde(default = "default_body_read_timeout")]
+    body_read_timeout: Dur,
 }
 
 fn default_header_read_timeout() -> Dur {
@@ -52,6 +54,9 @@ fn default_header_read_timeout() -> Dur {
 }
 fn default_max_header_bytes() -> usize {
     16 * 1024
+}
+fn default_body_read_timeout() -> Dur {
+    Dur(std::time::Duration::from_secs(60))
 }
 fn default_grace_period() -> Dur {
     Dur(std::time::Duration::from_secs(10))
@@ -63,6 +68,7 @@ impl Default for Server {
             header_read_timeout: default_header_read_timeout(),
             max_header_bytes: default_max_header_bytes(),
             grace_period: default_grace_period(),
+            body_read_timeout: default_body_read_timeout(),
         }
     }
 }
@@ -126,6 +132,7 @@ struct Upstream {
     respond: Option<Respond>,
     connect_timeout: Option<Dur>,
     timeout: Option<Dur>,
+    read_timeout: Option<Dur>,
     pool_idle_timeout: Option<Dur>,
     pool_max_idle: Option<usize>,
     preserve_host: Option<bool>,
@@ -282,6 +289,7 @@ impl Config {
                 header_read_timeout: self.server.header_read_timeout.0,
                 max_header_bytes: self.server.max_header_bytes,
                 grace_period: self.server.grace_period.0,
+                body_read_timeout: self.server.body_read_timeout.0,
             },
             log: super::LogConfig {
                 format: match self.log.format {
@@ -316,6 +324,7 @@ impl Upstream {
                     base_path,
                     connect_timeout: self.connect_timeout.map_or(std::time::Duration::from_secs(5), |d| d.0),
                     timeout: self.timeout.map_or(std::time::Duration::from_secs(30), |d| d.0),
+                    read_timeout: self.read_timeout.map_or(std::time::Duration::from_secs(60), |d| d.0),
                     pool_idle_timeout: self.pool_idle_timeout.map_or(std::time::Duration::from_secs(90), |d| d.0),
                     pool_max_idle: self.pool_max_idle.unwrap_or(1024),
                     preserve_host: self.preserve_host.unwrap_or(true),
@@ -325,6 +334,7 @@ impl Upstream {
                 for (field, set) in [
                     ("connect_timeout", self.connect_timeout.is_some()),
                     ("timeout", self.timeout.is_some()),
+                    ("read_timeout", self.read_timeout.is_some()),
                     ("pool_idle_timeout", self.pool_idle_timeout.is_some()),
                     ("pool_max_idle", self.pool_max_idle.is_some()),
                     ("preserve_host", self.preserve_host.is_some()),

@@ -6,15 +6,15 @@
 //! This replaces hyper-util's legacy pooled client on the hot path: checkout is a mutex-held
 //! `Vec::pop` (uncontended: one lock per upstream), and the connection task is spawned once.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
+use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-type Conn = SendRequest<Incoming>;
+use crate::body::{Home, UpstreamConn as Conn};
 
 pub struct Pool {
     idle: Mutex<Vec<(Conn, Instant)>>,
@@ -22,6 +22,8 @@ pub struct Pool {
     idle_timeout: Duration,
     addr: String,
     connect_timeout: Duration,
+    /// Responses cut off by the idle-read timeout.
+    read_timeouts: Counter,
 }
 
 /// Why no connection could be had.
@@ -43,8 +45,14 @@ impl std::fmt::Display for ConnectError {
 }
 
 impl Pool {
-    pub fn new(addr: String, connect_timeout: Duration, idle_timeout: Duration, max_idle: usize) -> Pool {
-        Pool { idle: Mutex::new(Vec::new()), max_idle, idle_timeout, addr, connect_timeout }
+    pub fn new(
+        addr: String,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        max_idle: usize,
+        read_timeouts: Counter,
+    ) -> Pool {
+        Pool { idle: Mutex::new(Vec::new()), max_idle, idle_timeout, addr, connect_timeout, read_timeouts }
     }
 
     /// An idle connection from the pool, or a new one.
@@ -70,17 +78,6 @@ impl Pool {
         None
     }
 
-    /// Takes back a connection whose response has ended.
-    pub fn put(&self, conn: Conn) {
-        if conn.is_closed() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if idle.len() < self.max_idle {
-            idle.push((conn, Instant::now()));
-        }
-    }
-
     async fn connect(&self) -> Result<Conn, ConnectError> {
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr.as_str()))
             .await
@@ -102,19 +99,20 @@ impl Pool {
     }
 }
 
-/// Gives a connection back to its pool when the response body it carries ends cleanly;
-/// dropped on error or when the client goes away mid-body (the connection is then closed).
-pub struct Returner {
-    pool: Arc<Pool>,
-    conn: Conn,
-}
-
-impl Returner {
-    pub fn new(pool: Arc<Pool>, conn: Conn) -> Returner {
-        Returner { pool, conn }
+impl Home for Pool {
+    /// Takes back a connection whose response has ended.
+    fn put(&self, conn: Conn) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idle.len() < self.max_idle {
+            idle.push((conn, Instant::now()));
+        }
     }
 
-    pub fn release(self) {
-        self.pool.put(self.conn);
+    fn read_timed_out(&self) {
+        self.read_timeouts.inc();
+        tracing::debug!(upstream = %self.addr, "upstream response idle past its read timeout; connection dropped");
     }
 }

@@ -113,6 +113,9 @@ pub struct KeyHash(pub u128);
 pub struct KeyCtx<'a> {
     pub route: &'a str,
     pub client_ip: IpAddr,
+    /// The normalised path routes match (see [`crate::target`]), not the raw one: a client
+    /// cannot get a fresh key by spelling its path another way.
+    pub path: &'a str,
     pub parts: &'a http::request::Parts,
 }
 
@@ -197,7 +200,7 @@ impl KeySpec {
                 }
                 KeyPart::Path => {
                     h.update(&[0x05]);
-                    bytes(&mut h, ctx.parts.uri.path().as_bytes());
+                    bytes(&mut h, ctx.path.as_bytes());
                 }
             }
         }
@@ -358,7 +361,7 @@ mod tests {
     }
 
     fn hash(spec: &str, route: &str, ip: &str, p: &http::request::Parts) -> KeyHash {
-        let ctx = KeyCtx { route, client_ip: ip.parse().expect("ip"), parts: p };
+        let ctx = KeyCtx { route, client_ip: ip.parse().expect("ip"), path: p.uri.path(), parts: p };
         KeySpec::parse(spec).expect("spec").hash(&ctx)
     }
 

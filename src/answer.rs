@@ -1,0 +1,435 @@
+//! Every answer tollgate makes itself, in one place. The other rooms return an [`Error`] that
+//! says what went wrong and whose fault it was ([`Source`]); this module turns it into the
+//! client's answer (status, `application/problem+json` body, `Retry-After` where it applies),
+//! the metric label and the access-log field. No other room builds an error page.
+//!
+//! Problem types are the IANA-registered ones where one exists (`quota-exceeded`,
+//! `temporary-reduced-capacity`), and tollgate's own under a base URI (`problems.type_base`,
+//! by default [`DEFAULT_TYPE_BASE`]) otherwise.
+//!
+//! Answers that repeat (a flood of 429s or 503s on one route) are rendered once and cloned.
+
+mod doc;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+use prometheus_client::metrics::counter::Counter;
+use smallvec::SmallVec;
+
+use crate::body::Body;
+use crate::metrics::Metrics;
+use crate::ratelimit;
+use doc::Doc;
+
+pub use crate::body::ClientBodyError as ClientBody;
+
+/// IANA's registry of problem types (RFC 9457 §4.2).
+pub const IANA_BASE: &str = "https://iana.org/assignments/http-problem-types#";
+/// tollgate's own problem types: a URN, because the project owns no domain to put documents
+/// under; `problems.type_base` points them at the operator's own pages instead.
+pub const DEFAULT_TYPE_BASE: &str = "urn:tollgate:problem:";
+
+pub const CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// A route's 429 is kept for each Retry-After of 1 to this many seconds.
+const CACHED_SECS: usize = 64;
+
+/// Whose fault a failure is; it decides what may follow (stale-if-error only for upstream
+/// failures) and how it is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The client's request or connection.
+    Downstream,
+    /// The upstream: connect, timeout, broken connection, a response that cannot be passed on.
+    Upstream,
+    /// The shared limit store (Redis) with `on_error: deny`.
+    Store,
+    /// tollgate's own rules: no route, throttled, over capacity.
+    Policy,
+    /// A fault of tollgate itself.
+    Internal,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Downstream => "downstream",
+            Source::Upstream => "upstream",
+            Source::Store => "store",
+            Source::Policy => "policy",
+            Source::Internal => "internal",
+        }
+    }
+}
+
+/// What went wrong upstream before a response head could be passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// No connection could be made (refused, unreachable, connect timeout): 502.
+    Connect,
+    /// No response head within the upstream's `timeout`: 504.
+    Timeout,
+    /// The connection broke before a response head arrived: 502.
+    Broken,
+    /// The response head cannot be passed on (framing, an unasked-for 101): 502.
+    BadResponse(&'static str),
+}
+
+/// The limits that denied a request: (limit index in the route, its Retry-After seconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    pub limits: SmallVec<[(usize, u64); 2]>,
+    /// The longest of their waits: the request is admissible after all of them.
+    pub retry_after_secs: u64,
+}
+
+/// Why tollgate answers a request itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The request head cannot be served as sent (path, host, framing): 400, and the
+    /// connection is closed, since what follows on it cannot be trusted.
+    BadRequest(&'static str),
+    /// The client's request body failed before an answer's head was sent: 400.
+    ClientBody(ClientBody),
+    /// No route matches: 404.
+    NoRoute,
+    /// The route's limits deny the request: 429.
+    Throttled(Denied),
+    /// The route's concurrency cap is full: 503.
+    OverCapacity,
+    /// Limit `limit`'s store cannot decide and its policy refuses: 503.
+    StoreUnavailable { limit: usize, retry_after_secs: u64 },
+    /// The upstream failed: 502 or 504.
+    Upstream(UpstreamFailure),
+    /// tollgate itself failed: 500.
+    Internal(&'static str),
+}
+
+/// Every error kind, for metric handles resolved once per route.
+const KINDS: [&str; 11] = [
+    "bad_request",
+    "client_body",
+    "no_route",
+    "throttled",
+    "over_capacity",
+    "store_unavailable",
+    "upstream_connect",
+    "upstream_timeout",
+    "upstream_broken",
+    "upstream_bad_response",
+    "internal",
+];
+
+impl Error {
+    pub fn source(&self) -> Source {
+        match self {
+            Error::BadRequest(_) | Error::ClientBody(_) => Source::Downstream,
+            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity => Source::Policy,
+            Error::StoreUnavailable { .. } => Source::Store,
+            Error::Upstream(_) => Source::Upstream,
+            Error::Internal(_) => Source::Internal,
+        }
+    }
+
+    fn kind_index(&self) -> usize {
+        match self {
+            Error::BadRequest(_) => 0,
+            Error::ClientBody(_) => 1,
+            Error::NoRoute => 2,
+            Error::Throttled(_) => 3,
+            Error::OverCapacity => 4,
+            Error::StoreUnavailable { .. } => 5,
+            Error::Upstream(UpstreamFailure::Connect) => 6,
+            Error::Upstream(UpstreamFailure::Timeout) => 7,
+            Error::Upstream(UpstreamFailure::Broken) => 8,
+            Error::Upstream(UpstreamFailure::BadResponse(_)) => 9,
+            Error::Internal(_) => 10,
+        }
+    }
+
+    /// The metric label and access-log field.
+    pub fn kind(&self) -> &'static str {
+        KINDS[self.kind_index()]
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Error::BadRequest(_) | Error::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Error::NoRoute => StatusCode::NOT_FOUND,
+            Error::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
+            Error::OverCapacity | Error::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Upstream(UpstreamFailure::Timeout) => StatusCode::GATEWAY_TIMEOUT,
+            Error::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Seconds the client should wait before trying again, where tollgate knows them.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Error::Throttled(d) => Some(d.retry_after_secs),
+            Error::OverCapacity => Some(1),
+            Error::StoreUnavailable { retry_after_secs, .. } => Some(*retry_after_secs),
+            _ => None,
+        }
+    }
+
+    /// Whether a stale copy may stand in for this answer: throttled (`on_limit.stale`) or the
+    /// upstream failed (`on_upstream_error.stale`). Never for the client's own faults.
+    pub fn stale_reason(&self) -> Option<crate::cache::StaleReason> {
+        use crate::cache::StaleReason;
+        match self {
+            Error::Throttled(_) | Error::OverCapacity => Some(StaleReason::Throttled),
+            Error::Upstream(_) => Some(StaleReason::UpstreamError { status: self.status().as_u16() }),
+            _ => None,
+        }
+    }
+}
+
+/// A rendered answer, cloned per use (headers and body share their buffers).
+#[derive(Clone)]
+struct Rendered {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Rendered {
+    fn new(status: StatusCode, body: Bytes, retry_after: Option<u64>) -> Rendered {
+        let mut headers = HeaderMap::with_capacity(5);
+        headers.insert(header::CONTENT_TYPE, CONTENT_TYPE);
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        Rendered { status, headers, body }
+    }
+
+    fn response(&self) -> Response<Body> {
+        let mut resp = Response::new(Body::full(self.body.clone()));
+        *resp.status_mut() = self.status;
+        *resp.headers_mut() = self.headers.clone();
+        resp
+    }
+}
+
+/// What the answers of one route say about it, with the answers that never change rendered
+/// once. Built with the route; a reload builds new ones.
+pub struct RouteAnswers {
+    name: String,
+    limits: Vec<String>,
+    policy: Option<HeaderValue>,
+    upstream: Option<(String, Duration)>,
+    type_base: Arc<str>,
+    counters: [Counter; KINDS.len()],
+    /// The 429 of a single denying limit, by limit and Retry-After seconds − 1.
+    too_many: Box<[[OnceLock<Rendered>; CACHED_SECS]]>,
+    /// The answers without variable parts, by kind.
+    fixed: [OnceLock<Rendered>; KINDS.len()],
+}
+
+/// Facts of a route needed to build its answers.
+pub struct RouteFacts<'a> {
+    pub name: &'a str,
+    /// Limit names, in the route's order (denials name them by index).
+    pub limits: Vec<String>,
+    /// `RateLimit-Policy`, when the route sends RateLimit headers.
+    pub policy: Option<HeaderValue>,
+    /// Name and response timeout of an `http` upstream.
+    pub upstream: Option<(&'a str, Duration)>,
+}
+
+impl RouteAnswers {
+    /// Answers for `facts`' route (or, with `None`, for requests no route took).
+    pub fn new(facts: Option<RouteFacts<'_>>, type_base: Arc<str>, metrics: &Metrics) -> RouteAnswers {
+        let (name, limits, policy, upstream) = match facts {
+            Some(f) => (f.name.to_owned(), f.limits, f.policy, f.upstream.map(|(n, t)| (n.to_owned(), t))),
+            None => (String::new(), Vec::new(), None, None),
+        };
+        let label = if name.is_empty() { "-" } else { name.as_str() };
+        let counters = KINDS.map(|kind| {
+            let source = kind_source(kind);
+            metrics.error(label, source.as_str(), kind)
+        });
+        let too_many = (0..limits.len()).map(|_| std::array::from_fn(|_| OnceLock::new())).collect();
+        RouteAnswers {
+            name,
+            limits,
+            policy,
+            upstream,
+            type_base,
+            counters,
+            too_many,
+            fixed: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    /// The client's answer to `err`, counted. `method` and `path` are the request's, named in
+    /// a 404's detail.
+    pub fn respond(&self, err: &Error, method: &http::Method, path: &str) -> Response<Body> {
+        self.counters[err.kind_index()].inc();
+        let mut resp = match err {
+            Error::Throttled(denied) => self.too_many(denied).response(),
+            Error::NoRoute => self.render(err, &format!("no route matches {method} {}", truncated(path))).response(),
+            Error::BadRequest(why) => self.render(err, why).response(),
+            Error::StoreUnavailable { limit, retry_after_secs } => {
+                let detail = format!(
+                    "route `{}`: limit `{}` cannot be checked right now; retry after {retry_after_secs} s",
+                    self.name,
+                    self.limit_name(*limit)
+                );
+                self.render(err, &detail).response()
+            }
+            _ => self.fixed[err.kind_index()].get_or_init(|| self.render(err, &self.detail(err))).response(),
+        };
+        if err.source() == Source::Downstream {
+            // What follows a bad request or body on this connection cannot be trusted.
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+
+    fn limit_name(&self, i: usize) -> &str {
+        self.limits.get(i).map_or("?", String::as_str)
+    }
+
+    fn upstream_name(&self) -> &str {
+        self.upstream.as_ref().map_or("?", |u| u.0.as_str())
+    }
+
+    /// The detail of answers that never change for this route.
+    fn detail(&self, err: &Error) -> String {
+        let up = self.upstream_name();
+        match err {
+            Error::ClientBody(e) => format!("the request body could not be read: {e}"),
+            Error::OverCapacity => {
+                format!("route `{}` has reached its limit of requests in flight; retry shortly", self.name)
+            }
+            Error::Upstream(UpstreamFailure::Connect) => format!("could not connect to upstream `{up}`"),
+            Error::Upstream(UpstreamFailure::Broken) => {
+                format!("upstream `{up}` closed the connection without a response")
+            }
+            Error::Upstream(UpstreamFailure::Timeout) => {
+                let t = self.upstream.as_ref().map_or(Duration::ZERO, |u| u.1);
+                format!("upstream `{up}` sent no response within {t:?}")
+            }
+            Error::Upstream(UpstreamFailure::BadResponse(why)) => {
+                format!("upstream `{up}` sent a response that cannot be passed on: {why}")
+            }
+            Error::Internal(why) => format!("tollgate failed to serve the request: {why}"),
+            Error::BadRequest(why) => (*why).to_owned(),
+            Error::NoRoute | Error::Throttled(_) | Error::StoreUnavailable { .. } => String::new(),
+        }
+    }
+
+    fn render(&self, err: &Error, detail: &str) -> Rendered {
+        let (base, name, title) = problem_type(err);
+        let base = base.unwrap_or(&self.type_base);
+        let status = err.status();
+        let mut doc = Doc::new(base, name, title, status.as_u16(), detail);
+        if let Error::Upstream(_) = err {
+            doc.string("upstream", self.upstream_name());
+        }
+        if let Some(secs) = err.retry_after_secs() {
+            doc.number("retry-after", secs);
+        }
+        Rendered::new(status, doc.finish(), err.retry_after_secs())
+    }
+
+    /// The 429. When one limit denies, a clone of the answer rendered for that limit and wait.
+    fn too_many(&self, denied: &Denied) -> Rendered {
+        let secs = denied.retry_after_secs;
+        let slot = usize::try_from(secs.saturating_sub(1)).ok().filter(|&s| s < CACHED_SECS);
+        match (&denied.limits[..], slot) {
+            ([(limit, _)], Some(slot)) if *limit < self.too_many.len() => {
+                self.too_many[*limit][slot].get_or_init(|| self.render_too_many(denied)).clone()
+            }
+            _ => self.render_too_many(denied),
+        }
+    }
+
+    fn render_too_many(&self, denied: &Denied) -> Rendered {
+        let secs = denied.retry_after_secs;
+        let names = || denied.limits.iter().map(|(i, _)| self.limit_name(*i));
+        let mut detail = format!("route `{}`: ", self.name);
+        for (n, name) in names().enumerate() {
+            if n > 0 {
+                detail.push_str(" and ");
+            }
+            detail.push_str("limit `");
+            detail.push_str(name);
+            detail.push('`');
+        }
+        detail.push_str(if denied.limits.len() > 1 { " admit" } else { " admits" });
+        detail.push_str(" no more requests now; retry after ");
+        detail.push_str(itoa::Buffer::new().format(secs));
+        detail.push_str(" s");
+        let err = Error::Throttled(denied.clone());
+        let (base, name, title) = problem_type(&err);
+        let mut doc = Doc::new(base.unwrap_or(&self.type_base), name, title, 429, &detail);
+        doc.strings("violated-policies", names());
+        doc.number("retry-after", secs);
+        let mut rendered = Rendered::new(StatusCode::TOO_MANY_REQUESTS, doc.finish(), Some(secs));
+        if let Some(policy) = &self.policy {
+            let mut rl = String::with_capacity(48);
+            for (i, wait) in &denied.limits {
+                ratelimit::item(&mut rl, self.limit_name(*i));
+                ratelimit::param(&mut rl, "r", 0);
+                ratelimit::param(&mut rl, "t", *wait);
+            }
+            rendered.headers.insert(ratelimit::RATELIMIT_POLICY, policy.clone());
+            if let Ok(v) = HeaderValue::try_from(rl) {
+                rendered.headers.insert(ratelimit::RATELIMIT, v);
+            }
+        }
+        rendered
+    }
+}
+
+/// The source of each kind, for the metric's `source` label.
+fn kind_source(kind: &str) -> Source {
+    match kind {
+        "bad_request" | "client_body" => Source::Downstream,
+        "no_route" | "throttled" | "over_capacity" => Source::Policy,
+        "store_unavailable" => Source::Store,
+        "internal" => Source::Internal,
+        _ => Source::Upstream,
+    }
+}
+
+/// (base — `None` for the configured one —, name, title) of `err`'s problem type.
+fn problem_type(err: &Error) -> (Option<&'static str>, &'static str, &'static str) {
+    match err {
+        Error::Throttled(_) => (Some(IANA_BASE), "quota-exceeded", "Too many requests"),
+        Error::OverCapacity => (Some(IANA_BASE), "temporary-reduced-capacity", "Too many requests in flight"),
+        Error::StoreUnavailable { .. } => {
+            (Some(IANA_BASE), "temporary-reduced-capacity", "Rate limit store unavailable")
+        }
+        Error::BadRequest(_) => (None, "bad-request", "Bad request"),
+        Error::ClientBody(_) => (None, "bad-request-body", "Bad request body"),
+        Error::NoRoute => (None, "no-route", "No route matches this request"),
+        Error::Upstream(UpstreamFailure::Connect) => (None, "upstream-unreachable", "Upstream unreachable"),
+        Error::Upstream(UpstreamFailure::Timeout) => (None, "upstream-timeout", "Upstream timed out"),
+        Error::Upstream(UpstreamFailure::Broken) => (None, "upstream-failed", "Upstream failed"),
+        Error::Upstream(UpstreamFailure::BadResponse(_)) => {
+            (None, "upstream-bad-response", "Upstream sent an invalid response")
+        }
+        Error::Internal(_) => (None, "internal", "Internal error"),
+    }
+}
+
+/// At most 256 bytes of a request path in a detail (cut at a character boundary).
+fn truncated(path: &str) -> &str {
+    let mut end = path.len().min(256);
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    &path[..end]
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+//! The RateLimit header fields (draft-ietf-httpapi-ratelimit-headers, structured-field
+//! syntax) and `Retry-After` seconds: how a limit's parameters and a decision are written
+//! down. Pure rendering; the gate decides and the answer module builds the 429.
+
+use http::header::{HeaderName, HeaderValue};
+
+use crate::limit::{Algorithm, Micros};
+
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+const MICROS_PER_SEC: u64 = 1_000_000;
+
+/// Whole seconds, rounded up, at least 1: a client that waits this long is admitted.
+pub fn retry_after_secs(us: Micros) -> u64 {
+    us.div_ceil(MICROS_PER_SEC).max(1)
+}
+
+fn ceil_secs(us: Micros) -> u64 {
+    us.div_ceil(MICROS_PER_SEC)
+}
+
+/// `q` and `w` of an algorithm's RateLimit-Policy item. `w` is also the longest
+/// `Retry-After` the limit ever sends: no single request waits longer than a whole period.
+pub fn policy_numbers(alg: &Algorithm) -> (u64, u64) {
+    match alg {
+        // A full bucket refills in burst × interval: "burst per that many seconds".
+        Algorithm::TokenBucket { interval, burst, .. } => {
+            (burst.get(), ceil_secs(burst.get().saturating_mul(interval.get())).max(1))
+        }
+        // One per interval; the queue is not quota. Expressed per second when it can be.
+        Algorithm::LeakyBucket { interval, .. } => {
+            let per_sec = MICROS_PER_SEC / interval.get();
+            if per_sec >= 1 {
+                (per_sec, 1)
+            } else {
+                (1, ceil_secs(interval.get()))
+            }
+        }
+        Algorithm::FixedWindow { window, limit }
+        | Algorithm::SlidingWindow { window, limit }
+        | Algorithm::SlidingLog { window, limit } => (limit.get(), ceil_secs(window.get()).max(1)),
+    }
+}
+
+/// Appends one list member: the policy name as a structured-field String. Names are
+/// validated to `[A-Za-z0-9._-]` at load, so nothing needs escaping.
+pub fn item(out: &mut String, name: &str) {
+    if !out.is_empty() {
+        out.push_str(", ");
+    }
+    out.push('"');
+    out.push_str(name);
+    out.push('"');
+}
+
+/// Appends `;key=value` to the current member.
+pub fn param(out: &mut String, key: &str, value: u64) {
+    out.push(';');
+    out.push_str(key);
+    out.push('=');
+    out.push_str(itoa::Buffer::new().format(value));
+}
+
+/// `RateLimit-Policy` for these limits (name, algorithm); `None` when there are none.
+pub fn policy<'a>(limits: impl Iterator<Item = (&'a str, &'a Algorithm)>) -> Option<HeaderValue> {
+    let mut out = String::new();
+    for (name, alg) in limits {
+        let (q, w) = policy_numbers(alg);
+        item(&mut out, name);
+        param(&mut out, "q", q);
+        param(&mut out, "w", w);
+    }
+    (!out.is_empty()).then(|| HeaderValue::try_from(out).ok()).flatten()
+}
+
+/// Appends the `RateLimit` member of one limit: `r` remaining now, `t` seconds until full.
+pub fn state(out: &mut String, name: &str, remaining: u64, reset: Micros) {
+    item(out, name);
+    param(out, "r", remaining);
+    param(out, "t", ceil_secs(reset));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU64;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one() {
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(1_000_000), 1);
+        assert_eq!(retry_after_secs(1_000_001), 2);
+        assert_eq!(retry_after_secs(2_500_000), 3);
+    }
+
+    #[test]
+    fn policy_lists_quota_and_window() {
+        let nz = |n| NonZeroU64::new(n).unwrap();
+        let tb = Algorithm::TokenBucket { interval: nz(100_000), burst: nz(20), warmup: 0 };
+        let fw = Algorithm::FixedWindow { window: nz(60_000_000), limit: nz(100) };
+        let v = policy([("a", &tb), ("b", &fw)].into_iter()).unwrap();
+        assert_eq!(v, "\"a\";q=20;w=2, \"b\";q=100;w=60");
+        assert!(policy(std::iter::empty()).is_none());
+        let mut s = String::new();
+        state(&mut s, "a", 3, 1_500_000);
+        assert_eq!(s, "\"a\";r=3;t=2");
+    }
+}
