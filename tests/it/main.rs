@@ -5,6 +5,7 @@
 mod support;
 
 mod cli;
+mod errors;
 mod forwarding;
 mod limits;
 mod operate;

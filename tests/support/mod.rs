@@ -186,7 +186,10 @@ pub async fn get_with(
     headers: &[(&str, &str)],
 ) -> (http::StatusCode, http::HeaderMap, Bytes) {
     let mut send = h1(addr).await;
-    let mut req = Request::get(path).header("host", "localhost");
+    let mut req = Request::get(path);
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        req = req.header("host", "localhost");
+    }
     for (n, v) in headers {
         req = req.header(*n, *v);
     }
