@@ -210,9 +210,13 @@ impl Rendered {
     }
 
     fn response(&self) -> Response<Body> {
-        let mut resp = Response::new(Body::full(self.body.clone()));
+        self.clone().into_response()
+    }
+
+    fn into_response(self) -> Response<Body> {
+        let mut resp = Response::new(Body::full(self.body));
         *resp.status_mut() = self.status;
-        *resp.headers_mut() = self.headers.clone();
+        *resp.headers_mut() = self.headers;
         resp
     }
 }
@@ -273,16 +277,18 @@ impl RouteAnswers {
     pub fn respond(&self, err: &Error, method: &http::Method, path: &str) -> Response<Body> {
         self.counters[err.kind_index()].inc();
         let mut resp = match err {
-            Error::Throttled(denied) => self.too_many(denied).response(),
-            Error::NoRoute => self.render(err, &format!("no route matches {method} {}", truncated(path))).response(),
-            Error::BadRequest(why) => self.render(err, why).response(),
+            Error::Throttled(denied) => self.too_many(denied),
+            Error::NoRoute => {
+                self.render(err, &format!("no route matches {method} {}", truncated(path))).into_response()
+            }
+            Error::BadRequest(why) => self.render(err, why).into_response(),
             Error::StoreUnavailable { limit, retry_after_secs } => {
                 let detail = format!(
                     "route `{}`: limit `{}` cannot be checked right now; retry after {retry_after_secs} s",
                     self.name,
                     self.limit_name(*limit)
                 );
-                self.render(err, &detail).response()
+                self.render(err, &detail).into_response()
             }
             _ => self.fixed[err.kind_index()].get_or_init(|| self.render(err, &self.detail(err))).response(),
         };
@@ -341,14 +347,14 @@ impl RouteAnswers {
     }
 
     /// The 429. When one limit denies, a clone of the answer rendered for that limit and wait.
-    fn too_many(&self, denied: &Denied) -> Rendered {
+    fn too_many(&self, denied: &Denied) -> Response<Body> {
         let secs = denied.retry_after_secs;
         let slot = usize::try_from(secs.saturating_sub(1)).ok().filter(|&s| s < CACHED_SECS);
         match (&denied.limits[..], slot) {
             ([(limit, _)], Some(slot)) if *limit < self.too_many.len() => {
-                self.too_many[*limit][slot].get_or_init(|| self.render_too_many(denied)).clone()
+                self.too_many[*limit][slot].get_or_init(|| self.render_too_many(denied)).response()
             }
-            _ => self.render_too_many(denied),
+            _ => self.render_too_many(denied).into_response(),
         }
     }
 

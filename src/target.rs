@@ -70,72 +70,113 @@ pub fn strip_port(authority: &str) -> &str {
 
 fn decide_authority(parts: &mut Parts) -> Result<(), &'static str> {
     let mut fields = parts.headers.get_all(HOST).iter();
-    let field = fields.next();
+    let field = fields.next().map(HeaderValue::as_bytes);
     if fields.next().is_some() {
         return Err("the request has two Host fields");
     }
-    let field = match field {
-        Some(v) => Some(v.to_str().map_err(|_| "the Host field is not a valid authority")?),
-        None => None,
-    };
-    let target = parts.uri.authority().map(|a| a.as_str());
+    let target = parts.uri.authority().map(|a| a.as_str().as_bytes());
     let chosen = match (target, field) {
+        // The common case: origin-form with a Host that is already canonical.
+        (None, Some(f)) => match canonical(f)? {
+            Cow::Borrowed(_) => return Ok(()),
+            owned => owned,
+        },
         (Some(t), Some(f)) => {
             let t = canonical(t)?;
             if canonical(f)? != t {
                 return Err("the Host field names another authority than the request target");
             }
+            if f == t.as_ref() {
+                return Ok(());
+            }
             t
         }
         (Some(t), None) => canonical(t)?,
-        (None, Some(f)) => canonical(f)?,
         (None, None) if parts.version == Version::HTTP_11 => return Err("an HTTP/1.1 request needs a Host field"),
         (None, None) => return Ok(()),
     };
-    if field != Some(chosen.as_ref()) {
-        let value = HeaderValue::from_str(&chosen).map_err(|_| "the authority is not a valid Host value")?;
-        parts.headers.insert(HOST, value);
-    }
+    let value = HeaderValue::from_bytes(&chosen).map_err(|_| "the authority is not a valid Host value")?;
+    parts.headers.insert(HOST, value);
     Ok(())
 }
 
+const INVALID: u8 = 1;
+const UPPER: u8 = 2;
+const DOT: u8 = 4;
+const DOUBLE_DOT: u8 = DOT << 2;
+
+/// Byte classes of a host name: letters, digits, `-` and `_` are 0.
+const HOST_BYTES: [u8; 256] = {
+    let mut t = [INVALID; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = match b {
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => 0,
+            b'A'..=b'Z' => UPPER,
+            b'.' => DOT,
+            _ => INVALID,
+        };
+        c += 1;
+    }
+    t
+};
+
 /// The canonical form of an authority (see the module docs); borrowed when already canonical.
-fn canonical(raw: &str) -> Result<Cow<'_, str>, &'static str> {
+/// Branch-free over the host's bytes through a table: this runs for every request.
+fn canonical(raw: &[u8]) -> Result<Cow<'_, [u8]>, &'static str> {
     const BAD: &str = "the authority is not a valid host[:port]";
-    let (host, port) = if raw.starts_with('[') {
-        let end = raw.find(']').ok_or(BAD)?;
-        let (host, rest) = raw.split_at(end + 1);
-        let inner = &host[1..end];
-        if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
-            return Err(BAD);
-        }
-        (host, rest.strip_prefix(':').map_or_else(|| if rest.is_empty() { Ok("") } else { Err(BAD) }, Ok)?)
-    } else {
-        match raw.rsplit_once(':') {
-            Some((host, port)) => (host, port),
-            None => (raw, ""),
-        }
-    };
-    if port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+    if raw.first() == Some(&b'[') {
+        return canonical_ipv6(raw);
+    }
+    let colon = raw.iter().position(|&c| c == b':').unwrap_or(raw.len());
+    let (host, port) = (&raw[..colon], raw.get(colon + 1..).unwrap_or(&[]));
+    let (mut seen, mut prev) = (0u8, DOT);
+    for &c in host {
+        let class = HOST_BYTES[usize::from(c)];
+        seen |= class | ((prev & class) << 2);
+        prev = class;
+    }
+    let bad_port = port.len() > 5 || !port.iter().all(u8::is_ascii_digit);
+    if host.is_empty() || host[0] == b'.' || seen & (INVALID | DOUBLE_DOT) != 0 || bad_port {
         return Err(BAD);
     }
-    let name = !host.starts_with('[');
-    if name {
-        let valid = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.';
-        if host.is_empty() || !host.bytes().all(valid) || host.starts_with('.') || host.contains("..") {
-            return Err(BAD);
-        }
-    }
-    let dot = name && host.ends_with('.');
-    let upper = host.bytes().any(|b| b.is_ascii_uppercase());
-    let empty_port = raw.ends_with(':');
-    if !dot && !upper && !empty_port {
+    let dot = prev == DOT;
+    let empty_port = colon + 1 == raw.len();
+    if seen & UPPER == 0 && !dot && !empty_port {
         return Ok(Cow::Borrowed(raw));
     }
-    let mut out = host.strip_suffix('.').filter(|_| dot).unwrap_or(host).to_ascii_lowercase();
+    let mut out = if dot { &host[..host.len() - 1] } else { host }.to_ascii_lowercase();
     if !port.is_empty() {
-        out.push(':');
-        out.push_str(port);
+        out.push(b':');
+        out.extend_from_slice(port);
+    }
+    Ok(Cow::Owned(out))
+}
+
+/// `[v6]` or `[v6]:port`, lower-cased.
+fn canonical_ipv6(raw: &[u8]) -> Result<Cow<'_, [u8]>, &'static str> {
+    const BAD: &str = "the authority is not a valid host[:port]";
+    let end = raw.iter().position(|&c| c == b']').ok_or(BAD)?;
+    let inner = &raw[1..end];
+    let port = match &raw[end + 1..] {
+        b"" | b":" => &[][..],
+        rest => rest.strip_prefix(b":").ok_or(BAD)?,
+    };
+    if inner.is_empty()
+        || !inner.iter().all(|&c| c.is_ascii_hexdigit() || c == b':' || c == b'.')
+        || port.len() > 5
+        || !port.iter().all(u8::is_ascii_digit)
+    {
+        return Err(BAD);
+    }
+    if !raw.iter().any(u8::is_ascii_uppercase) && raw.last() != Some(&b':') {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let mut out = raw[..=end].to_ascii_lowercase();
+    if !port.is_empty() {
+        out.push(b':');
+        out.extend_from_slice(port);
     }
     Ok(Cow::Owned(out))
 }
