@@ -135,6 +135,7 @@ pub fn effective(c: &Config) -> Value {
                     "url": format!("http://{}{}", h.authority, h.base_path),
                     "connect_timeout": dur(h.connect_timeout),
                     "timeout": dur(h.timeout),
+                    "read_timeout": dur(h.read_timeout),
                     "pool_idle_timeout": dur(h.pool_idle_timeout),
                     "pool_max_idle": h.pool_max_idle,
                     "preserve_host": h.preserve_host,
@@ -190,7 +191,9 @@ pub fn effective(c: &Config) -> Value {
             "header_read_timeout": dur(c.server.header_read_timeout),
             "max_header_bytes": c.server.max_header_bytes,
             "grace_period": dur(c.server.grace_period),
+            "body_read_timeout": dur(c.server.body_read_timeout),
         },
+        "problems": { "type_base": c.problem_type_base },
         "log": { "format": format!("{:?}", c.log.format).to_lowercase(), "access": c.log.access },
         "cache": { "max_bytes": c.cache.max_bytes, "max_entry_bytes": c.cache.max_entry_bytes },
         "redis": c.redis.as_ref().map(|r| {

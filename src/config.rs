@@ -54,6 +54,8 @@ pub struct Config {
     pub server: ServerConfig,
     pub log: LogConfig,
     pub cache: CacheConfig,
+    /// Prefix of the `type` of tollgate's own problem answers (IANA-registered types keep theirs).
+    pub problem_type_base: String,
     /// Present when the file has a `redis:` section (required by any `store: redis` limit).
     pub redis: Option<crate::limit::RedisConfig>,
     pub upstreams: Vec<Upstream>,

@@ -11,7 +11,7 @@ use http::request::Parts;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::answer::{self, Error, RouteAnswers, RouteFacts};
+use crate::answer::{Error, RouteAnswers, RouteFacts};
 use crate::body::Body;
 use crate::cache::{Cache, StaleReason};
 use crate::config::{Config, LimitConfig, Route, StoreKind, UpstreamKind};
@@ -127,7 +127,7 @@ impl Proxy {
                 }
             })
         });
-        let type_base: Arc<str> = Arc::from(answer::DEFAULT_TYPE_BASE);
+        let type_base: Arc<str> = Arc::from(config.problem_type_base.as_str());
         let lanes = config
             .routes
             .iter()

@@ -27,6 +27,8 @@ pub struct Config {
     log: Log,
     #[serde(default)]
     cache: Cache,
+    #[serde(default)]
+    problems: Problems,
     redis: Option<super::redis::RawRedis>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
@@ -92,6 +94,24 @@ fn default_entry_bytes() -> Size {
 impl Default for Cache {
     fn default() -> Self {
         Cache { max_bytes: default_cache_bytes(), max_entry_bytes: default_entry_bytes() }
+    }
+}
+
+/// `problems:`: how tollgate's own problem answers name their types.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Problems {
+    #[serde(default = "default_type_base")]
+    type_base: String,
+}
+
+fn default_type_base() -> String {
+    crate::answer::DEFAULT_TYPE_BASE.to_owned()
+}
+
+impl Default for Problems {
+    fn default() -> Self {
+        Problems { type_base: default_type_base() }
     }
 }
 
@@ -192,6 +212,18 @@ impl Config {
             return Err((
                 vec![key("server"), key("max_header_bytes")],
                 format!("{} is too small; expected at least 8192 bytes", self.server.max_header_bytes),
+            ));
+        }
+        let type_base = self.problems.type_base;
+        let absolute = type_base.split_once(':').is_some_and(|(scheme, rest)| {
+            !rest.is_empty()
+                && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        });
+        if !absolute || type_base.contains(|c: char| c.is_ascii_whitespace() || c == '"' || c.is_control()) {
+            return Err((
+                vec![key("problems"), key("type_base")],
+                format!("`{type_base}` is not an absolute URI; expected e.g. https://api.example.com/problems/"),
             ));
         }
         let redis = self.redis.map(|r| r.validate()).transpose()?;
@@ -302,6 +334,7 @@ impl Config {
                 max_bytes: self.cache.max_bytes.0,
                 max_entry_bytes: usize::try_from(self.cache.max_entry_bytes.0).unwrap_or(usize::MAX),
             },
+            problem_type_base: type_base,
             redis,
             upstreams,
             routes,

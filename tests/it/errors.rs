@@ -245,3 +245,18 @@ async fn a_101_nobody_asked_for_is_a_502() {
     }
     assert_eq!(conns.load(Ordering::SeqCst), 2, "such a connection never returns to the pool");
 }
+
+#[tokio::test]
+async fn the_problem_type_base_is_the_operators() {
+    let yaml = "problems: { type_base: 'https://api.example.com/problems/' }\nupstreams: { d: { respond: {} } }\nroutes: [{ match: { path: /x }, upstream: d }]\n";
+    let tg = Tollgate::start(yaml).await;
+    let answer = exchange(tg.addr, b"GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(problem_type(&answer), "https://api.example.com/problems/no-route");
+    let bad = tollgate::config::Config::from_yaml(
+        std::path::Path::new("t.yaml"),
+        "problems: { type_base: 'no scheme here' }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n",
+    )
+    .err()
+    .expect("refused");
+    assert_eq!((bad.line, bad.path.as_str()), (1, "problems.type_base"), "{bad}");
+}
