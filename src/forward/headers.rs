@@ -13,46 +13,68 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Whether `name` is hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1, plus the
-/// non-standard `Keep-Alive` and `Proxy-Connection`).
-fn always_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || name == header::PROXY_AUTHENTICATE
-        || name == header::PROXY_AUTHORIZATION
-        || name == KEEP_ALIVE
-        || name == PROXY_CONNECTION
+/// Fields that are hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1, plus the
+/// non-standard `Keep-Alive` and `Proxy-Connection`); `Connection` is first.
+const FIXED: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+];
+
+/// Bit `i` set: `FIXED[i]` is among `headers`' names.
+fn fixed_present(headers: &HeaderMap) -> u16 {
+    let mut found = 0;
+    for name in headers.keys() {
+        if let Some(i) = FIXED.iter().position(|f| f == name) {
+            found |= 1 << i;
+        }
+    }
+    found
 }
 
 /// Removes hop-by-hop fields: those named by `Connection`, and the fixed list.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names (a request has a handful) instead of a hashed lookup per
+    // One pass over the names (a message has a handful) instead of a hashed lookup per
     // listed field; most requests have none of them and stop here.
-    if !headers.keys().any(always_hop_by_hop) {
+    let found = fixed_present(headers);
+    if found == 0 {
         return;
     }
     // Most messages that get here say `Connection: keep-alive` or `close` (every nginx
-    // response does): those tokens name nothing beyond the fixed list, so nothing is
-    // parsed into a name and nothing is allocated for them.
-    let mut doomed: SmallVec<[HeaderName; 4]> = SmallVec::new();
-    for value in headers.get_all(header::CONNECTION) {
-        let Ok(value) = value.to_str() else { continue };
-        for token in value.split(',').map(str::trim) {
-            if token.is_empty() || token.eq_ignore_ascii_case("keep-alive") || token.eq_ignore_ascii_case("close") {
+    // response does): those name nothing beyond the fixed list, so nothing is parsed into a
+    // name and nothing is allocated for them.
+    let mut named: SmallVec<[HeaderName; 4]> = SmallVec::new();
+    if found & 1 != 0 {
+        for value in headers.get_all(header::CONNECTION) {
+            let v = value.as_bytes();
+            if v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close") {
                 continue;
             }
-            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-                if !always_hop_by_hop(&name) {
-                    doomed.push(name);
+            let Ok(value) = value.to_str() else { continue };
+            for token in value.split(',').map(str::trim) {
+                if token.is_empty() || token.eq_ignore_ascii_case("keep-alive") || token.eq_ignore_ascii_case("close") {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    if !FIXED.contains(&name) {
+                        named.push(name);
+                    }
                 }
             }
         }
     }
-    doomed.extend(headers.keys().filter(|n| always_hop_by_hop(n)).cloned());
-    for name in doomed {
+    for (i, name) in FIXED.iter().enumerate() {
+        if found & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+    for name in named {
         headers.remove(name);
     }
 }
