@@ -12,8 +12,6 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
@@ -32,8 +30,10 @@ impl Readiness {
     }
 }
 
-/// Serves the admin endpoints until `shutdown` resolves.
+/// Serves the admin endpoints until `shutdown` resolves. Connections get the protocol
+/// detection and the timeouts of the client listener (`server:`), not its connection cap.
 pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, shutdown: impl Future<Output = ()>) {
+    let mut current = crate::server::Current::new(&proxy, crate::metrics::ConnMetrics::default());
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -47,16 +47,15 @@ pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, 
             },
             () = &mut shutdown => return,
         };
+        let settings = current.get(&proxy).clone();
         let proxy = proxy.clone();
         let ready = ready.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let proxy = proxy.clone();
-                let ready = ready.clone();
-                async move { Ok::<_, Infallible>(answer(req, &proxy, &ready).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), svc).await;
+        let svc = service_fn(move |req| {
+            let proxy = proxy.clone();
+            let ready = ready.clone();
+            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready).await) }
         });
+        tokio::spawn(crate::server::serve_other(stream, settings, svc));
     }
 }
 

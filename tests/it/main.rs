@@ -6,7 +6,9 @@ mod support;
 
 mod cli;
 mod forwarding;
+mod h2_abuse;
 mod limits;
+mod listener;
 mod operate;
 mod redis;
 mod server;
