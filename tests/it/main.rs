@@ -5,6 +5,7 @@
 mod support;
 
 mod cli;
+mod drain;
 mod forwarding;
 mod h2_abuse;
 mod limits;
