@@ -18,11 +18,16 @@ const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 /// One request on a fresh connection; `Err` describes a connection that was accepted and
 /// then failed, `Ok(None)` a refused connect.
 async fn request(port: u16) -> Result<Option<String>, String> {
-    let mut s = match TcpStream::connect(("127.0.0.1", port)).await {
+    let s = match TcpStream::connect(("127.0.0.1", port)).await {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
         Err(e) => return Err(format!("connect: {e}")),
     };
+    request_on(s).await.map(Some)
+}
+
+/// One request with `Connection: close` on `s`.
+async fn request_on(mut s: TcpStream) -> Result<String, String> {
     s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.map_err(|e| format!("write: {e}"))?;
     let mut out = Vec::new();
     match tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut out)).await {
@@ -31,7 +36,7 @@ async fn request(port: u16) -> Result<Option<String>, String> {
         Ok(Ok(_)) => {
             let text = String::from_utf8_lossy(&out).into_owned();
             if text.starts_with("HTTP/1.1 200") && text.ends_with("done") {
-                Ok(Some(text))
+                Ok(text)
             } else {
                 Err(format!("unexpected answer: {text:?}"))
             }
@@ -92,9 +97,21 @@ async fn sigterm_under_load_finishes_every_request_and_resets_none() {
             })
         })
         .collect();
+    // Connections open before the signal whose request comes after it: the listener had
+    // accepted them, so they are served, not reset.
+    let mut early = Vec::new();
+    for _ in 0..8 {
+        early.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
     tokio::time::sleep(Duration::from_millis(700)).await;
     termed.store(true, Ordering::SeqCst);
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let early: Vec<_> = early.into_iter().map(|s| tokio::spawn(request_on(s))).collect();
+    for e in early {
+        let answer = e.await.unwrap();
+        assert!(answer.is_ok(), "a connection accepted before SIGTERM was not served: {answer:?}");
+    }
 
     for c in clients {
         tokio::time::timeout(Duration::from_secs(20), c).await.expect("every client sees the listener close").unwrap();
