@@ -157,9 +157,21 @@ async fn an_idle_h2_connection_is_closed_after_its_idle_timeout() {
 
 #[tokio::test]
 async fn an_h2_stream_in_progress_keeps_its_connection_from_idling_out() {
-    let up = Upstream::start(|_req| async {
-        tokio::time::sleep(Duration::from_millis(2500)).await;
-        Response::new(full("late"))
+    // Each of these outlasts the idle timeout: an answer that takes 2.5 s to start, and one
+    // whose body takes 2.5 s to end.
+    let up = Upstream::start(|req| async move {
+        if req.uri().path() == "/slow-head" {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            return Response::new(full("late"));
+        }
+        let frames = futures_util::stream::unfold(0, |i| async move {
+            if i == 5 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Some((Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Frame::data(Bytes::from_static(b"x"))), i + 1))
+        });
+        Response::new(http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(frames)))
     })
     .await;
     let tg = Tollgate::start(
@@ -168,9 +180,15 @@ async fn an_h2_stream_in_progress_keeps_its_connection_from_idling_out() {
     )
     .await;
     let mut send = h2(tg.addr).await;
-    let resp = send.send_request(Request::get("http://x/").body(full("")).unwrap()).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "late");
+    for (path, body) in [("/slow-head", "late"), ("/slow-body", "xxxxx")] {
+        let resp = send.send_request(Request::get(format!("http://x{path}")).body(full("")).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), body);
+    }
+    // No GOAWAY came while they ran: the connection still takes new streams.
+    let resp = send.send_request(Request::get("http://x/").body(full("")).unwrap()).await;
+    assert!(resp.is_ok(), "the connection idled out under a running stream: {resp:?}");
+    assert_eq!(timeouts(&tg, "h2_idle"), 0);
 }
 
 #[tokio::test]
