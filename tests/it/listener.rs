@@ -266,6 +266,13 @@ async fn connections_past_max_connections_are_closed_at_once_and_counted() {
     assert!(matches!(refused, Ok(Ok(0) | Err(_))), "the third connection was not closed at once: {refused:?}");
     assert_eq!(conns().refused.get(), 1);
     assert_eq!(conns().open.get(), 2);
+    let admin = tg.start_admin().await;
+    let (_, _, text) = crate::support::get(admin, "/metrics").await;
+    let text = String::from_utf8_lossy(&text);
+    for line in ["tollgate_connections_refused_total 1", "tollgate_connections_open 2", "tollgate_connections_accepted_total 2"] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in /metrics:\n{text}");
+    }
+    assert!(text.contains("tollgate_connection_timeouts_total{kind=\"keepalive\"} 0"), "{text}");
     drop(a);
     let deadline = Instant::now() + Duration::from_secs(5);
     while conns().open.get() > 1 {
