@@ -7,9 +7,9 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -41,9 +41,12 @@ where
     tokio::pin!(conn);
     let mut stopping = Stopping::new(stop);
     // Checked lazily: it fires at most once per `idle_timeout` and then looks at the
-    // counters, so streams do not touch it.
+    // counters, so streams do not touch it; and it is polled only when it fired.
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
+    let fired = Arc::new(Fired::default());
+    let fired_waker = Waker::from(fired.clone());
+    let mut armed = false;
     let mut asked = false;
     let mut hard_close: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let done = std::future::poll_fn(|cx| loop {
@@ -64,26 +67,30 @@ where
             conn.as_mut().graceful_shutdown();
             continue;
         }
-        if idle.as_mut().poll(cx).is_ready() {
-            let now = Instant::now();
-            let due = if state.open_streams.load(Ordering::Acquire) == 0 {
-                let since = state.idle_since_us.load(Ordering::Acquire);
-                state.accepted + std::time::Duration::from_micros(since) + idle_timeout
-            } else {
-                now + idle_timeout
-            };
-            if due <= now {
-                settings.metrics.timeouts.h2_idle.inc();
-                tracing::debug!("closing an idle HTTP/2 connection");
-                asked = true;
-                hard_close = Some(Box::pin(tokio::time::sleep(settings.cfg.h2.ping_timeout)));
-                conn.as_mut().graceful_shutdown();
-            } else {
-                idle.as_mut().reset(due.into());
-            }
-            continue;
+        if armed && !fired.0.load(Ordering::Acquire) {
+            return Poll::Pending;
         }
-        return Poll::Pending;
+        if !fired.arm(cx, idle.as_mut(), &fired_waker) {
+            armed = true;
+            return Poll::Pending;
+        }
+        armed = false;
+        let now = Instant::now();
+        let due = if state.open_streams.load(Ordering::Acquire) == 0 {
+            let since = state.idle_since_us.load(Ordering::Acquire);
+            state.accepted + std::time::Duration::from_micros(since) + idle_timeout
+        } else {
+            now + idle_timeout
+        };
+        if due <= now {
+            settings.metrics.timeouts.h2_idle.inc();
+            tracing::debug!("closing an idle HTTP/2 connection");
+            asked = true;
+            hard_close = Some(Box::pin(tokio::time::sleep(settings.cfg.h2.ping_timeout)));
+            conn.as_mut().graceful_shutdown();
+        } else {
+            idle.as_mut().reset(due.into());
+        }
     })
     .await;
     if let Err(e) = &done {
@@ -92,6 +99,34 @@ where
         }
     }
     done
+}
+
+/// The idle timer's waker: it notes that the timer fired, then wakes the connection's task,
+/// so the connection looks at one flag per wake-up instead of polling the timer.
+#[derive(Default)]
+struct Fired(AtomicBool, Mutex<Option<Waker>>);
+
+impl Fired {
+    /// Polls `sleep` on behalf of the task of `cx`; true when it has elapsed.
+    fn arm(&self, cx: &Context<'_>, sleep: Pin<&mut tokio::time::Sleep>, waker: &Waker) -> bool {
+        self.0.store(false, Ordering::Release);
+        // Once per arming: the task of a spawned connection keeps its waker.
+        *self.1.lock().unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
+        sleep.poll(&mut Context::from_waker(waker)).is_ready()
+    }
+}
+
+impl Wake for Fired {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+        if let Some(task) = self.1.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            task.wake_by_ref();
+        }
+    }
 }
 
 /// Counts a stream as open until dropped.
