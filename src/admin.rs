@@ -12,8 +12,6 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
@@ -32,8 +30,10 @@ impl Readiness {
     }
 }
 
-/// Serves the admin endpoints until `shutdown` resolves.
+/// Serves the admin endpoints until `shutdown` resolves. Connections get the protocol
+/// detection and the timeouts of the client listener (`server:`), not its connection cap.
 pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, shutdown: impl Future<Output = ()>) {
+    let mut current = crate::server::Current::new(&proxy, crate::metrics::ConnMetrics::default());
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -47,16 +47,15 @@ pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, 
             },
             () = &mut shutdown => return,
         };
+        let settings = current.get(&proxy).clone();
         let proxy = proxy.clone();
         let ready = ready.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let proxy = proxy.clone();
-                let ready = ready.clone();
-                async move { Ok::<_, Infallible>(answer(req, &proxy, &ready).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), svc).await;
+        let svc = service_fn(move |req| {
+            let proxy = proxy.clone();
+            let ready = ready.clone();
+            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready).await) }
         });
+        tokio::spawn(crate::server::serve_other(stream, settings, svc));
     }
 }
 
@@ -189,9 +188,25 @@ pub fn effective(c: &Config) -> Value {
         "trusted_proxies": c.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "server": {
             "header_read_timeout": dur(c.server.header_read_timeout),
-            "max_header_bytes": c.server.max_header_bytes,
-            "grace_period": dur(c.server.grace_period),
+            "keepalive_timeout": dur(c.server.keepalive_timeout),
+            "send_timeout": dur(c.server.send_timeout),
             "body_read_timeout": dur(c.server.body_read_timeout),
+            "max_header_bytes": c.server.max_header_bytes,
+            "max_connections": c.server.max_connections,
+            "grace_period": dur(c.server.grace_period),
+            "h2": {
+                "idle_timeout": dur(c.server.h2.idle_timeout),
+                "ping_interval": dur(c.server.h2.ping_interval),
+                "ping_timeout": dur(c.server.h2.ping_timeout),
+                "max_concurrent_streams": c.server.h2.max_concurrent_streams,
+                "max_header_list_size": c.server.h2.max_header_list_size,
+                "max_pending_accept_reset_streams": c.server.h2.max_pending_accept_reset_streams,
+                "max_local_error_reset_streams": c.server.h2.max_local_error_reset_streams,
+                "initial_stream_window": c.server.h2.initial_stream_window,
+                "initial_connection_window": c.server.h2.initial_connection_window,
+                "max_frame_size": c.server.h2.max_frame_size,
+                "max_send_buffer": c.server.h2.max_send_buffer,
+            },
         },
         "problems": { "type_base": c.problem_type_base },
         "log": { "format": format!("{:?}", c.log.format).to_lowercase(), "access": c.log.access },

@@ -64,14 +64,57 @@ pub struct Config {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// A client must send its whole request head within this.
+    /// A client must send its whole request head within this: from the accept for the first
+    /// request (protocol detection included), from the first byte for later ones.
     pub header_read_timeout: Duration,
+    /// An HTTP/1 connection with no request in progress is closed after this; `0` turns
+    /// keep-alive off.
+    pub keepalive_timeout: Duration,
+    /// A connection whose client accepts none of the bytes waiting for it for this long is
+    /// closed (nginx `send_timeout`).
+    pub send_timeout: Duration,
     /// Larger request heads get 431.
     pub max_header_bytes: usize,
     /// On SIGINT/SIGTERM, in-flight requests get this long to finish.
     pub grace_period: Duration,
     /// A client that pauses mid-body longer than this gets 400 (or its connection closed).
     pub body_read_timeout: Duration,
+    /// Connections past this many open ones are closed as soon as they are accepted.
+    pub max_connections: usize,
+    pub h2: H2Config,
+}
+
+/// HTTP/2 settings and timers of client connections (`server.h2`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct H2Config {
+    /// A connection with no open stream for this long gets a GOAWAY and is closed.
+    pub idle_timeout: Duration,
+    /// A PING is sent when nothing was received for this long; `0` sends none.
+    pub ping_interval: Duration,
+    /// The connection is closed when a PING is not answered within this.
+    pub ping_timeout: Duration,
+    pub max_concurrent_streams: u32,
+    pub max_header_list_size: u32,
+    /// Streams the client opened and reset before they were served (rapid reset).
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams the server had to reset for a client's protocol errors.
+    pub max_local_error_reset_streams: usize,
+    pub initial_stream_window: u32,
+    pub initial_connection_window: u32,
+    pub max_frame_size: u32,
+    /// Per stream: response bytes queued for a client that reads slowly.
+    pub max_send_buffer: usize,
+}
+
+impl H2Config {
+    pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+    pub const PING_TIMEOUT: Duration = Duration::from_secs(20);
+    pub const MAX_CONCURRENT_STREAMS: u32 = 128;
+    pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+    pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+    pub const WINDOW: u32 = 1 << 20;
+    pub const MAX_FRAME_SIZE: u32 = 16_384;
+    pub const MAX_SEND_BUFFER: u32 = 400 << 10;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -57,6 +57,11 @@ struct StaleLabel {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TimeoutKind {
+    kind: &'static str,
+}
+
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 enum Outcome {
@@ -132,6 +137,26 @@ pub struct Metrics {
     in_flight: Gauge,
     errors: Family<ErrorLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
+    connections: ConnMetrics,
+}
+
+/// The client listener's connection handles (unregistered ones for the admin listener).
+#[derive(Clone, Default)]
+pub struct ConnMetrics {
+    pub open: Gauge,
+    pub accepted: Counter,
+    pub refused: Counter,
+    pub timeouts: ConnTimeouts,
+}
+
+/// Connections closed by a server timeout, by which one.
+#[derive(Clone, Default)]
+pub struct ConnTimeouts {
+    pub header_read: Counter,
+    pub keepalive: Counter,
+    pub send: Counter,
+    pub h2_idle: Counter,
+    pub h2_ping: Counter,
 }
 
 /// Per-route handles.
@@ -197,6 +222,34 @@ impl Metrics {
             "Upstream responses cut off after sending nothing for the upstream's read_timeout",
             upstream_read_timeouts.clone(),
         );
+        let timeouts = Family::<TimeoutKind, Counter>::default();
+        let kind = |kind| timeouts.get_or_create(&TimeoutKind { kind }).clone();
+        let connections = ConnMetrics {
+            timeouts: ConnTimeouts {
+                header_read: kind("header_read"),
+                keepalive: kind("keepalive"),
+                send: kind("send"),
+                h2_idle: kind("h2_idle"),
+                h2_ping: kind("h2_ping"),
+            },
+            ..ConnMetrics::default()
+        };
+        registry.register(
+            "connections_open",
+            "Client connections open (protocol detection included)",
+            connections.open.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "Client connections accepted and served",
+            connections.accepted.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Client connections closed on accept because server.max_connections were open",
+            connections.refused.clone(),
+        );
+        registry.register("connection_timeouts", "Client connections closed by a server timeout, by kind", timeouts);
         Metrics {
             registry,
             requests,
@@ -207,6 +260,7 @@ impl Metrics {
             in_flight,
             errors,
             upstream_read_timeouts,
+            connections,
         }
     }
 
@@ -250,6 +304,10 @@ impl Metrics {
 
     pub fn in_flight(&self) -> &Gauge {
         &self.in_flight
+    }
+
+    pub fn connections(&self) -> &ConnMetrics {
+        &self.connections
     }
 
     /// The Prometheus text exposition (OpenMetrics flavour, which Prometheus scrapes), with

@@ -1,53 +1,202 @@
-//! The listener: HTTP/1.1 and h2c (prior knowledge) on one port, with a header-read
-//! timeout, a request-head size limit and graceful shutdown. Entry point is [`serve`],
+//! The listener: HTTP/1.1 and h2c (prior knowledge) on one port. Entry point is [`serve`],
 //! which takes a bound listener and a shutdown future so tests can bind port 0.
+//!
+//! Every connection is bounded in time from its first byte on: the protocol is detected
+//! under `server.header_read_timeout` ([`detect`]), HTTP/1 separates the idle keep-alive
+//! wait from the head read ([`h1`]), HTTP/2 has an idle timeout, a keep-alive PING and
+//! explicit protocol limits ([`h2`]). `server.max_connections` bounds how many are open;
+//! `server:` settings are read again at every accept, so a reload applies them to new
+//! connections.
+
+mod detect;
+mod h1;
+mod h2;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use hyper::service::service_fn;
-use hyper::Response;
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::service::{service_fn, Service};
+use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 use crate::body::Body;
-use crate::config::ServerConfig;
+use crate::config::{Config, ServerConfig};
+use crate::metrics::ConnMetrics;
 use crate::proxy::Proxy;
 
 /// The live proxy; a reload stores a new one, requests in flight keep the one they loaded.
 pub type Shared = Arc<ArcSwap<Proxy>>;
 
-fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    // The header-read timeout is armed for every request: a long one on the coarse clock.
-    if cfg.header_read_timeout >= crate::timer::COARSE_FROM {
-        b.http1().timer(crate::timer::CoarseTimer);
-    } else {
-        b.http1().timer(TokioTimer::new());
+/// What connections are served with: `server:` compiled into hyper builders, once per config.
+pub(crate) struct Settings {
+    cfg: ServerConfig,
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+    metrics: ConnMetrics,
+}
+
+impl Settings {
+    fn new(cfg: &ServerConfig, metrics: ConnMetrics) -> Settings {
+        let mut h1 = http1::Builder::new();
+        // The timer is per connection (see `h1::HeadTimer`); hyper's header-read timeout only
+        // tells it when a head is awaited.
+        h1.header_read_timeout(cfg.header_read_timeout)
+            .max_buf_size(cfg.max_header_bytes)
+            // One write per small response instead of writev (measured: a small win).
+            .writev(false)
+            .keep_alive(!cfg.keepalive_timeout.is_zero());
+        let c = &cfg.h2;
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        // The ping sleep is polled on every wake of the connection and reset once per
+        // interval: tokio's timer costs less than the coarse one for that pattern.
+        h2.timer(TokioTimer::new())
+            .max_concurrent_streams(c.max_concurrent_streams)
+            .max_header_list_size(c.max_header_list_size)
+            .max_pending_accept_reset_streams(c.max_pending_accept_reset_streams)
+            .max_local_error_reset_streams(c.max_local_error_reset_streams)
+            .initial_stream_window_size(c.initial_stream_window)
+            .initial_connection_window_size(c.initial_connection_window)
+            .max_frame_size(c.max_frame_size)
+            .max_send_buf_size(c.max_send_buffer);
+        if !c.ping_interval.is_zero() {
+            h2.keep_alive_interval(c.ping_interval).keep_alive_timeout(c.ping_timeout);
+        }
+        Settings { cfg: cfg.clone(), h1, h2, metrics }
     }
-    b.http1()
-        .header_read_timeout(cfg.header_read_timeout)
-        .max_buf_size(cfg.max_header_bytes)
-        // One write per small response instead of writev (measured: a small win).
-        .writev(false)
-        .keep_alive(true);
-    b.http2().timer(TokioTimer::new()).max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
-    b
+}
+
+/// The settings of the config in effect, rebuilt only when `server:` changes: one pointer
+/// comparison per accept.
+pub(crate) struct Current {
+    config: Arc<Config>,
+    settings: Arc<Settings>,
+}
+
+impl Current {
+    pub(crate) fn new(proxy: &Shared, metrics: ConnMetrics) -> Current {
+        let config = proxy.load().config.clone();
+        let settings = Arc::new(Settings::new(&config.server, metrics));
+        Current { config, settings }
+    }
+
+    pub(crate) fn get(&mut self, proxy: &Shared) -> &Arc<Settings> {
+        let now = proxy.load();
+        if !Arc::ptr_eq(&now.config, &self.config) {
+            if now.config.server != self.config.server {
+                self.settings = Arc::new(Settings::new(&now.config.server, self.settings.metrics.clone()));
+            }
+            self.config = now.config.clone();
+        }
+        &self.settings
+    }
+}
+
+/// Tells connections that the server is shutting down. A connection polls the watch only
+/// once to register, then again only after `flag` is set, so a request pays one relaxed
+/// load for it instead of a lock on the watch's waiter list per wake-up.
+#[derive(Clone)]
+pub(crate) struct Stop {
+    flag: Arc<AtomicBool>,
+    rx: Option<watch::Receiver<bool>>,
+}
+
+impl Stop {
+    /// A signal that never fires (the admin listener's connections).
+    pub(crate) fn never() -> Stop {
+        Stop { flag: Arc::default(), rx: None }
+    }
+}
+
+/// Polls [`Stop`] for one connection.
+struct Stopping {
+    flag: Arc<AtomicBool>,
+    wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+    registered: bool,
+    fired: bool,
+    /// Held until the connection ends: the server waits for every receiver to go.
+    _held: Option<watch::Receiver<bool>>,
+}
+
+impl Stopping {
+    fn new(stop: Stop) -> Stopping {
+        let wait: Pin<Box<dyn Future<Output = ()> + Send>> = match stop.rx.clone() {
+            Some(mut rx) => Box::pin(async move {
+                // A dropped sender means the server is gone: stop as well.
+                let _ = rx.wait_for(|s| *s).await;
+            }),
+            None => Box::pin(std::future::pending()),
+        };
+        Stopping { flag: stop.flag, wait, registered: false, fired: false, _held: stop.rx }
+    }
+
+    /// Whether the server is shutting down.
+    fn poll(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.fired && (!self.registered || self.flag.load(Ordering::Relaxed)) {
+            self.registered = true;
+            self.fired = self.wait.as_mut().poll(cx).is_ready();
+        }
+        self.fired
+    }
+}
+
+/// What the timers of one connection share with its reads and its streams.
+pub(crate) struct ConnState {
+    settings: Arc<Settings>,
+    accepted: Instant,
+    /// HTTP/1: bytes arrived since the last wait for a head began.
+    bytes_seen: AtomicBool,
+    /// HTTP/1: the first wait for a head has begun (later waits start idle).
+    first_wait: AtomicBool,
+    /// HTTP/1: the first request's head has been read.
+    first_head_done: AtomicBool,
+    /// HTTP/2: streams whose response has not ended.
+    open_streams: AtomicUsize,
+    /// HTTP/2: when the last stream ended, in µs since `accepted`.
+    idle_since_us: AtomicU64,
+}
+
+impl ConnState {
+    fn new(settings: Arc<Settings>, accepted: Instant) -> ConnState {
+        ConnState {
+            settings,
+            accepted,
+            bytes_seen: AtomicBool::new(false),
+            first_wait: AtomicBool::new(false),
+            first_head_done: AtomicBool::new(false),
+            open_streams: AtomicUsize::new(0),
+            idle_since_us: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Counts an open connection until dropped.
+struct Open(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Serves connections from `listener` until `shutdown` resolves, then stops accepting and
 /// gives open connections the configured grace period to finish.
 pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<Output = ()>) {
-    let cfg = proxy.load().config.server.clone();
-    let builder = builder(&cfg);
-    let graceful = GracefulShutdown::new();
+    let metrics = proxy.load().metrics().connections().clone();
+    let mut current = Current::new(&proxy, metrics);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = Stop { flag: Arc::default(), rx: Some(stop_rx) };
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -62,22 +211,103 @@ pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<O
             },
             () = &mut shutdown => break,
         };
-        let _ = stream.set_nodelay(true);
-        let proxy = proxy.clone();
-        let service = service_fn(move |req| Answer { inner: proxy.load_full().handle(req, peer) });
-        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+        accept(stream, peer, current.get(&proxy), &proxy, &stop);
     }
-    drop(listener);
-    tracing::info!(grace = ?cfg.grace_period, "shutting down: no new connections, finishing in-flight requests");
+    // Connections whose handshake the kernel completed are served rather than reset when
+    // the listener closes: each gets its first request answered (see `h1::serve`).
+    match listener.into_std() {
+        Ok(listener) => {
+            while let Ok((stream, peer)) = listener.accept() {
+                match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
+                    Ok(stream) => accept(stream, peer, current.get(&proxy), &proxy, &stop),
+                    Err(e) => tracing::debug!(error = %e, "could not adopt a connection while closing"),
+                }
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "could not drain the listen queue"),
+    }
+    let grace = proxy.load().config.server.grace_period;
+    tracing::info!(?grace, "shutting down: no new connections, finishing in-flight requests");
+    stop.flag.store(true, Ordering::Relaxed);
+    let _ = stop_tx.send(true);
+    // Every connection holds a receiver; the last one to end closes the channel.
+    drop(stop);
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections closed"),
-        () = tokio::time::sleep(cfg.grace_period) => tracing::warn!("grace period over, closing remaining connections"),
+        () = stop_tx.closed() => tracing::info!("all connections closed"),
+        () = tokio::time::sleep(grace) => tracing::warn!("grace period over, closing remaining connections"),
+    }
+}
+
+/// Spawns the task of one accepted connection, or closes it at once past `max_connections`.
+fn accept(stream: TcpStream, peer: SocketAddr, settings: &Arc<Settings>, proxy: &Shared, stop: &Stop) {
+    let m = &settings.metrics;
+    // Only this loop increments, so the bound holds exactly; a closing connection may make
+    // it refuse one more than needed, never admit one too many.
+    if m.open.get() >= i64::try_from(settings.cfg.max_connections).unwrap_or(i64::MAX) {
+        m.refused.inc();
+        tracing::debug!(%peer, max = settings.cfg.max_connections, "connection refused: server.max_connections reached");
+        return;
+    }
+    m.open.inc();
+    m.accepted.inc();
+    let open = Open(m.open.clone());
+    let _ = stream.set_nodelay(true);
+    let proxy = proxy.clone();
+    let service = service_fn(move |req| Answer { inner: proxy.load_full().handle(req, peer) });
+    let conn = connection(stream, Instant::now(), settings.clone(), stop.clone(), service);
+    tokio::spawn(async move {
+        let _open = open;
+        if let Err(e) = conn.await {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
+        }
+    });
+}
+
+/// Serves one connection of another listener (the admin's) with the same detection and
+/// timeouts, until it ends.
+pub(crate) async fn serve_other<S, B>(stream: TcpStream, settings: Arc<Settings>, service: S)
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
+{
+    let _ = connection(stream, Instant::now(), settings, Stop::never(), service).await;
+}
+
+/// Detects the protocol under the header-read deadline, then serves the connection.
+async fn connection<S, B>(
+    stream: TcpStream,
+    accepted: Instant,
+    settings: Arc<Settings>,
+    stop: Stop,
+    service: S,
+) -> Result<(), hyper::Error>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
+{
+    let mut prefix = [0u8; detect::PREFACE.len()];
+    let deadline = accepted + settings.cfg.header_read_timeout;
+    let detected = tokio::select! {
+        biased;
+        found = detect::detect(&stream, &mut prefix) => found,
+        () = crate::timer::Sleep::until(deadline) => {
+            settings.metrics.timeouts.header_read.inc();
+            return Ok(());
+        }
+    };
+    // Whoever closes before saying anything has nothing to answer.
+    let Ok((proto, len)) = detected else { return Ok(()) };
+    let state = Arc::new(ConnState::new(settings, accepted));
+    let io = TokioIo::new(detect::Prefixed::new(stream, prefix, len, state.clone()));
+    match proto {
+        detect::Proto::Http1 => h1::serve(io, state, stop, service).await,
+        detect::Proto::Http2 => h2::serve(io, state, stop, service).await,
     }
 }
 

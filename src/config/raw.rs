@@ -43,16 +43,30 @@ fn default_listen() -> SocketAddr {
 struct Server {
     #[serde(default = "default_header_read_timeout")]
     header_read_timeout: Dur,
+    #[serde(default = "default_keepalive_timeout")]
+    keepalive_timeout: Dur,
+    #[serde(default = "default_send_timeout")]
+    send_timeout: Dur,
     #[serde(default = "default_max_header_bytes")]
     max_header_bytes: usize,
     #[serde(default = "default_grace_period")]
     grace_period: Dur,
     #[serde(default = "default_body_read_timeout")]
     body_read_timeout: Dur,
+    #[serde(default = "default_max_connections")]
+    max_connections: usize,
+    #[serde(default)]
+    h2: H2,
 }
 
 fn default_header_read_timeout() -> Dur {
     Dur(std::time::Duration::from_secs(10))
+}
+fn default_keepalive_timeout() -> Dur {
+    Dur(std::time::Duration::from_secs(75))
+}
+fn default_send_timeout() -> Dur {
+    Dur(std::time::Duration::from_secs(60))
 }
 fn default_max_header_bytes() -> usize {
     16 * 1024
@@ -63,15 +77,131 @@ fn default_body_read_timeout() -> Dur {
 fn default_grace_period() -> Dur {
     Dur(std::time::Duration::from_secs(10))
 }
+fn default_max_connections() -> usize {
+    10_000
+}
 
 impl Default for Server {
     fn default() -> Self {
         Server {
             header_read_timeout: default_header_read_timeout(),
+            keepalive_timeout: default_keepalive_timeout(),
+            send_timeout: default_send_timeout(),
             max_header_bytes: default_max_header_bytes(),
             grace_period: default_grace_period(),
             body_read_timeout: default_body_read_timeout(),
+            max_connections: default_max_connections(),
+            h2: H2::default(),
         }
+    }
+}
+
+/// `server.h2`: the HTTP/2 settings and timers of client connections.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct H2 {
+    /// Defaults to `server.keepalive_timeout`.
+    idle_timeout: Option<Dur>,
+    ping_interval: Option<Dur>,
+    ping_timeout: Option<Dur>,
+    max_concurrent_streams: Option<u32>,
+    /// Defaults to `server.max_header_bytes`.
+    max_header_list_size: Option<Size>,
+    max_pending_accept_reset_streams: Option<usize>,
+    max_local_error_reset_streams: Option<usize>,
+    initial_stream_window: Option<Size>,
+    initial_connection_window: Option<Size>,
+    max_frame_size: Option<Size>,
+    max_send_buffer: Option<Size>,
+}
+
+impl Server {
+    fn validate(self) -> Result<super::ServerConfig, Invalid> {
+        use super::H2Config as D;
+        let at = |field: &str| vec![key("server"), key(field)];
+        let h2_at = |field: &str| vec![key("server"), key("h2"), key(field)];
+        if self.max_header_bytes < 8192 {
+            return Err((
+                at("max_header_bytes"),
+                format!("{} is too small; expected at least 8192 bytes", self.max_header_bytes),
+            ));
+        }
+        for (field, d) in [("header_read_timeout", self.header_read_timeout), ("send_timeout", self.send_timeout)] {
+            if d.0.is_zero() {
+                return Err((at(field), "expected a duration above 0".to_owned()));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err((at("max_connections"), "expected at least 1".to_owned()));
+        }
+        let h2 = self.h2;
+        // hyper and h2 take these as u32; the protocol bounds them further (RFC 9113 §6.5.2).
+        let size = |field: &str, v: Option<Size>, default: u32, min: u32, max: u32| -> Result<u32, Invalid> {
+            let Some(Size(n)) = v else { return Ok(default) };
+            match u32::try_from(n) {
+                Ok(n) if (min..=max).contains(&n) => Ok(n),
+                _ => Err((h2_at(field), format!("{n} is out of range; expected {min} to {max} bytes"))),
+            }
+        };
+        let window_max = (1 << 31) - 1;
+        let header_default = u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX);
+        let ping_timeout = h2.ping_timeout.map_or(D::PING_TIMEOUT, |d| d.0);
+        if ping_timeout.is_zero() {
+            return Err((h2_at("ping_timeout"), "expected a duration above 0".to_owned()));
+        }
+        let max_concurrent_streams = h2.max_concurrent_streams.unwrap_or(D::MAX_CONCURRENT_STREAMS);
+        if max_concurrent_streams == 0 {
+            return Err((h2_at("max_concurrent_streams"), "expected at least 1".to_owned()));
+        }
+        let idle_timeout = h2.idle_timeout.map_or(self.keepalive_timeout.0, |d| d.0);
+        if idle_timeout.is_zero() {
+            return Err((h2_at("idle_timeout"), "expected a duration above 0".to_owned()));
+        }
+        Ok(super::ServerConfig {
+            header_read_timeout: self.header_read_timeout.0,
+            keepalive_timeout: self.keepalive_timeout.0,
+            send_timeout: self.send_timeout.0,
+            max_header_bytes: self.max_header_bytes,
+            grace_period: self.grace_period.0,
+            body_read_timeout: self.body_read_timeout.0,
+            max_connections: self.max_connections,
+            h2: D {
+                idle_timeout,
+                ping_interval: h2.ping_interval.map_or(D::PING_INTERVAL, |d| d.0),
+                ping_timeout,
+                max_concurrent_streams,
+                max_header_list_size: size(
+                    "max_header_list_size",
+                    h2.max_header_list_size,
+                    header_default,
+                    1024,
+                    u32::MAX,
+                )?,
+                max_pending_accept_reset_streams: h2
+                    .max_pending_accept_reset_streams
+                    .unwrap_or(D::MAX_PENDING_ACCEPT_RESET_STREAMS),
+                max_local_error_reset_streams: h2
+                    .max_local_error_reset_streams
+                    .unwrap_or(D::MAX_LOCAL_ERROR_RESET_STREAMS),
+                initial_stream_window: size(
+                    "initial_stream_window",
+                    h2.initial_stream_window,
+                    D::WINDOW,
+                    1,
+                    window_max,
+                )?,
+                initial_connection_window: size(
+                    "initial_connection_window",
+                    h2.initial_connection_window,
+                    D::WINDOW,
+                    65_535,
+                    window_max,
+                )?,
+                max_frame_size: size("max_frame_size", h2.max_frame_size, D::MAX_FRAME_SIZE, 16_384, 16_777_215)?,
+                max_send_buffer: size("max_send_buffer", h2.max_send_buffer, D::MAX_SEND_BUFFER, 16_384, u32::MAX)?
+                    as usize,
+            },
+        })
     }
 }
 
@@ -208,12 +338,7 @@ struct Match {
 
 impl Config {
     pub fn validate(self) -> Result<super::Config, Invalid> {
-        if self.server.max_header_bytes < 8192 {
-            return Err((
-                vec![key("server"), key("max_header_bytes")],
-                format!("{} is too small; expected at least 8192 bytes", self.server.max_header_bytes),
-            ));
-        }
+        let server = self.server.validate()?;
         let type_base = self.problems.type_base;
         let absolute = type_base.split_once(':').is_some_and(|(scheme, rest)| {
             !rest.is_empty()
@@ -317,12 +442,7 @@ impl Config {
             listen: self.listen,
             admin: self.admin,
             trusted_proxies: self.trusted_proxies,
-            server: super::ServerConfig {
-                header_read_timeout: self.server.header_read_timeout.0,
-                max_header_bytes: self.server.max_header_bytes,
-                grace_period: self.server.grace_period.0,
-                body_read_timeout: self.server.body_read_timeout.0,
-            },
+            server,
             log: super::LogConfig {
                 format: match self.log.format {
                     LogFormat::Text => super::LogFormat::Text,

@@ -256,7 +256,6 @@ async fn the_problem_type_base_is_the_operators() {
         std::path::Path::new("t.yaml"),
         "problems: { type_base: 'no scheme here' }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n",
     )
-    .err()
-    .expect("refused");
+    .expect_err("refused");
     assert_eq!((bad.line, bad.path.as_str()), (1, "problems.type_base"), "{bad}");
 }

@@ -5,9 +5,12 @@
 mod support;
 
 mod cli;
+mod drain;
 mod errors;
 mod forwarding;
+mod h2_abuse;
 mod limits;
+mod listener;
 mod operate;
 mod redis;
 mod server;

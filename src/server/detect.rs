@@ -1,0 +1,141 @@
+//! Protocol detection: the first bytes of a connection say whether it is h2c (the 24-byte
+//! HTTP/2 preface) or HTTP/1. They are read into a small buffer and replayed to hyper by
+//! [`Prefixed`], which also tells the HTTP/1 head timer when bytes arrive.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::ConnState;
+use crate::timer;
+
+/// RFC 9113 §3.4.
+pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+pub(super) enum Proto {
+    Http1,
+    Http2,
+}
+
+/// Reads until the bytes differ from the HTTP/2 preface (HTTP/1) or hold all of it (h2c);
+/// returns how many of `buf` were filled. The caller bounds it in time.
+pub(super) async fn detect(stream: &TcpStream, buf: &mut [u8; 24]) -> io::Result<(Proto, usize)> {
+    let mut n = 0;
+    loop {
+        stream.readable().await?;
+        match stream.try_read(&mut buf[n..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => {
+                n += k;
+                if buf[..n] != PREFACE[..n] {
+                    return Ok((Proto::Http1, n));
+                }
+                if n == PREFACE.len() {
+                    return Ok((Proto::Http2, n));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The connection with the detection bytes put back in front, and a deadline on writes
+/// that make no progress (`server.send_timeout`).
+pub(super) struct Prefixed {
+    stream: TcpStream,
+    prefix: [u8; 24],
+    at: usize,
+    len: usize,
+    state: Arc<ConnState>,
+    /// Armed while a write waits for the client to take bytes.
+    stalled: Option<timer::Sleep>,
+}
+
+impl Prefixed {
+    pub(super) fn new(stream: TcpStream, prefix: [u8; 24], len: usize, state: Arc<ConnState>) -> Prefixed {
+        Prefixed { stream, prefix, at: 0, len, state, stalled: None }
+    }
+
+    /// A write is pending: fails it once the client has taken nothing for `send_timeout`.
+    /// The error ends the connection in hyper, whatever it was waiting to write.
+    fn stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let timeout = self.state.settings.cfg.send_timeout;
+        let sleep = self.stalled.get_or_insert_with(|| timer::Sleep::after(timeout));
+        if Pin::new(sleep).poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.state.settings.metrics.timeouts.send.inc();
+        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the client took no bytes within server.send_timeout")))
+    }
+
+    fn wrote<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Pending => match self.stalled(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => Poll::Pending,
+            },
+            done => {
+                if self.stalled.is_some() {
+                    self.stalled = None;
+                }
+                done
+            }
+        }
+    }
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.len {
+            let n = (this.len - this.at).min(buf.remaining());
+            buf.put_slice(&this.prefix[this.at..this.at + n]);
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.state.bytes_seen.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.wrote(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.wrote(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}

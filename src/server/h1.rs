@@ -1,0 +1,157 @@
+//! HTTP/1 connections: the keep-alive idle wait and the head read, timed apart.
+//!
+//! hyper has one header-read timer: it arms it whenever it starts waiting for a head, which
+//! on a kept-alive connection is as soon as the previous response is written. Left alone,
+//! an idle keep-alive connection would be closed after `header_read_timeout`, and the
+//! head of a request that starts late in that wait would get what is left of it. Here the
+//! timer is ours ([`HeadTimer`]) and hyper only tells it when a wait begins and ends:
+//!
+//! - the first head of a connection must be complete `header_read_timeout` after the
+//!   accept (protocol detection included);
+//! - a later wait is idle until bytes arrive, and ends after `keepalive_timeout`; once
+//!   bytes arrive, the head must be complete `header_read_timeout` after them. Bytes a
+//!   client sent ahead (pipelining) while the previous request was served count as idle
+//!   time, so such a head gets at most `keepalive_timeout + header_read_timeout`.
+//!
+//! Either expiry closes the connection without an answer (as nginx does).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::service::Service;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+use super::detect::Prefixed;
+use super::{ConnState, Stop, Stopping};
+use crate::timer;
+
+pub(super) async fn serve<S, B>(
+    io: TokioIo<Prefixed>,
+    state: Arc<ConnState>,
+    stop: Stop,
+    service: S,
+) -> Result<(), hyper::Error>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    B: http_body::Body<Data = Bytes> + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = state.settings.h1.clone();
+    builder.timer(HeadTimer(state.clone()));
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut stopping = Stopping::new(stop);
+    let mut asked = false;
+    std::future::poll_fn(|cx| loop {
+        if let Poll::Ready(done) = conn.as_mut().poll(cx) {
+            return Poll::Ready(done);
+        }
+        // A connection that has not yet delivered its first request is let finish it: its
+        // client completed the handshake before the listener closed, and hyper would close
+        // it (with the request unread) if asked now.
+        if !asked && stopping.poll(cx) && state.first_head_done.load(Ordering::Relaxed) {
+            asked = true;
+            conn.as_mut().graceful_shutdown();
+            continue;
+        }
+        return Poll::Pending;
+    })
+    .await
+}
+
+/// hyper's timer for one connection; it only ever arms the header-read timeout.
+struct HeadTimer(Arc<ConnState>);
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, duration: std::time::Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until(Instant::now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        let state = &self.0;
+        let cfg = &state.settings.cfg;
+        let phase = if state.first_wait.load(Ordering::Relaxed) {
+            state.bytes_seen.store(false, Ordering::Relaxed);
+            // hyper armed it at now + header_read_timeout: that "now" is when the wait began.
+            Phase::Idle(deadline.checked_sub(cfg.header_read_timeout).unwrap_or(deadline))
+        } else {
+            state.first_wait.store(true, Ordering::Relaxed);
+            Phase::First(state.accepted + cfg.header_read_timeout)
+        };
+        Box::pin(HeadSleep { state: state.clone(), phase, sleep: None })
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
+        // hyper re-arms only a timer that fired, on a connection it is closing.
+        *sleep = Box::pin(HeadSleep { state: self.0.clone(), phase: Phase::Head(new_deadline), sleep: None });
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    /// The first head, due at this instant.
+    First(Instant),
+    /// Waiting for the next request since this instant.
+    Idle(Instant),
+    /// A later head, due at this instant.
+    Head(Instant),
+}
+
+/// One wait for a head. The sleep is armed on its first poll only: a head that arrives
+/// whole in one read never arms anything.
+struct HeadSleep {
+    state: Arc<ConnState>,
+    phase: Phase,
+    sleep: Option<timer::Sleep>,
+}
+
+impl Future for HeadSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let cfg = &this.state.settings.cfg;
+        if let Phase::Idle(_) = this.phase {
+            if this.state.bytes_seen.load(Ordering::Relaxed) {
+                this.phase = Phase::Head(Instant::now() + cfg.header_read_timeout);
+                this.sleep = None;
+            }
+        }
+        let deadline = match this.phase {
+            Phase::First(due) | Phase::Head(due) => due,
+            Phase::Idle(since) => since + cfg.keepalive_timeout,
+        };
+        let sleep = this.sleep.get_or_insert_with(|| timer::Sleep::until(deadline));
+        if Pin::new(sleep).poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let timeouts = &this.state.settings.metrics.timeouts;
+        if let Phase::Idle(_) = this.phase {
+            timeouts.keepalive.inc();
+            tracing::debug!("closing an idle HTTP/1 connection: keep-alive timeout");
+        } else {
+            timeouts.header_read.inc();
+            tracing::debug!("closing an HTTP/1 connection: header read timeout");
+        }
+        Poll::Ready(())
+    }
+}
+
+impl Drop for HeadSleep {
+    fn drop(&mut self) {
+        // hyper drops the sleep once the head is read (or the connection ends).
+        if let Phase::First(_) = self.phase {
+            self.state.first_head_done.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl hyper::rt::Sleep for HeadSleep {}
