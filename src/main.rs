@@ -59,37 +59,41 @@ fn main() -> ExitCode {
     if matches!(cli.command, Some(Command::Bench)) {
         return match tollgate::bench::run_from_env() {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
+            Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
         };
     }
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail(&e.to_string(), ExitCode::from(2)),
     };
     match cli.command.unwrap_or(Command::Run) {
-        Command::Check => {
-            print!("{}", summary(&config));
-            ExitCode::SUCCESS
-        }
-        Command::Explain => {
-            print!("{}", tollgate::explain::explain(&config));
-            ExitCode::SUCCESS
-        }
+        Command::Check => output(&summary(&config)),
+        Command::Explain => output(&tollgate::explain::explain(&config)),
         Command::Bench => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
+            Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
         },
     }
+}
+
+/// Writes `text` to stdout. A reader that went away (`tollgate check | head -1`) ends the
+/// program quietly with success, as it would for `cat`; `print!` would panic instead.
+fn output(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("writing the output: {e}"), ExitCode::FAILURE),
+    }
+}
+
+/// `error: …` on stderr (never a panic, even when stderr is closed), then `code`.
+fn fail(message: &str, code: ExitCode) -> ExitCode {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "error: {message}");
+    code
 }
 
 fn init_logging(format: LogFormat) {
@@ -124,17 +128,23 @@ fn run(
     init_logging(config.log.format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         let admin = match config.admin {
             Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the admin listener {addr}"))?,
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the admin listener {addr}"))?,
             ),
             None => None,
         };
-        tracing::info!(listen = %config.listen, admin = ?config.admin, routes = config.routes.len(), "tollgate listening");
-        let shared: Shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
+        // `check` refuses every value known to break the build; should one still panic, the
+        // process ends with a message rather than a backtrace.
+        let (addr, admin_addr, routes) = (config.listen, config.admin, config.routes.len());
+        let proxy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Proxy::new(config)))
+            .map_err(|_| anyhow::anyhow!("building the config failed (this is a bug in tollgate)"))?;
+        tracing::info!(listen = %addr, admin = ?admin_addr, routes, "tollgate listening");
+        let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = move || {
             let mut rx = stop_rx.clone();
@@ -178,13 +188,19 @@ async fn shutdown_signal() {
 fn summary(config: &Config) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(
+    // Counts after aliases are expanded: what `run` will build.
+    let _ = write!(
         out,
-        "config ok: listen {}, {} upstream(s), {} route(s)",
+        "config ok: listen {}, {} upstream(s), {} route(s), {} limit(s)",
         config.listen,
         config.upstreams.len(),
-        config.routes.len()
+        config.routes.len(),
+        config.limit_count()
     );
+    if config.shape.alias_nodes > 0 {
+        let _ = write!(out, "; aliases repeat {} YAML nodes", config.shape.alias_nodes);
+    }
+    out.push('\n');
     for (i, r) in config.routes.iter().enumerate() {
         let host = match &r.host {
             None => "*".to_owned(),

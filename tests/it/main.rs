@@ -6,6 +6,7 @@ mod support;
 
 mod cli;
 mod forwarding;
+mod hostile_config;
 mod limits;
 mod operate;
 mod redis;
