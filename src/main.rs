@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tollgate::admin::Readiness;
 use tollgate::config::{Config, LogFormat, UpstreamKind};
 use tollgate::proxy::Proxy;
-use tollgate::reload::Reloader;
+use tollgate::reload::{LogSwitch, Reloader};
 use tollgate::server::Shared;
 
 #[cfg(feature = "mimalloc")]
@@ -96,14 +96,27 @@ fn fail(message: &str, code: ExitCode) -> ExitCode {
     code
 }
 
-fn init_logging(format: LogFormat) {
+type FmtLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+fn fmt_layer(format: LogFormat) -> FmtLayer {
+    use tracing_subscriber::Layer;
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => layer.json().boxed(),
+        LogFormat::Text => layer.boxed(),
+    }
+}
+
+/// Installs the subscriber; the returned switch changes the format of a running process
+/// (a reload of `log.format`).
+fn init_logging(format: LogFormat) -> LogSwitch {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let (layer, handle) = tracing_subscriber::reload::Layer::new(fmt_layer(format));
+    let _ = tracing_subscriber::registry().with(layer).with(filter).try_init();
+    Box::new(move |format| handle.reload(fmt_layer(format)).map_err(|e| e.to_string()))
 }
 
 fn run(
@@ -125,7 +138,7 @@ fn run(
         }
     };
     adjust(&mut config);
-    init_logging(config.log.format);
+    let log_switch = init_logging(config.log.format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let listener =
@@ -156,7 +169,7 @@ fn run(
         if let Some(admin) = admin {
             tokio::spawn(tollgate::admin::serve(admin, shared.clone(), ready.clone(), stopped()));
         }
-        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust));
+        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust)).with_log_switch(log_switch);
         tokio::spawn(reloader.run(Duration::from_secs(1), stopped()));
         ready.set_listening(true);
         let signal = async move {

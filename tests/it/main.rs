@@ -8,6 +8,7 @@ mod cli;
 mod forwarding;
 mod hostile_config;
 mod limits;
+mod live_reload;
 mod operate;
 mod redis;
 mod server;
