@@ -47,28 +47,68 @@ pub fn check(text: &str) -> Result<Shape, Refused> {
             line: 1,
             column: 1,
             message: format!(
-                "the config is {} bytes; at most {MAX_CONFIG_BYTES} bytes ({} MiB) are accepted",
-                text.len(),
+                "the config has more than {MAX_CONFIG_BYTES} bytes; at most {MAX_CONFIG_BYTES} bytes ({} MiB) are accepted",
                 MAX_CONFIG_BYTES >> 20
             ),
         });
     }
-    let depth = Depth::scan(text.as_bytes())?;
+    let b = text.as_bytes();
+    if let Some(at) = odd_line_break(b) {
+        let line = 1 + b[..at].iter().filter(|&&c| c == b'\n').count();
+        let line_start = b[..at].iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1);
+        return Err(Refused {
+            line,
+            column: at - line_start + 1,
+            message: "a carriage return without a line feed, or a U+0085, U+2028 or U+2029 character: YAML \
+                      parsers disagree on whether these break a line, so they are refused; use LF or CRLF line \
+                      endings (and `\\u2028` escapes in double-quoted strings)"
+                .to_owned(),
+        });
+    }
+    let depth = Depth::scan(b.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(b))?;
     // Only a `*` can be an alias: texts without one skip the second parse.
-    let alias_nodes = if text.as_bytes().contains(&b'*') { aliases(text)? } else { 0 };
+    let alias_nodes = if b.contains(&b'*') { aliases(text)? } else { 0 };
     Ok(Shape { depth, alias_nodes })
 }
 
+/// The offset of a line break other than LF and CRLF. libyaml (serde_yaml) breaks lines at a
+/// lone CR and at NEL, LS and PS too; the scan below and yaml-rust2 would not, and a text
+/// they read differently could hide its depth or its aliases from them.
+fn odd_line_break(b: &[u8]) -> Option<usize> {
+    b.iter().enumerate().find_map(|(i, &c)| {
+        let odd = match c {
+            b'\r' => b.get(i + 1) != Some(&b'\n'),
+            0xC2 => b.get(i + 1) == Some(&0x85),
+            0xE2 => b.get(i + 1) == Some(&0x80) && matches!(b.get(i + 2), Some(0xA8 | 0xA9)),
+            _ => false,
+        };
+        odd.then_some(i)
+    })
+}
+
 /// The depth scanner's state: a stack of block indentation columns and the flow depth.
+///
+/// It follows libyaml where the two could disagree about what is text: a plain scalar goes on
+/// over the following lines indented past the collection that holds it (a quote on such a
+/// line is text, not the start of a string), and a block scalar's content indentation is
+/// computed as libyaml computes it.
 struct Depth<'a> {
     b: &'a [u8],
     /// Byte offset of the next byte to read.
     i: usize,
     line: usize,
     line_start: usize,
-    block: Vec<usize>,
+    /// Block levels: their column, and whether it is an indentless sequence (a `- ` list at
+    /// its key's own column), which lives on across lines at that column that start with `- `.
+    block: Vec<(usize, bool)>,
     flow: usize,
     max: usize,
+    /// A plain scalar ended its line; it goes on over lines indented past this column (the
+    /// indentation of the collection that holds it, -1 at the document's root).
+    plain: Option<isize>,
+    /// The last line ended with a key and no value (`key:`, or `?`/`:` alone): a `- ` at the
+    /// key's own indentation on the next line starts a sequence inside that key's mapping.
+    key_open: bool,
 }
 
 fn is_ws(c: u8) -> bool {
@@ -81,7 +121,8 @@ fn is_flow_indicator(c: u8) -> bool {
 
 impl<'a> Depth<'a> {
     fn scan(b: &'a [u8]) -> Result<usize, Refused> {
-        let mut d = Depth { b, i: 0, line: 1, line_start: 0, block: Vec::new(), flow: 0, max: 0 };
+        let mut d =
+            Depth { b, i: 0, line: 1, line_start: 0, block: Vec::new(), flow: 0, max: 0, plain: None, key_open: false };
         while d.i < d.b.len() {
             d.line_of_block()?;
         }
@@ -97,10 +138,14 @@ impl<'a> Depth<'a> {
         self.peek(at).is_none_or(|c| is_ws(c) || c == b'\n' || c == b'\r')
     }
 
+    fn column(&self, at: usize) -> usize {
+        at - self.line_start
+    }
+
     fn refuse(&self, at: usize) -> Refused {
         Refused {
             line: self.line,
-            column: at - self.line_start + 1,
+            column: self.column(at) + 1,
             message: format!(
                 "nested deeper than {MAX_DEPTH} levels of lists and maps; a tollgate config needs at most 6 \
                  (this bound is checked before the YAML parser)"
@@ -117,12 +162,15 @@ impl<'a> Depth<'a> {
         Ok(())
     }
 
-    fn push_block(&mut self, column: usize, at: usize) -> Result<(), Refused> {
-        if self.block.last().is_none_or(|&top| top < column) {
-            self.block.push(column);
+    /// Pushes a block level at `column` unless the innermost one is already there or deeper;
+    /// true if it pushed.
+    fn push_block(&mut self, column: usize, at: usize) -> Result<bool, Refused> {
+        if self.block.last().is_none_or(|&(top, _)| top < column) {
+            self.block.push((column, false));
             self.deeper(at)?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Moves past the end of the current line.
@@ -154,42 +202,104 @@ impl<'a> Depth<'a> {
                 self.i = q;
                 return Ok(());
             }
-            Some(b'\n' | b'\r' | b'#') => {
+            // Blank lines are folded into a plain scalar; they do not end it.
+            Some(b'\n' | b'\r') => {
+                self.next_line();
+                return Ok(());
+            }
+            Some(b'#') => {
+                self.plain = None;
                 self.next_line();
                 return Ok(());
             }
             _ => {}
         }
-        if indent == 0 {
-            let rest = &self.b[p..];
+        if q == start {
+            let rest = &self.b[q..];
             if rest.starts_with(b"%") {
+                self.plain = None;
                 self.next_line();
                 return Ok(());
             }
-            if (rest.starts_with(b"---") || rest.starts_with(b"...")) && self.blank_at(p + 3) {
+            if (rest.starts_with(b"---") || rest.starts_with(b"...")) && self.blank_at(q + 3) {
                 self.block.clear();
-                self.i = p + 3;
-                return self.node(false);
+                self.plain = None;
+                self.key_open = false;
+                self.i = q + 3;
+                return self.node(false, -1, false);
             }
         }
-        while self.block.last().is_some_and(|&top| top > indent) {
+        if let Some(owner) = self.plain.take() {
+            if self.column(q) as isize > owner {
+                self.plain = Some(owner);
+                self.i = q;
+                return self.continuation();
+            }
+        }
+        let entry = self.peek(p) == Some(b'-') && self.blank_at(p + 1);
+        while let Some(&(top, indentless)) = self.block.last() {
+            if top <= indent || (indentless && entry && top == indent + 1) {
+                break;
+            }
             self.block.pop();
         }
-        self.push_block(indent, p)?;
+        let pushed = self.push_block(indent, p)?;
+        if std::mem::take(&mut self.key_open) && !pushed && entry && self.push_block(indent + 1, p)? {
+            // An indentless sequence: the value of the key above, at the key's indentation.
+            if let Some(level) = self.block.last_mut() {
+                level.1 = true;
+            }
+        }
+        // The collection holding this line's first node: the level above a new one, or this
+        // level itself.
+        let owner = if pushed {
+            self.block.len().checked_sub(2).map_or(-1, |i| self.block[i].0 as isize)
+        } else {
+            indent as isize
+        };
         self.i = p;
-        self.node(true)
+        self.node(true, owner, false)
+    }
+
+    /// A line that goes on with a plain scalar: text up to `: ` (libyaml refuses that in a
+    /// multi-line scalar; scanning on only counts more) or a comment.
+    fn continuation(&mut self) -> Result<(), Refused> {
+        loop {
+            match self.peek(self.i) {
+                None => return Ok(()),
+                Some(b'\n' | b'\r') => {
+                    self.next_line();
+                    return Ok(());
+                }
+                Some(b':') if self.blank_at(self.i + 1) => {
+                    self.plain = None;
+                    self.i += 1;
+                    return self.node(false, -1, true);
+                }
+                Some(b'#') if is_ws(self.b[self.i - 1]) => {
+                    self.plain = None;
+                    self.next_line();
+                    return Ok(());
+                }
+                Some(_) => self.i += 1,
+            }
+        }
     }
 
     /// A node in block context at `self.i`, then whatever follows it on the line. `fresh`: the
     /// line's first node (a `:` there is an indicator, not the value of a key on this line).
-    fn node(&mut self, mut fresh: bool) -> Result<(), Refused> {
+    /// `owner`: the indentation of the collection that holds the node. `after_key`: a key's `:`
+    /// was just read (a line that ends here leaves the key open).
+    fn node(&mut self, mut fresh: bool, mut owner: isize, mut after_key: bool) -> Result<(), Refused> {
         loop {
             while self.peek(self.i).is_some_and(is_ws) {
                 self.i += 1;
             }
             let Some(c) = self.peek(self.i) else { return Ok(()) };
+            let col = self.column(self.i);
             match c {
                 b'\n' | b'\r' | b'#' => {
+                    self.key_open = after_key;
                     self.next_line();
                     return Ok(());
                 }
@@ -199,22 +309,25 @@ impl<'a> Depth<'a> {
                     while self.peek(p).is_some_and(is_ws) {
                         p += 1;
                     }
-                    if self.peek(p).is_some_and(|c| c != b'\n' && c != b'\r' && c != b'#') {
-                        self.push_block(p - self.line_start, p)?;
-                    }
+                    // With nothing after it on the line, its node still is one level deeper.
+                    let content = self.peek(p).is_some_and(|c| c != b'\n' && c != b'\r' && c != b'#');
+                    self.push_block(if content { self.column(p) } else { col + 1 }, p)?;
                     self.i = p;
                     fresh = true;
+                    // `?` or `:` alone on its line leaves a key (or its value) open like `key:`.
+                    after_key = !content && c != b'-';
+                    owner = col as isize;
                 }
                 b'[' | b'{' => {
                     self.flow(self.i)?;
-                    return self.after_node();
+                    return self.after_node(col);
                 }
                 b'"' | b'\'' => {
                     self.quoted(c);
-                    return self.after_node();
+                    return self.after_node(col);
                 }
                 b'|' | b'>' => {
-                    self.block_scalar();
+                    self.block_scalar(owner);
                     return Ok(());
                 }
                 b'&' | b'!' => {
@@ -226,18 +339,22 @@ impl<'a> Depth<'a> {
                     while !self.blank_at(self.i) {
                         self.i += 1;
                     }
-                    return self.after_node();
+                    return self.after_node(col);
                 }
                 _ => {
-                    // A plain scalar: it ends at `: ` (it was a key), ` #` or the line's end.
+                    // A plain scalar: it ends at `: ` (it was a key), ` #` or the line's end
+                    // (and then may go on over the next lines).
                     loop {
                         match self.peek(self.i) {
-                            None | Some(b'\n' | b'\r') => return Ok(()),
+                            None | Some(b'\n' | b'\r') => {
+                                self.plain = Some(owner);
+                                return Ok(());
+                            }
                             Some(b':') if self.blank_at(self.i + 1) => {
                                 self.i += 1;
                                 break;
                             }
-                            Some(b'#') if self.i > 0 && is_ws(self.b[self.i - 1]) => {
+                            Some(b'#') if is_ws(self.b[self.i - 1]) => {
                                 self.next_line();
                                 return Ok(());
                             }
@@ -245,24 +362,29 @@ impl<'a> Depth<'a> {
                         }
                     }
                     fresh = false;
+                    after_key = true;
+                    owner = col as isize;
                 }
             }
         }
     }
 
-    /// After a quoted scalar, an alias or a flow collection: a `:` makes it a key.
-    fn after_node(&mut self) -> Result<(), Refused> {
+    /// After a quoted scalar, an alias or a flow collection that began at column `col`: a `:`
+    /// makes it a key.
+    fn after_node(&mut self, col: usize) -> Result<(), Refused> {
         while self.peek(self.i).is_some_and(is_ws) {
             self.i += 1;
         }
-        if self.peek(self.i) == Some(b':') {
+        let key = self.peek(self.i) == Some(b':');
+        if key {
             self.i += 1;
         }
         // Anything else is a syntax error for the parser; scanning it as a node only counts more.
-        self.node(false)
+        self.node(false, col as isize, key)
     }
 
-    /// Skips a quoted scalar opening at `self.i`, across lines.
+    /// Skips a quoted scalar opening at `self.i`, across lines (to its closing quote, as
+    /// libyaml reads it whatever the lines' indentation).
     fn quoted(&mut self, quote: u8) {
         self.i += 1;
         while let Some(c) = self.peek(self.i) {
@@ -286,12 +408,11 @@ impl<'a> Depth<'a> {
         }
     }
 
-    /// Skips a block scalar (`|` or `>` at `self.i`): the header line, then every line indented
-    /// at least as far as its content. The content indentation is taken as the largest a YAML
-    /// parser could use (explicit indicator, the first content line, the longest leading blank
-    /// line), so no line the parser reads as structure is skipped.
-    fn block_scalar(&mut self) {
-        let n = self.block.last().copied().unwrap_or(0);
+    /// Skips a block scalar (`|` or `>` at `self.i`) held by the collection at column `owner`:
+    /// the header line, then its content lines, with the content indentation libyaml uses (an
+    /// explicit indicator counts from `owner`; else the most indented of the leading blank
+    /// lines and the first content line, at least one past `owner`).
+    fn block_scalar(&mut self, owner: isize) {
         let mut explicit = None;
         let mut p = self.i + 1;
         while let Some(c) = self.peek(p) {
@@ -303,7 +424,8 @@ impl<'a> Depth<'a> {
             p += 1;
         }
         self.next_line();
-        let mut content: Option<usize> = None;
+        let base = usize::try_from(owner).unwrap_or(0);
+        let mut content: Option<usize> = explicit.map(|k| if owner >= 0 { base + k } else { k });
         let mut leading_blank = 0;
         while self.i < self.b.len() {
             let start = self.i;
@@ -321,7 +443,8 @@ impl<'a> Depth<'a> {
                     continue;
                 }
                 None => {
-                    let at = spaces.max(leading_blank).max(n + 1).max(explicit.map_or(0, |k| n + k));
+                    let floor = if owner >= 0 { base + 1 } else { 1 };
+                    let at = spaces.max(leading_blank).max(floor);
                     content = Some(at);
                     at
                 }
@@ -333,15 +456,16 @@ impl<'a> Depth<'a> {
         }
     }
 
-    /// A flow collection opening at `at`, to its matching close (across lines).
+    /// A flow collection opening at `at`, to its matching close (across lines). A `key: value`
+    /// (or `? key`) entry of a flow sequence is a one-pair mapping: a level of its own until the
+    /// entry ends.
     fn flow(&mut self, at: usize) -> Result<(), Refused> {
-        let base = self.flow;
-        self.flow += 1;
-        self.deeper(at)?;
-        self.i = at + 1;
+        // Open collections: whether a sequence, and whether its current entry is such a pair.
+        let mut open: Vec<(bool, bool)> = Vec::new();
         // `start`: the next token begins a node (quotes open a scalar only there).
         // `closed`: the last token was a quoted scalar or a collection (`"a":b` JSON style).
         let (mut start, mut closed, mut ws) = (true, false, false);
+        self.i = at;
         while let Some(c) = self.peek(self.i) {
             let here = self.i;
             self.i += 1;
@@ -362,25 +486,38 @@ impl<'a> Depth<'a> {
                     continue;
                 }
                 b'[' | b'{' => {
+                    open.push((c == b'[', false));
                     self.flow += 1;
                     self.deeper(here)?;
                     (start, closed) = (true, false);
                 }
                 b']' | b'}' => {
-                    self.flow -= 1;
-                    if self.flow == base {
+                    if let Some((_, pair)) = open.pop() {
+                        self.flow -= 1 + usize::from(pair);
+                    }
+                    if open.is_empty() {
                         return Ok(());
                     }
                     (start, closed) = (false, true);
                 }
-                b',' => (start, closed) = (true, false),
+                b',' => {
+                    if let Some((_, pair)) = open.last_mut() {
+                        if std::mem::take(pair) {
+                            self.flow -= 1;
+                        }
+                    }
+                    (start, closed) = (true, false);
+                }
                 b':' => {
                     let next = self.peek(self.i);
                     let value =
                         closed || next.is_none_or(|n| is_ws(n) || n == b'\n' || n == b'\r' || is_flow_indicator(n));
+                    if value {
+                        self.pair(&mut open, here)?;
+                    }
                     (start, closed) = (value, false);
                 }
-                b'?' if start && self.blank_at(self.i) => {}
+                b'?' if start && self.blank_at(self.i) => self.pair(&mut open, here)?,
                 b'"' | b'\'' if start => {
                     self.i = here;
                     self.quoted(c);
@@ -400,6 +537,16 @@ impl<'a> Depth<'a> {
                 _ => (start, closed) = (false, false),
             }
             ws = false;
+        }
+        Ok(())
+    }
+
+    /// A `:` or `?` in a flow collection: in a sequence, its entry becomes a one-pair mapping.
+    fn pair(&mut self, open: &mut [(bool, bool)], at: usize) -> Result<(), Refused> {
+        if let Some((true, pair @ false)) = open.last_mut() {
+            *pair = true;
+            self.flow += 1;
+            self.deeper(at)?;
         }
         Ok(())
     }
@@ -486,7 +633,7 @@ mod tests {
         assert_eq!(depth("a: 1\n"), 1);
         assert_eq!(depth("a:\n  b:\n    c: 1\n"), 3);
         assert_eq!(depth("a:\n  - b: 1\n    c: 2\n"), 3);
-        assert_eq!(depth("a:\n- b: 1\n  c: 2\n"), 2);
+        assert_eq!(depth("a:\n- b: 1\n  c: 2\n"), 3);
         assert_eq!(depth("a: [1, {b: [2]}]\n"), 4);
         // The scan counts a level for the scalar after the last `- `: one more than there are.
         assert_eq!(depth("- - - x\n"), 4);
@@ -514,8 +661,38 @@ mod tests {
         assert!(Depth::scan(deep.as_bytes()).is_err());
         let deep = format!("a: |4\n {}\n", "[".repeat(40));
         assert!(Depth::scan(deep.as_bytes()).is_err());
-        let deep = format!("a: |\n          \n    x\n    {}\n", "[".repeat(40));
+        // A leading blank line wider than the first content line sets the indentation.
+        let deep = format!("a: |\n          \n    x: {}\n", "[".repeat(40));
         assert!(Depth::scan(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_quote_on_a_line_that_goes_on_with_a_plain_scalar_is_text() {
+        // libyaml reads `abc "def` as one plain scalar and `z:` as the next key.
+        let deep = format!("k: abc\n \"def\nz: {}\nw: \"\n", "[".repeat(40));
+        assert!(Depth::scan(deep.as_bytes()).is_err());
+        let deep = format!("- abc\n  'def\n- {}\n- '\n", "[".repeat(40));
+        assert!(Depth::scan(deep.as_bytes()).is_err());
+        // …while a line at the holding collection's indentation is structure again.
+        assert_eq!(depth("k: abc\n  \"def [[[[\n  more\nz: 1\n"), 1);
+    }
+
+    #[test]
+    fn a_block_scalar_s_content_indentation_is_libyaml_s() {
+        // `- |`: the sequence at column 0 holds it, so column 1 is content already.
+        let deep = format!("- |\n \"text\nx: {}\n\"\n", "[".repeat(40));
+        assert!(Depth::scan(deep.as_bytes()).is_err());
+        assert_eq!(depth("- |\n  [[[[\n- x\n"), 2);
+    }
+
+    #[test]
+    fn line_breaks_yaml_parsers_disagree_on_are_refused() {
+        for text in ["a: 1\rb: [x]\n", "a: 1\u{85}b: 2\n", "a: 1\n\u{2028}b: 2\n", "a: '\u{2029}'\n"] {
+            let e = check(text).unwrap_err();
+            assert!(e.message.contains("carriage return"), "{e:?}");
+        }
+        assert_eq!(check("a: 1\r\nb: [x]\r\n").map(|s| s.depth), Ok(2));
+        assert_eq!(check("\u{feff}a: [[x]]\n").map(|s| s.depth), Ok(3));
     }
 
     #[test]
@@ -531,6 +708,184 @@ mod tests {
             nested.push_str("k:\n");
         }
         assert_eq!(Depth::scan(nested.as_bytes()).unwrap_err().line, MAX_DEPTH + 1);
+    }
+
+    /// Nesting of a parsed value: the root collection is 1.
+    fn value_depth(v: &serde_yaml::Value) -> usize {
+        use serde_yaml::Value;
+        match v {
+            Value::Sequence(items) => 1 + items.iter().map(value_depth).max().unwrap_or(0),
+            Value::Mapping(m) => 1 + m.iter().map(|(k, v)| value_depth(k).max(value_depth(v))).max().unwrap_or(0),
+            Value::Tagged(t) => value_depth(&t.value),
+            _ => 0,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 4000, ..Default::default() })]
+        /// Differential against serde_yaml (libyaml): whatever it parses, the scan never
+        /// counts less nesting than the parsed value has.
+        #[test]
+        fn the_scan_never_counts_less_than_libyaml_parses(parts in proptest::collection::vec(proptest::sample::select(vec![
+            "[", "]", "{", "}", "- ", "? ", ": ", ":", "a", "b: ", "\"x\"", "'y'", "\"", "'", " #c", " ", "\n", "  ", "    ",
+            "|", ">", "|2", "&a ", "*a", ", ", ",", "\n- ", "\n  ", "\n    ", "x:", "'it''s'", "\\", "---\n", "\t",
+            "\n- - ", "\n? ", "\n: ", "{a: ", "[a: ", "\"a\":", "\n ", "x\n", "|\n", ">-\n ", "#", "!t ", "\n\n",
+        ]), 0..64)) {
+            let text: String = parts.concat();
+            if let Ok(v) = serde_yaml::from_str::<serde_yaml::Value>(&text) {
+                let want = value_depth(&v);
+                match Depth::scan(text.as_bytes()) {
+                    Ok(got) => proptest::prop_assert!(got >= want, "scan {got} < parsed {want}: {text:?}"),
+                    Err(_) => proptest::prop_assert!(want > 0),
+                }
+            }
+        }
+    }
+
+    /// A YAML tree, written out below in mixed styles.
+    #[derive(Debug, Clone)]
+    enum Tree {
+        Leaf(u8),
+        Seq(Vec<Tree>),
+        Map(Vec<Tree>),
+    }
+
+    fn tree_depth(t: &Tree) -> usize {
+        match t {
+            Tree::Leaf(_) => 0,
+            Tree::Seq(c) | Tree::Map(c) => 1 + c.iter().map(tree_depth).max().unwrap_or(0),
+        }
+    }
+
+    /// Scalars whose text looks like structure: brackets in quotes, plain text and block scalars.
+    fn flow_leaf(n: u8) -> &'static str {
+        ["a", "'[ ''x'' {'", "\"[\\\"{,]\"", "b c", "'#[ {'", "\"x\\\\\""][usize::from(n % 6)]
+    }
+
+    /// Writes `t` as a flow node.
+    fn write_flow(t: &Tree, out: &mut String) {
+        match t {
+            Tree::Leaf(n) => out.push_str(flow_leaf(*n)),
+            Tree::Seq(c) => {
+                out.push('[');
+                for (i, x) in c.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write_flow(x, out);
+                }
+                out.push(']');
+            }
+            Tree::Map(c) => {
+                out.push('{');
+                for (i, x) in c.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&format!("k{i}: "));
+                    write_flow(x, out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    /// Writes a block scalar value for a node held by the collection at `indent` (the text
+    /// after `key:` or `- `, through the end of its last line).
+    fn write_block_leaf(n: u8, indent: usize, out: &mut String) {
+        let more = " ".repeat(indent + 2);
+        match n % 5 {
+            0 => out.push_str(" a [b {c\n"),
+            1 => out.push_str(&format!(" |\n{more}[[ x ]\n{more}  {{ \"y\n")),
+            // A plain scalar over three lines; its next lines look like structure and strings.
+            2 => out.push_str(&format!(" a\n{more}\"b [[\n{more}- 'c\n")),
+            3 => out.push_str(&format!(" >-\n\n{more}'[[\n")),
+            _ => {
+                out.push(' ');
+                out.push_str(flow_leaf(n / 5));
+                out.push('\n');
+            }
+        }
+    }
+
+    /// Writes the value of a key or sequence entry held by the collection at `indent`.
+    fn write_value(x: &Tree, indent: usize, choices: &mut dyn Iterator<Item = bool>, out: &mut String) {
+        match x {
+            Tree::Leaf(n) => write_block_leaf(*n, indent, out),
+            Tree::Seq(c) | Tree::Map(c) if c.is_empty() || choices.next().unwrap_or(false) => {
+                out.push(' ');
+                write_flow(x, out);
+                out.push('\n');
+            }
+            _ => {
+                out.push('\n');
+                write_block(x, indent + 2, choices, out);
+            }
+        }
+    }
+
+    /// Writes `t` in block style at `indent`; `choices` picks styles (flow, indentless).
+    fn write_block(t: &Tree, indent: usize, choices: &mut dyn Iterator<Item = bool>, out: &mut String) {
+        let pad = " ".repeat(indent);
+        match t {
+            Tree::Leaf(n) => {
+                out.push_str(&pad);
+                out.push_str(flow_leaf(*n));
+                out.push('\n');
+            }
+            Tree::Seq(c) => {
+                for x in c {
+                    out.push_str(&pad);
+                    out.push('-');
+                    write_value(x, indent, choices, out);
+                }
+            }
+            Tree::Map(c) => {
+                for (i, x) in c.iter().enumerate() {
+                    out.push_str(&format!("{pad}k{i}:"));
+                    if let (Tree::Seq(items), true) = (x, choices.next().unwrap_or(false)) {
+                        if !items.is_empty() {
+                            // An indentless sequence: its `- ` at the key's own column.
+                            out.push('\n');
+                            write_block(x, indent, choices, out);
+                            continue;
+                        }
+                    }
+                    write_value(x, indent, choices, out);
+                }
+            }
+        }
+    }
+
+    fn tree() -> impl proptest::strategy::Strategy<Value = Tree> {
+        use proptest::prelude::*;
+        (0u8..30).prop_map(Tree::Leaf).prop_recursive(10, 80, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 1..4).prop_map(Tree::Seq),
+                proptest::collection::vec(inner, 1..4).prop_map(Tree::Map),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 1000, ..Default::default() })]
+        /// Valid documents of known depth, in mixed block and flow styles with scalars that look
+        /// like structure: the scan never counts less than they nest.
+        #[test]
+        fn the_scan_never_counts_less_than_a_document_nests(
+            t in proptest::strategy::Strategy::prop_filter(tree(), "a collection at the root", |t| !matches!(t, Tree::Leaf(_))),
+            picks in proptest::collection::vec(proptest::bool::ANY, 64),
+        ) {
+            let mut text = String::new();
+            write_block(&t, 0, &mut picks.into_iter().cycle(), &mut text);
+            let want = tree_depth(&t);
+            let parsed = serde_yaml::from_str::<serde_yaml::Value>(&text);
+            proptest::prop_assert!(parsed.as_ref().is_ok_and(|v| value_depth(v) == want), "{parsed:?}\n{text}");
+            match Depth::scan(text.as_bytes()) {
+                Ok(got) => proptest::prop_assert!(got >= want, "scan {got} < {want}:\n{text}"),
+                Err(_) => proptest::prop_assert!(want > 0),
+            }
+        }
     }
 
     #[test]
