@@ -193,7 +193,7 @@ pub(crate) fn check_exact(alg: &Algorithm) -> Result<(), String> {
     let m = |a: u64, b: u64| u128::from(a) * u128::from(b);
     match alg {
         Algorithm::TokenBucket { interval, burst, warmup } => {
-            let span = 3 * m(burst.get(), interval.get()) + u128::from(*warmup);
+            let span = m(burst.get(), interval.get()).saturating_mul(3).saturating_add(u128::from(*warmup));
             if span >= EXACT_SPAN {
                 return Err(format!(
                     "burst {} × {} µs per token is too long to compute exactly (3 × burst × interval plus \
