@@ -374,7 +374,7 @@ async fn ten_reloads_under_load_lose_no_request_and_no_limit_state() {
     }
     let (sent, failed) = (sent.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
     assert_eq!(failed, 0, "{failed} of {sent} requests failed");
-    assert!(sent >= 200, "the load loop ran: {sent} requests");
+    assert!(sent >= 100, "the load loop ran: {sent} requests");
     assert_eq!(get(tg.addr, "/load").await.2, "v5");
     assert_eq!(get_with(tg.addr, "/", &[("x-user", "bob")]).await.0, StatusCode::OK, "the limit itself still admits");
 }
