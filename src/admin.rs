@@ -103,27 +103,17 @@ async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> R
     }
 }
 
-/// `redis://user:secret@host` → `redis://user:***@host`.
+/// `redis://user:secret@host` → `redis://user:***@host` (see [`crate::config::redact`]).
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            if user.is_empty() {
-                format!("{scheme}://***@{host}")
-            } else {
-                format!("{scheme}://{user}:***@{host}")
-            }
-        }
-        None => url.to_owned(),
-    }
+    crate::config::redact(url)
 }
 
 fn dur(d: std::time::Duration) -> String {
     crate::config::units::Dur(d).to_string()
 }
 
-/// The effective config (defaults filled in) as JSON; no secrets.
+/// The config in effect (defaults filled in; `listen` and `admin` as bound, since a reload
+/// cannot move them) as JSON; no secrets.
 pub fn effective(c: &Config) -> Value {
     let upstreams: serde_json::Map<String, Value> = c
         .upstreams

@@ -4,6 +4,7 @@
 //! unknown fields, and validation turns it into types that cannot hold an invalid value.
 //! Every error names the file, line, column, field path and what was expected.
 
+mod guard;
 mod limits;
 mod locate;
 mod raw;
@@ -19,8 +20,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
+pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
+pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
 
 /// A config error, positioned in its file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +63,8 @@ pub struct Config {
     pub redis: Option<crate::limit::RedisConfig>,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
+    /// What the text looked like before parsing (nesting, what aliases repeat).
+    pub shape: Shape,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,26 +217,43 @@ pub enum PathMatch {
 }
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file; a file larger than [`MAX_CONFIG_BYTES`] is refused
+    /// without reading it all.
     ///
     /// # Errors
     /// The file cannot be read, or its content is invalid (see [`Config::from_yaml`]).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        use std::io::Read;
+        let fail = |message: String| ConfigError {
             file: path.to_owned(),
             line: 0,
             column: 0,
             path: String::new(),
-            message: format!("cannot read the file: {e}"),
-        })?;
+            message: redact(&message),
+        };
+        let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
+        let mut text = String::new();
+        // One byte more than the bound tells a file that is too large from one that fits.
+        file.take(MAX_CONFIG_BYTES as u64 + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| fail(format!("cannot read the file: {e}")))?;
         Config::from_yaml(path, &text)
     }
 
-    /// Parses and validates YAML text; `file` is only used in error messages.
+    /// Parses and validates YAML text; `file` is only used in error messages. The text is
+    /// first held to the bounds of size, nesting and alias repetition (see `guard`), so
+    /// nothing unbounded reaches the YAML parser.
     ///
     /// # Errors
-    /// The first problem found, with its position.
+    /// The first problem found, with its position. Passwords in URLs are redacted.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Config, ConfigError> {
+        let shape = guard::check(text).map_err(|r| ConfigError {
+            file: file.to_owned(),
+            line: r.line,
+            column: r.column,
+            path: String::new(),
+            message: redact(&r.message),
+        })?;
         let de = serde_yaml::Deserializer::from_str(text);
         let raw: raw::Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let segs = segments(e.path());
@@ -242,12 +264,19 @@ impl Config {
                 Some(pos) if !segs.is_empty() => pos,
                 _ => inner.location().map_or((1, 1), |l| (l.line(), l.column())),
             };
-            ConfigError { file: file.to_owned(), line, column, message: clean_message(&inner, &path), path }
+            ConfigError { file: file.to_owned(), line, column, message: redact(&clean_message(&inner, &path)), path }
         })?;
-        raw.validate().map_err(|(segs, message)| {
+        let mut config = raw.validate().map_err(|(segs, message)| {
             let (line, column) = locate::locate(text, &segs).unwrap_or((1, 1));
-            ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message }
-        })
+            ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
+        })?;
+        config.shape = shape;
+        Ok(config)
+    }
+
+    /// Limits of all routes together.
+    pub fn limit_count(&self) -> usize {
+        self.routes.iter().map(|r| r.limits.len()).sum()
     }
 
     pub fn upstream(&self, route: &Route) -> &Upstream {
@@ -282,6 +311,43 @@ fn clean_message(err: &serde_yaml::Error, path: &str) -> String {
     msg
 }
 
+/// `scheme://user:secret@host` → `scheme://user:***@host`, wherever a URL with credentials
+/// appears in `text` (a message may quote a value that was not meant to be a URL). Everything
+/// from `://` to the last `@` of the same word is credentials, so a password with a raw `/`
+/// or `@` is hidden too; a quoted URL's word runs to its closing quote.
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let scheme = rest[..at].trim_end_matches(|c: char| c.is_ascii_alphanumeric() || "+-.".contains(c));
+        let quote = scheme.chars().next_back().filter(|c| matches!(c, '`' | '"' | '\''));
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = match quote {
+            Some(q) => tail.find(q),
+            None => tail.find(|c: char| c.is_whitespace() || matches!(c, '`' | '"' | '\'' | ',' | ';')),
+        }
+        .unwrap_or(tail.len());
+        let word = &tail[..end];
+        match word.rfind('@') {
+            Some(a) => {
+                match word[..a].split_once(':') {
+                    Some((user, _)) if !user.is_empty() && !user.contains(char::is_whitespace) => {
+                        out.push_str(user);
+                        out.push_str(":***");
+                    }
+                    _ => out.push_str("***"),
+                }
+                out.push_str(&word[a..]);
+            }
+            None => out.push_str(word),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Errors found after parsing, with the path of the offending field.
 pub(crate) type Invalid = (Vec<Seg>, String);
 
@@ -301,6 +367,9 @@ pub(crate) fn parse_header(
     Ok((n, v))
 }
 
+/// `http://host[:port][/base]` → the authority with its port made explicit (80 when none is
+/// written, as everywhere else) and the base path. The host must be there, the port a number
+/// 1–65535.
 pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, String), String> {
     let uri: Uri = url.parse().map_err(|e| format!("`{url}` is not a URL ({e}); expected http://host:port"))?;
     match uri.scheme_str() {
@@ -316,6 +385,24 @@ pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, Str
     if uri.query().is_some() {
         return Err(format!("`{url}` has a query string; an upstream URL is a scheme, host, port and optional path"));
     }
+    let host = authority.host();
+    if host.is_empty() {
+        return Err(format!("`{url}` has no host; expected http://host:port"));
+    }
+    // `http` keeps an unparsable port in the authority text but reports none: read it here.
+    let port = match authority.as_str()[host.len()..].strip_prefix(':') {
+        None => 80,
+        Some(p) => p
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| p.parse::<u16>().ok())
+            .flatten()
+            .filter(|&n| n != 0)
+            .ok_or_else(|| format!("`{url}` has port `{p}`; expected a port from 1 to 65535"))?,
+    };
+    let authority: http::uri::Authority = format!("{host}:{port}")
+        .parse()
+        .map_err(|e| format!("`{url}` is not a URL ({e}); expected http://host:port"))?;
     let base = uri.path().trim_end_matches('/').to_owned();
     Ok((authority, base))
 }

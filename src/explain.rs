@@ -1,11 +1,12 @@
 //! `tollgate explain`: each route's limits in plain words, with the Retry-After a client
-//! sees when it overruns them — computed by running the real algorithm, not restated.
+//! sees when it overruns them — the real algorithm decides that request, not a restatement.
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use crate::config::units::Dur;
 use crate::config::{Config, LimitConfig, Mode, StoreKind};
+use crate::limit::algo::{fixed, gcra, leaky, log, sliding};
 use crate::limit::{self, Algorithm, Decision, KeyPart, State};
 use crate::ratelimit::retry_after_secs;
 
@@ -33,14 +34,45 @@ fn who(limit: &LimitConfig) -> String {
     }
 }
 
-/// Runs `n` requests of `cost` at one instant and returns the decision of the next one.
+/// The decision on request `n + 1` of a burst: `n` requests of `cost` at one instant, then one
+/// more. The state after the first `n` is written down in closed form (a burst may be 10^18
+/// long), then the real algorithm decides the last request. At one instant every algorithm
+/// admits while the quota lasts and then denies without changing its state, and each admission
+/// adds the same amount: `k` admissions leave `k · cost` counted (the token bucket's tat moves
+/// by `cost · interval`, three times that while warming up: see `limit::algo::gcra`).
 fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
-    let mut state: Option<State> = None;
-    for _ in 0..n {
-        let (_, next) = limit::decide(alg, state.as_ref(), 0, cost);
-        state = next;
-    }
-    limit::decide(alg, state.as_ref(), 0, cost).0
+    // The state after `k` admissions from the initial one at now = 0; `k` is what the quota allows.
+    let state = match alg {
+        Algorithm::TokenBucket { interval, burst, warmup } => {
+            let (t, fits) = (interval.get(), burst.get() / cost);
+            // Warming up, unit i is charged 3T but checked at T: c·(3k + 1) <= B.
+            let (charge, admitted) = if *warmup == 0 { (t, fits) } else { (3 * t, fits.div_ceil(3)) };
+            let k = n.min(admitted);
+            let tat = k.saturating_mul(cost).saturating_mul(charge);
+            State::TokenBucket(gcra::Gcra { tat, start: 0 })
+        }
+        Algorithm::LeakyBucket { interval, max_delay } => {
+            // Request k + 1 waits k · cost · T, admitted while that is at most max_delay.
+            let step = cost.saturating_mul(interval.get());
+            let k = n.min(max_delay / step + 1);
+            State::LeakyBucket(leaky::Meter { tat: k.saturating_mul(step) })
+        }
+        Algorithm::FixedWindow { limit, .. } => {
+            let k = n.min(limit.get() / cost);
+            State::FixedWindow(fixed::Window { start: 0, count: k * cost })
+        }
+        Algorithm::SlidingWindow { limit, .. } => {
+            let k = n.min(limit.get() / cost);
+            State::SlidingWindow(sliding::Counter { start: 0, prev: 0, cur: k * cost })
+        }
+        Algorithm::SlidingLog { limit, .. } => {
+            let k = n.min(limit.get() / cost);
+            let log =
+                if k == 0 { log::Log::default() } else { log::Log { entries: [(0, k * cost)].into(), sum: k * cost } };
+            State::SlidingLog(Box::new(log))
+        }
+    };
+    limit::decide(alg, Some(&state), 0, cost).0
 }
 
 fn retry_note(d: Decision) -> String {
@@ -63,7 +95,7 @@ pub fn describe(limit: &LimitConfig) -> String {
                 "bursts of {b}{per_request}, then {} requests/s (one every {}); request {} of a burst {}",
                 per_second(interval.get()),
                 dur(interval.get()),
-                fits + 1,
+                fits.saturating_add(1),
                 retry_note(overrun(&limit.algorithm, fits, c))
             );
             if *warmup > 0 {
@@ -85,13 +117,13 @@ pub fn describe(limit: &LimitConfig) -> String {
                     retry_note(overrun(&limit.algorithm, 1, c))
                 )
             } else {
-                let queue = max_delay / t + 1;
+                let queue = (max_delay / t).saturating_add(1);
                 format!(
                     "smoothed to one request every {} ({} requests/s){per_request}: up to {queue} waiting requests are delayed (at most {}), request {} {}",
                     dur(t),
                     per_second(t),
                     dur(*max_delay),
-                    queue / c + 1,
+                    (queue / c).saturating_add(1),
                     retry_note(overrun(&limit.algorithm, queue / c, c))
                 )
             }
@@ -99,20 +131,20 @@ pub fn describe(limit: &LimitConfig) -> String {
         Algorithm::FixedWindow { window, limit: n } => format!(
             "{n} per {} window aligned to the clock{per_request}; request {} {}; across a window boundary up to {} can pass in a moment",
             dur(window.get()),
-            n.get() / c + 1,
+            (n.get() / c).saturating_add(1),
             retry_note(overrun(&limit.algorithm, n.get() / c, c)),
-            2 * n.get()
+            n.get().saturating_mul(2)
         ),
         Algorithm::SlidingWindow { window, limit: n } => format!(
             "about {n} in any {} (sliding window counter){per_request}; request {} of a burst {}",
             dur(window.get()),
-            n.get() / c + 1,
+            (n.get() / c).saturating_add(1),
             retry_note(overrun(&limit.algorithm, n.get() / c, c))
         ),
         Algorithm::SlidingLog { window, limit: n } => format!(
             "exactly {n} in any {} (sliding log){per_request}; request {} of a burst {}",
             dur(window.get()),
-            n.get() / c + 1,
+            (n.get() / c).saturating_add(1),
             retry_note(overrun(&limit.algorithm, n.get() / c, c))
         ),
     };
@@ -171,6 +203,57 @@ mod tests {
     fn explained(limits: &str) -> String {
         let yaml = format!("upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n{limits}");
         explain(&Config::from_yaml(Path::new("t.yaml"), &yaml).unwrap())
+    }
+
+    /// The request-by-request simulation the closed form replaces.
+    fn simulated(alg: &Algorithm, n: u64, cost: u64) -> Decision {
+        let mut state: Option<State> = None;
+        for _ in 0..n {
+            state = limit::decide(alg, state.as_ref(), 0, cost).1;
+        }
+        limit::decide(alg, state.as_ref(), 0, cost).0
+    }
+
+    #[test]
+    fn closed_form_decides_as_the_simulation_does() {
+        use std::num::NonZeroU64;
+        let nz = |n: u64| NonZeroU64::new(n).unwrap();
+        let mut algs = Vec::new();
+        for (a, b) in [(1, 1), (3, 7), (10, 20), (333_333, 5), (7, 100)] {
+            for warmup in [0, 1, 5_000_000] {
+                algs.push(Algorithm::TokenBucket { interval: nz(a), burst: nz(b), warmup });
+            }
+            for max_delay in [0, a, 3 * a + 1, 50 * a] {
+                algs.push(Algorithm::LeakyBucket { interval: nz(a), max_delay });
+            }
+            algs.push(Algorithm::FixedWindow { window: nz(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::SlidingWindow { window: nz(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::SlidingLog { window: nz(a * 1000), limit: nz(b) });
+        }
+        for alg in &algs {
+            for cost in 1..=limit::max_cost(alg).min(8) {
+                for n in 0..40 {
+                    assert_eq!(overrun(alg, n, cost), simulated(alg, n, cost), "{alg:?} n={n} cost={cost}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn huge_bursts_are_explained_without_simulating_them() {
+        let text = explained("      - { name: big, algorithm: token_bucket, rate: 1000000/s, burst: 1000000000 }\n");
+        assert!(text.contains("bursts of 1000000000, then 1000000 requests/s (one every 1us); request 1000000001 of a burst gets 429 with Retry-After: 1"), "{text}");
+        // The largest burst `check` accepts at one token per µs: 3 × burst stays below 2^63.
+        let largest = (1u64 << 63).div_ceil(3) - 1;
+        let text = explained(&format!(
+            "      - {{ name: big, algorithm: token_bucket, rate: 1000000/s, burst: {largest} }}\n"
+        ));
+        assert!(text.contains(&format!("request {} of a burst gets 429 with Retry-After: 1", largest + 1)), "{text}");
+        let too_big = format!(
+            "upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n      - {{ algorithm: token_bucket, rate: 1000000/s, burst: {} }}\n",
+            largest + 1
+        );
+        assert!(Config::from_yaml(Path::new("t.yaml"), &too_big).is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tollgate::admin::Readiness;
 use tollgate::config::{Config, LogFormat, UpstreamKind};
 use tollgate::proxy::Proxy;
-use tollgate::reload::Reloader;
+use tollgate::reload::{LogSwitch, Reloader};
 use tollgate::server::Shared;
 
 #[cfg(feature = "mimalloc")]
@@ -59,47 +59,64 @@ fn main() -> ExitCode {
     if matches!(cli.command, Some(Command::Bench)) {
         return match tollgate::bench::run_from_env() {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
+            Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
         };
     }
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail(&e.to_string(), ExitCode::from(2)),
     };
     match cli.command.unwrap_or(Command::Run) {
-        Command::Check => {
-            print!("{}", summary(&config));
-            ExitCode::SUCCESS
-        }
-        Command::Explain => {
-            print!("{}", tollgate::explain::explain(&config));
-            ExitCode::SUCCESS
-        }
+        Command::Check => output(&summary(&config)),
+        Command::Explain => output(&tollgate::explain::explain(&config)),
         Command::Bench => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
+            Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
         },
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Writes `text` to stdout. A reader that went away (`tollgate check | head -1`) ends the
+/// program quietly with success, as it would for `cat`; `print!` would panic instead.
+fn output(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("writing the output: {e}"), ExitCode::FAILURE),
+    }
+}
+
+/// `error: …` on stderr (never a panic, even when stderr is closed), then `code`.
+fn fail(message: &str, code: ExitCode) -> ExitCode {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "error: {message}");
+    code
+}
+
+type FmtLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+fn fmt_layer(format: LogFormat) -> FmtLayer {
+    use tracing_subscriber::Layer;
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => layer.json().boxed(),
+        LogFormat::Text => layer.boxed(),
+    }
+}
+
+/// Installs the subscriber; the returned switch changes the format of a running process
+/// (a reload of `log.format`).
+fn init_logging(format: LogFormat) -> LogSwitch {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let (layer, handle) = tracing_subscriber::reload::Layer::new(fmt_layer(format));
+    let _ = tracing_subscriber::registry().with(layer).with(filter).try_init();
+    Box::new(move |format| handle.reload(fmt_layer(format)).map_err(|e| e.to_string()))
 }
 
 fn run(
@@ -121,20 +138,26 @@ fn run(
         }
     };
     adjust(&mut config);
-    init_logging(config.log.format);
+    let log_switch = init_logging(config.log.format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         let admin = match config.admin {
             Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the admin listener {addr}"))?,
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the admin listener {addr}"))?,
             ),
             None => None,
         };
-        tracing::info!(listen = %config.listen, admin = ?config.admin, routes = config.routes.len(), "tollgate listening");
-        let shared: Shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
+        // `check` refuses every value known to break the build; should one still panic, the
+        // process ends with a message rather than a backtrace.
+        let (addr, admin_addr, routes) = (config.listen, config.admin, config.routes.len());
+        let proxy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Proxy::new(config)))
+            .map_err(|_| anyhow::anyhow!("building the config failed (this is a bug in tollgate)"))?;
+        tracing::info!(listen = %addr, admin = ?admin_addr, routes, "tollgate listening");
+        let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = move || {
             let mut rx = stop_rx.clone();
@@ -146,7 +169,7 @@ fn run(
         if let Some(admin) = admin {
             tokio::spawn(tollgate::admin::serve(admin, shared.clone(), ready.clone(), stopped()));
         }
-        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust));
+        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust)).with_log_switch(log_switch);
         tokio::spawn(reloader.run(Duration::from_secs(1), stopped()));
         ready.set_listening(true);
         let signal = async move {
@@ -178,13 +201,19 @@ async fn shutdown_signal() {
 fn summary(config: &Config) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(
+    // Counts after aliases are expanded: what `run` will build.
+    let _ = write!(
         out,
-        "config ok: listen {}, {} upstream(s), {} route(s)",
+        "config ok: listen {}, {} upstream(s), {} route(s), {} limit(s)",
         config.listen,
         config.upstreams.len(),
-        config.routes.len()
+        config.routes.len(),
+        config.limit_count()
     );
+    if config.shape.alias_nodes > 0 {
+        let _ = write!(out, "; aliases repeat {} YAML nodes", config.shape.alias_nodes);
+    }
+    out.push('\n');
     for (i, r) in config.routes.iter().enumerate() {
         let host = match &r.host {
             None => "*".to_owned(),

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder, NoLabelSet,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -15,28 +17,57 @@ use prometheus_client::registry::Registry;
 
 use crate::limit::store::redis::{BreakerState, RedisClient, Snapshot, LATENCY_BUCKETS_US};
 
+/// A label value from config (a route or limit name), escaped as the text format requires.
+/// Names are validated to `[A-Za-z0-9._-]`, so escaping changes nothing today; it keeps a
+/// name that slipped past validation from writing series of its own.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Label(String);
+
+impl Label {
+    fn new(s: &str) -> Label {
+        Label(s.to_owned())
+    }
+}
+
+impl EncodeLabelValue for Label {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        let mut rest = self.0.as_str();
+        while let Some(i) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..i])?;
+            encoder.write_str(match rest.as_bytes()[i] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        encoder.write_str(rest)
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteClass {
-    route: String,
+    route: Label,
     class: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
-    route: String,
+    route: Label,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LimitResult {
-    route: String,
-    limit: String,
+    route: Label,
+    limit: Label,
     result: Outcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLimit {
-    route: String,
-    limit: String,
+    route: Label,
+    limit: Label,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -53,7 +84,7 @@ struct UpstreamLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StaleLabel {
-    route: String,
+    route: Label,
     reason: &'static str,
 }
 
@@ -265,11 +296,11 @@ impl Metrics {
     }
 
     pub fn route(&self, route: &str) -> RouteMetrics {
-        let class = |class| self.requests.get_or_create(&RouteClass { route: route.to_owned(), class }).clone();
-        let stale = |reason| self.stale.get_or_create(&StaleLabel { route: route.to_owned(), reason }).clone();
+        let class = |class| self.requests.get_or_create(&RouteClass { route: Label::new(route), class }).clone();
+        let stale = |reason| self.stale.get_or_create(&StaleLabel { route: Label::new(route), reason }).clone();
         RouteMetrics {
             classes: [class("1xx"), class("2xx"), class("3xx"), class("4xx"), class("5xx")],
-            upstream_seconds: self.upstream_seconds.get_or_create(&RouteLabel { route: route.to_owned() }).clone(),
+            upstream_seconds: self.upstream_seconds.get_or_create(&RouteLabel { route: Label::new(route) }).clone(),
             stale_throttled: stale("throttled"),
             stale_upstream_error: stale("upstream_error"),
         }
@@ -278,7 +309,7 @@ impl Metrics {
     pub fn limit(&self, route: &str, limit: &str) -> LimitMetrics {
         let get = |result| {
             self.decisions
-                .get_or_create(&LimitResult { route: route.to_owned(), limit: limit.to_owned(), result })
+                .get_or_create(&LimitResult { route: Label::new(route), limit: Label::new(limit), result })
                 .clone()
         };
         LimitMetrics {
@@ -288,7 +319,7 @@ impl Metrics {
             shadow_throttled: get(Outcome::shadow_throttled),
             keys: self
                 .local_keys
-                .get_or_create(&RouteLimit { route: route.to_owned(), limit: limit.to_owned() })
+                .get_or_create(&RouteLimit { route: Label::new(route), limit: Label::new(limit) })
                 .clone(),
         }
     }
@@ -391,6 +422,23 @@ mod tests {
             assert_eq!(bucket_of(bound), i, "{bound}");
             assert_eq!(bucket_of(bound + 1), i + 1, "{bound}");
         }
+    }
+
+    #[test]
+    fn label_values_cannot_write_series_of_their_own() {
+        let m = Metrics::new();
+        let hostile = "x\"} 1\nfake_metric{a=\"b\\";
+        m.route(hostile).response(200);
+        m.limit(hostile, "l\nfake_limit 1");
+        let text = m.encode(None);
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).expect("the exposition parses");
+        assert!(text.lines().all(|l| !l.starts_with("fake_")), "{text}");
+        assert!(scrape.samples.iter().all(|s| !s.metric.starts_with("fake_")), "{text}");
+        assert!(
+            text.contains("route=\"x\\\"} 1\\nfake_metric{a=\\\"b\\\\\""),
+            "the value is escaped, not dropped: {text}"
+        );
     }
 
     #[test]

@@ -1,23 +1,40 @@
-//! Hot reload on SIGHUP and when the config file changes. A new file is parsed and validated
-//! first; an invalid one is logged with its position and the running config keeps serving.
-//! A good one is compiled (keeping the state of unchanged limits) and swapped in atomically;
+//! Hot reload on SIGHUP and when the config file changes. A new file is read, validated and
+//! compiled on a blocking thread (a large file takes seconds, and no request may wait for it);
+//! an invalid one, or one whose build fails in any way, is logged and the running config keeps
+//! serving. A good one is swapped in atomically, keeping the state of unchanged limits;
 //! requests in flight finish on the config they started with.
+//!
+//! What cannot change in a running process keeps its running value, field by field, with a
+//! warning: `listen` and `admin` (their sockets are bound once), and `log.format` when no live
+//! switch is installed. So the swapped-in config, and `/config`, always say what is in effect.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, LogFormat};
 use crate::proxy::Proxy;
 use crate::server::Shared;
+
+/// Applies a new `log.format` to the running subscriber.
+pub type LogSwitch = Box<dyn Fn(LogFormat) -> Result<(), String> + Send + Sync>;
 
 /// Reloads one config file into a running proxy.
 pub struct Reloader {
     path: PathBuf,
     shared: Shared,
     /// Command-line overrides, applied to every reloaded config too.
-    adjust: Box<dyn Fn(&mut Config) + Send + Sync>,
+    adjust: Arc<dyn Fn(&mut Config) + Send + Sync>,
+    log_switch: Option<LogSwitch>,
+}
+
+/// What one successful reload did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    pub routes: usize,
+    /// Fields whose new value needs a restart (the running value was kept), e.g. `listen`.
+    pub restart_needed: Vec<&'static str>,
 }
 
 /// What identifies a version of the file without reading it.
@@ -26,31 +43,105 @@ fn stamp(path: &PathBuf) -> Option<(SystemTime, u64)> {
     Some((meta.modified().ok()?, meta.len()))
 }
 
+/// A new config and its compiled proxy, built off the runtime.
+struct Built {
+    proxy: Proxy,
+    restart_needed: Vec<&'static str>,
+    format_changed: bool,
+}
+
+/// Reads, validates and compiles the file (a blocking thread runs this). Fields that cannot
+/// change live are set back to the running values; `live_format` says whether `log.format`
+/// can change.
+fn build(
+    path: &Path,
+    adjust: &(dyn Fn(&mut Config) + Send + Sync),
+    old: &Proxy,
+    live_format: bool,
+) -> Result<Built, ConfigError> {
+    let mut config = Config::load(path)?;
+    adjust(&mut config);
+    let running = &old.config;
+    let mut restart_needed = Vec::new();
+    if config.listen != running.listen {
+        restart_needed.push("listen");
+        config.listen = running.listen;
+    }
+    if config.admin != running.admin {
+        restart_needed.push("admin");
+        config.admin = running.admin;
+    }
+    let format_changed = config.log.format != running.log.format;
+    if format_changed && !live_format {
+        restart_needed.push("log.format");
+        config.log.format = running.log.format;
+    }
+    let proxy = Proxy::build(config, old.clock().clone(), old.metrics().clone(), Some(old));
+    Ok(Built { proxy, restart_needed, format_changed: format_changed && live_format })
+}
+
+/// The message of a build that panicked (a bug: validation should have refused the file).
+fn panicked(file: &Path, e: tokio::task::JoinError) -> ConfigError {
+    let why = match e.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned()),
+        Err(e) => e.to_string(),
+    };
+    ConfigError {
+        file: file.to_owned(),
+        line: 0,
+        column: 0,
+        path: String::new(),
+        message: crate::config::redact(&format!("building the config failed (this is a bug in tollgate: {why})")),
+    }
+}
+
 impl Reloader {
     pub fn new(path: PathBuf, shared: Shared, adjust: Box<dyn Fn(&mut Config) + Send + Sync>) -> Reloader {
-        Reloader { path, shared, adjust }
+        Reloader { path, shared, adjust: Arc::from(adjust), log_switch: None }
     }
 
-    /// Reads, validates and swaps in the file now.
+    /// Lets reloads change `log.format` live through `switch` (without one it needs a restart).
+    pub fn with_log_switch(mut self, switch: LogSwitch) -> Reloader {
+        self.log_switch = Some(switch);
+        self
+    }
+
+    /// Reads, validates and compiles the file on a blocking thread, then swaps it in.
     ///
     /// # Errors
-    /// The file is invalid; the running config is untouched.
-    pub fn reload(&self) -> Result<(), ConfigError> {
-        let mut config = Config::load(&self.path)?;
-        (self.adjust)(&mut config);
-        let old = self.shared.load_full();
-        if config.listen != old.config.listen || config.admin != old.config.admin {
-            tracing::warn!("`listen` and `admin` changes take effect after a restart; the other changes apply now");
+    /// The file is invalid, or building it failed (even by a panic); the running config is
+    /// untouched.
+    pub async fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let (path, adjust, old) = (self.path.clone(), self.adjust.clone(), self.shared.load_full());
+        let live_format = self.log_switch.is_some();
+        let built = tokio::task::spawn_blocking(move || build(&path, &*adjust, &old, live_format))
+            .await
+            .map_err(|e| panicked(&self.path, e))??;
+        if built.format_changed {
+            if let Some(switch) = &self.log_switch {
+                if let Err(e) = switch(built.proxy.config.log.format) {
+                    tracing::warn!(error = %e, "cannot switch log.format; it changes after a restart");
+                }
+            }
         }
-        let routes = config.routes.len();
-        let next = Proxy::build(config, old.clock().clone(), old.metrics().clone(), Some(&old));
-        self.shared.store(Arc::new(next));
+        for &field in &built.restart_needed {
+            tracing::warn!(
+                field,
+                "`{field}` changed in the file; it takes effect after a restart (the running value is kept)"
+            );
+        }
+        let routes = built.proxy.config.routes.len();
+        self.shared.store(Arc::new(built.proxy));
         tracing::info!(file = %self.path.display(), routes, "config reloaded");
-        Ok(())
+        Ok(Reloaded { routes, restart_needed: built.restart_needed })
     }
 
-    fn try_reload(&self) {
-        if let Err(e) = self.reload() {
+    async fn try_reload(&self) {
+        if let Err(e) = self.reload().await {
             tracing::error!(error = %e, "config reload failed; the running config keeps serving");
         }
     }
@@ -83,13 +174,13 @@ impl Reloader {
                 _ = hup_recv => {
                     tracing::info!("SIGHUP received: reloading");
                     last = stamp(&self.path);
-                    self.try_reload();
+                    self.try_reload().await;
                 }
                 _ = tick.tick() => {
                     let now = stamp(&self.path);
                     if now.is_some() && now != last {
                         last = now;
-                        self.try_reload();
+                        self.try_reload().await;
                     }
                 }
             }

@@ -145,8 +145,80 @@ impl RawConcurrency {
         if max == 0 {
             return Err((at, "concurrency must be at least 1".to_owned()));
         }
+        // The cap is a tokio semaphore, which cannot count more permits (it would panic).
+        if max > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err((
+                at,
+                format!(
+                    "concurrency {max} is more than the {} requests in flight a route can count; leave \
+                     `concurrency` out for no cap",
+                    tokio::sync::Semaphore::MAX_PERMITS
+                ),
+            ));
+        }
         Ok(Concurrency { max, max_wait })
     }
+}
+
+/// Names of routes and limits: metric label values, Redis key parts, RateLimit policy names.
+pub(super) fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= super::MAX_NAME_BYTES
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "`{}` is not a name; expected 1 to {} letters, digits, `-`, `_` or `.`",
+        name.escape_debug(),
+        super::MAX_NAME_BYTES
+    ))
+}
+
+/// The algorithms add spans to `now` in u64 µs and saturate rather than overflow; a limit
+/// whose spans could saturate would silently admit everything. Spans must stay below this,
+/// which leaves `now` (µs since 1970) room until the year 146,000.
+const EXACT_SPAN: u128 = 1 << 63;
+
+/// Checks that `alg` computes exactly in u64 µs (the local store; the Redis scripts have the
+/// stricter [`crate::limit::store::redis::check_precision`]). The largest spans the
+/// algorithms form (see `crate::limit::algo`): token bucket `tat` up to `now + 3·burst·interval`
+/// (a cold warm-up charge is 3·interval per unit; a cost is at most the burst) plus `warmup`;
+/// leaky bucket `now + 2·max_delay + interval`; sliding window `start + 2·window`; fixed
+/// window and log `start + window`. Every other product is taken in u128.
+///
+/// # Errors
+/// A sentence naming the bound exceeded.
+pub(crate) fn check_exact(alg: &Algorithm) -> Result<(), String> {
+    let m = |a: u64, b: u64| u128::from(a) * u128::from(b);
+    match alg {
+        Algorithm::TokenBucket { interval, burst, warmup } => {
+            let span = m(burst.get(), interval.get()).saturating_mul(3).saturating_add(u128::from(*warmup));
+            if span >= EXACT_SPAN {
+                return Err(format!(
+                    "burst {} × {} µs per token is too long to compute exactly (3 × burst × interval plus \
+                     warmup must stay below 2^63 µs, about 97,000 years of refill); lower the burst or raise the rate",
+                    burst.get(),
+                    interval.get()
+                ));
+            }
+        }
+        Algorithm::LeakyBucket { interval, max_delay } => {
+            if 2 * u128::from(*max_delay) + u128::from(interval.get()) >= EXACT_SPAN {
+                return Err("max_delay is too long to compute exactly (2 × max_delay plus the interval must stay \
+                            below 2^63 µs)"
+                    .to_owned());
+            }
+        }
+        Algorithm::FixedWindow { window, .. }
+        | Algorithm::SlidingWindow { window, .. }
+        | Algorithm::SlidingLog { window, .. } => {
+            if 2 * u128::from(window.get()) >= EXACT_SPAN {
+                return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn micros(d: Duration) -> u64 {
@@ -158,9 +230,7 @@ impl RawLimit {
     pub fn validate(self, index: usize, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<LimitConfig, Invalid> {
         use AlgorithmName as A;
         let name = self.name.unwrap_or_else(|| format!("limit-{index}"));
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-            return Err((at("name"), format!("`{name}` must be letters, digits, `-`, `_` or `.`")));
-        }
+        check_name(&name).map_err(|e| (at("name"), e))?;
         let only = |field: &str, set: bool, algs: &[A], what: &str| -> Result<(), Invalid> {
             if set && !algs.contains(&self.algorithm) {
                 return Err((at(field), format!("`{field}` applies to {what} only")));
@@ -209,6 +279,9 @@ impl RawLimit {
                 ),
             ));
         }
+        check_exact(&algorithm).map_err(|e| {
+            (at(if self.burst.is_some() && self.algorithm == A::TokenBucket { "burst" } else { "rate" }), e)
+        })?;
         if self.cost == 0 {
             return Err((at("cost"), "cost must be at least 1".to_owned()));
         }

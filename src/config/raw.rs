@@ -9,9 +9,19 @@ use http::{HeaderMap, Method, StatusCode};
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use super::limits::{limit_path, RawConcurrency, RawLimit};
+use super::limits::{check_name, limit_path, RawConcurrency, RawLimit};
 use super::units::{Dur, Size};
 use super::{key, parse_header, parse_upstream_url, Invalid, Seg};
+
+/// Routes in one config (each has a gate, metric series and a line in `/config`).
+pub const MAX_ROUTES: usize = 10_000;
+/// Limits on one route: every request of the route runs all of them.
+pub const MAX_LIMITS_PER_ROUTE: usize = 32;
+/// Limits of all routes together (each holds its store's shards and its cached 429s, about
+/// 24 KiB before the first key).
+pub const MAX_LIMITS: usize = 10_000;
+/// Route and limit names: they are metric labels, Redis key parts and RateLimit policy names.
+pub const MAX_NAME_BYTES: usize = 128;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -361,6 +371,14 @@ impl Config {
         if self.routes.is_empty() {
             return Err((vec![key("routes")], "expected at least one route".to_owned()));
         }
+        if self.routes.len() > MAX_ROUTES {
+            return Err((
+                vec![key("routes"), Seg::Index(MAX_ROUTES)],
+                format!("{} routes (aliases expanded); at most {MAX_ROUTES} are accepted", self.routes.len()),
+            ));
+        }
+        let on_error_local = redis.as_ref().filter(|r| r.on_error == crate::limit::store::redis::OnError::Local);
+        let mut total_limits = 0usize;
         let mut routes = Vec::with_capacity(self.routes.len());
         for (i, route) in self.routes.into_iter().enumerate() {
             let at = |field: &[&str]| {
@@ -369,6 +387,7 @@ impl Config {
                 p
             };
             let name = route.name.unwrap_or_else(|| format!("route-{i}"));
+            check_name(&name).map_err(|e| (at(&["name"]), e))?;
             if routes.iter().any(|r: &super::Route| r.name == name) {
                 return Err((at(&["name"]), format!("route name `{name}` is used twice; names must be unique")));
             }
@@ -409,11 +428,33 @@ impl Config {
             if route.strip_prefix && !matches!(path, super::PathMatch::Prefix(_)) {
                 return Err((at(&["strip_prefix"]), "strip_prefix needs `match.path_prefix`".to_owned()));
             }
+            if route.limits.len() > MAX_LIMITS_PER_ROUTE {
+                return Err((
+                    at(&["limits"]),
+                    format!(
+                        "{} limits on one route (aliases expanded); at most {MAX_LIMITS_PER_ROUTE} are accepted",
+                        route.limits.len()
+                    ),
+                ));
+            }
+            total_limits += route.limits.len();
+            if total_limits > MAX_LIMITS {
+                return Err((
+                    at(&["limits"]),
+                    format!(
+                        "this route brings the limits of all routes to {total_limits} (aliases expanded); at most \
+                         {MAX_LIMITS} are accepted"
+                    ),
+                ));
+            }
             let mut limits = Vec::with_capacity(route.limits.len());
             for (j, raw) in route.limits.into_iter().enumerate() {
                 let limit = raw.validate(j, &|field| limit_path(i, j, field))?;
                 if limit.store == super::StoreKind::Redis {
                     super::redis::check_limit(&limit, redis.is_some(), &|field| limit_path(i, j, field))?;
+                    if let Some(r) = on_error_local {
+                        super::redis::check_fallback(&limit, r.instances, &|field| limit_path(i, j, field))?;
+                    }
                 }
                 if limits.iter().any(|l: &super::LimitConfig| l.name == limit.name) {
                     return Err((
@@ -458,6 +499,7 @@ impl Config {
             redis,
             upstreams,
             routes,
+            shape: super::Shape::default(),
         })
     }
 }

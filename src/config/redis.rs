@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::units::Dur;
 use super::{key, Invalid, Seg};
-use crate::limit::store::redis::{OnError, RedisConfig, Target};
+use crate::limit::store::redis::{fallback_algorithm, OnError, RedisConfig, Target};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,7 +51,12 @@ struct RawBreaker {
 fn check_url(url: &str, at: Vec<Seg>) -> Result<String, Invalid> {
     let ok = (url.starts_with("redis://") || url.starts_with("rediss://")) && redis::parse_redis_url(url).is_some();
     if !ok {
-        return Err((at, format!("`{url}` is not a Redis URL; expected redis://host:port or rediss://host:port")));
+        // Never echo credentials, also when the scheme that would mark them is missing.
+        let shown = match (url.contains("://"), url.rfind('@')) {
+            (false, Some(a)) => format!("***{}", &url[a..]),
+            _ => super::redact(url),
+        };
+        return Err((at, format!("`{shown}` is not a Redis URL; expected redis://host:port or rediss://host:port")));
     }
     Ok(url.to_owned())
 }
@@ -125,6 +130,33 @@ pub fn check_limit(limit: &super::LimitConfig, have_redis: bool, at: &dyn Fn(&st
     crate::limit::store::redis::check_precision(&limit.algorithm).map_err(|e| (at("rate"), e))?;
     if limit.lease.is_some() && !matches!(limit.algorithm, crate::limit::Algorithm::TokenBucket { .. }) {
         return Err((at("lease"), "`lease` applies to token_bucket only".to_owned()));
+    }
+    Ok(())
+}
+
+/// Checks a `store: redis` limit's local fallback (`on_error: local`): its parameters are
+/// divided by `instances`, so a cost that fits the shared limit may never fit the fallback,
+/// and every request during an outage would be refused with a Retry-After of ages.
+pub fn check_fallback(
+    limit: &super::LimitConfig,
+    instances: NonZeroU64,
+    at: &dyn Fn(&str) -> Vec<Seg>,
+) -> Result<(), Invalid> {
+    let fallback = fallback_algorithm(&limit.algorithm, instances);
+    let n = instances.get();
+    super::limits::check_exact(&fallback).map_err(|e| {
+        (at("rate"), format!("with `redis.on_error: local` and `instances: {n}` the local fallback: {e}"))
+    })?;
+    let max = crate::limit::max_cost(&fallback);
+    if limit.cost > max {
+        return Err((
+            at("cost"),
+            format!(
+                "cost {} can never be admitted while Redis is down: with `redis.on_error: local` and \
+                 `instances: {n}` the local fallback admits at most {max} at once; lower the cost or `instances`",
+                limit.cost
+            ),
+        ));
     }
     Ok(())
 }

@@ -156,3 +156,124 @@ fn the_shipped_config_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proxy.yaml");
     Config::load(&path).unwrap();
 }
+
+/// Values that used to pass `check` and then panicked, saturated or never connected at `run`
+/// (issue 22 §4, issue 13 defects 2 and 3): each is refused at its own line and field.
+#[test]
+fn values_that_cannot_run_are_refused_where_they_are_written() {
+    const UP: &str = "upstreams: { d: { respond: {} } }\nroutes:\n";
+    let redis = |extra: &str, limit: &str| {
+        format!("redis: {{ url: 'redis://127.0.0.1:1', on_error: local{extra} }}\n{UP}  - upstream: d\n    limits:\n      - {limit}\n")
+    };
+    let cases: Vec<(String, usize, &str, &str)> = vec![
+        // a tokio semaphore cannot count 2^61 permits (it panicked at `run`)
+        (format!("{UP}  - upstream: d\n    concurrency: 2305843009213693952\n"), 4, "routes[0].concurrency", "requests in flight a route can count"),
+        (format!("{UP}  - upstream: d\n    concurrency: {{ max: 2305843009213693952 }}\n"), 4, "routes[0].concurrency", "requests in flight"),
+        // burst × interval past 2^64 µs saturated the GCRA and admitted everything
+        (
+            format!("{UP}  - upstream: d\n    limits:\n      - algorithm: token_bucket\n        rate: 1/d\n        burst: 250000000\n        cost: 250000000\n"),
+            7,
+            "routes[0].limits[0].burst",
+            "too long to compute exactly",
+        ),
+        (
+            format!("{UP}  - upstream: d\n    limits:\n      - {{ algorithm: token_bucket, rate: 1000000/s, burst: 3074457345618258603 }}\n"),
+            5,
+            "routes[0].limits[0].burst",
+            "3 × burst × interval",
+        ),
+        // route names are labels and key parts
+        (format!("{UP}  - {{ name: 'x\"}} 1\n\n    fake{{a=\"b', upstream: d }}\n"), 3, "routes[0].name", "is not a name"),
+        (format!("{UP}  - {{ name: 'a{{b', upstream: d }}\n"), 3, "routes[0].name", "letters, digits"),
+        (format!("{UP}  - {{ name: '', upstream: d }}\n"), 3, "routes[0].name", "1 to 128"),
+        (format!("{UP}  - {{ name: {}, upstream: d }}\n", "a".repeat(129)), 3, "routes[0].name", "1 to 128"),
+        (
+            format!("{UP}  - upstream: d\n    limits: [{{ name: {}, algorithm: fixed_window, rate: 1/s }}]\n", "l".repeat(129)),
+            4,
+            "routes[0].limits[0].name",
+            "1 to 128",
+        ),
+        // the fallback of `on_error: local` divides by `instances`: the cost must fit it too
+        (
+            redis(", instances: 4", "{ algorithm: token_bucket, rate: 10/s, burst: 10, cost: 5, store: redis }"),
+            6,
+            "routes[0].limits[0].cost",
+            "can never be admitted while Redis is down: with `redis.on_error: local` and `instances: 4` the local fallback admits at most 2 at once",
+        ),
+        (
+            redis(", instances: 3", "{ algorithm: fixed_window, rate: 6/m, cost: 3, store: redis }"),
+            6,
+            "routes[0].limits[0].cost",
+            "admits at most 2 at once",
+        ),
+        (
+            redis(", instances: 18446744073709551615", "{ algorithm: token_bucket, rate: 1/s, store: redis }"),
+            6,
+            "routes[0].limits[0].rate",
+            "the local fallback: burst",
+        ),
+        // upstream URLs that can never connect
+        ("upstreams: { d: { url: 'http://127.0.0.1:0' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "port `0`; expected a port from 1 to 65535"),
+        ("upstreams: { d: { url: 'http://127.0.0.1:99999' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "port `99999`"),
+        ("upstreams: { d: { url: 'http://127.0.0.1:65536' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "port `65536`"),
+        ("upstreams: { d: { url: 'http://a:+80' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "port `+80`"),
+        ("upstreams: { d: { url: 'http://:8080' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "has no host"),
+        // more limits on one route than a request should run
+        (
+            format!("{UP}  - upstream: d\n    limits:\n{}", "      - { algorithm: fixed_window, rate: 1/s }\n".repeat(MAX_LIMITS_PER_ROUTE + 1)),
+            5,
+            "routes[0].limits",
+            "33 limits on one route (aliases expanded); at most 32",
+        ),
+    ];
+    for (text, line, path, needle) in &cases {
+        let e = err(text);
+        assert_eq!((e.line, e.path.as_str()), (*line, *path), "{e}");
+        assert!(e.message.contains(needle), "message for {text:?}: {e}");
+    }
+    // The bounds themselves are accepted.
+    let ok = format!(
+        "{UP}  - name: {}\n    upstream: d\n    concurrency: 2305843009213693951\n    limits:\n      - {{ algorithm: token_bucket, rate: 1000000/s, burst: 3074457345618258602 }}\n",
+        "a".repeat(128)
+    );
+    Config::from_yaml(Path::new("proxy.yaml"), &ok).unwrap();
+    let ok = redis(", instances: 4", "{ algorithm: token_bucket, rate: 10/s, burst: 10, cost: 2, store: redis }");
+    Config::from_yaml(Path::new("proxy.yaml"), &ok).unwrap();
+    let ok = redis(", instances: 4", "{ algorithm: token_bucket, rate: 10/s, burst: 10, cost: 5, store: redis }")
+        .replace("local", "allow");
+    Config::from_yaml(Path::new("proxy.yaml"), &ok).unwrap();
+}
+
+#[test]
+fn an_upstream_url_without_a_port_means_port_80() {
+    for (url, authority) in
+        [("http://127.0.0.1", "127.0.0.1:80"), ("http://[::1]/v1", "[::1]:80"), ("http://a:08080", "a:8080")]
+    {
+        let c = Config::from_yaml(
+            Path::new("p.yaml"),
+            &format!("upstreams: {{ d: {{ url: '{url}' }} }}\nroutes: [{{ upstream: d }}]\n"),
+        )
+        .unwrap();
+        match &c.upstreams[0].kind {
+            UpstreamKind::Http(h) => assert_eq!(h.authority.as_str(), authority),
+            UpstreamKind::Respond(_) => panic!("an http upstream"),
+        }
+    }
+}
+
+#[test]
+fn urls_with_credentials_are_redacted_in_every_message() {
+    for text in [
+        "redis: { url: 'redis://app:hunter2@' }\nupstreams: {}\nroutes: []\n",
+        "redis: { url: 'app:hunter2@redis:6379' }\nupstreams: {}\nroutes: []\n",
+        "redis: { cluster: ['redis://h:1', 'redis://app:hunter2@h:99999999'] }\nupstreams: {}\nroutes: []\n",
+        "redis: { url: 'redis://h:1', timeout: 'redis://app:hunter2@h:1' }\nupstreams: {}\nroutes: []\n",
+        "redis: { url: 'redis://h:1', instances: 'redis://app:hun ter2@h:1' }\nupstreams: {}\nroutes: []\n",
+    ] {
+        let e = err(text).to_string();
+        assert!(!e.contains("hunter2") && !e.contains("ter2"), "{e}");
+    }
+    assert_eq!(redact("a `redis://app:pa/ss@h:1/0` b"), "a `redis://app:***@h:1/0` b");
+    assert_eq!(redact("redis://:pw@h"), "redis://***@h");
+    assert_eq!(redact("see http://h:1/x and redis://u:p@h"), "see http://h:1/x and redis://u:***@h");
+}

@@ -459,9 +459,17 @@ mod tests {
         let longer = format!("{long}b");
         let h = |v: &str| hash("header:x", "r", "1.1.1.1", &parts("/", &[("x", v)]));
         assert_eq!(h(&long), h(&longer));
-        // Repeating the header does not grow the material past the cap either.
+        // Repeating the header does not grow the material past the cap either: the first value
+        // spends the part's whole budget, so what later values say is never hashed.
         let many: Vec<(&str, &str)> = (0..10).map(|_| ("x", long.as_str())).collect();
-        let _ = hash("header:x", "r", "1.1.1.1", &parts("/", &many));
+        let mut others = many.clone();
+        for (i, v) in ["b", "c", "different"].into_iter().enumerate() {
+            others[i + 1].1 = v;
+        }
+        let h = |pairs: &[(&str, &str)]| hash("header:x", "r", "1.1.1.1", &parts("/", pairs));
+        assert_eq!(h(&many), h(&others));
+        // Within the budget every value counts.
+        assert_ne!(h(&[("x", "a"), ("x", "b")]), h(&[("x", "a"), ("x", "c")]));
     }
 
     #[test]

@@ -112,12 +112,12 @@ async fn a_broken_reload_keeps_the_old_config_serving() {
     let tg = Tollgate::start_with_clock(LIMITED, ManualClock::new(T0)).await;
     let reloader = Reloader::new(file.0.clone(), tg.shared.clone(), Box::new(|_| {}));
     file.write(&LIMITED.replace("upstream: d\n", "upstream: nowhere\n"));
-    let err = reloader.reload().unwrap_err();
+    let err = reloader.reload().await.unwrap_err();
     assert_eq!((err.line, err.path.as_str()), (6, "routes[0].upstream"), "{err}");
     assert_eq!(get(tg.addr, "/").await.2, "v1");
 
     file.write(&LIMITED.replace("body: v1", "body: v2"));
-    reloader.reload().unwrap();
+    reloader.reload().await.unwrap();
     assert_eq!(get(tg.addr, "/").await.2, "v2");
 }
 
@@ -132,7 +132,7 @@ async fn a_reload_that_changes_one_limit_keeps_the_others_state() {
     }
     // per-user changes; per-client is unchanged and must keep its empty bucket.
     file.write(&LIMITED.replace("burst: 5", "burst: 50"));
-    reloader.reload().unwrap();
+    reloader.reload().await.unwrap();
     assert_eq!(
         get_with(tg.addr, "/", &user).await.0,
         StatusCode::TOO_MANY_REQUESTS,
@@ -141,7 +141,7 @@ async fn a_reload_that_changes_one_limit_keeps_the_others_state() {
 
     // Changing per-client itself starts it afresh (documented).
     file.write(&LIMITED.replace("burst: 2", "burst: 3"));
-    reloader.reload().unwrap();
+    reloader.reload().await.unwrap();
     assert_eq!(get_with(tg.addr, "/", &user).await.0, StatusCode::OK);
 }
 
