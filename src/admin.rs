@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::config::{Config, HostMatch, PathMatch, UpstreamKind};
-use crate::server::Shared;
+use crate::proxy::Shared;
 
 /// Whether the proxy listener is accepting; `/readyz` says not ready until it is.
 #[derive(Default)]

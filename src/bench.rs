@@ -120,18 +120,11 @@ pub fn run_from_env() -> anyhow::Result<()> {
                 None => None,
             };
             let shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
-            if let Some(admin) = admin {
-                let ready = Arc::new(crate::admin::Readiness::default());
-                ready.set_listening(true);
-                let mut rx = stop_rx.clone();
-                tokio::spawn(crate::admin::serve(admin, shared.clone(), ready, async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                }));
-            }
             let mut rx = stop_rx.clone();
-            servers.push(tokio::spawn(crate::server::serve(listener, shared, async move {
+            let stop = async move {
                 let _ = rx.wait_for(|s| *s).await;
-            })));
+            };
+            servers.push(tokio::spawn(crate::instance::run(shared, listener, admin, None, stop)));
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {

@@ -4,18 +4,23 @@
 //! A request flows one way through a few rooms, each owning one concept:
 //!
 //! - [`config`]: YAML → validated, typed config; every error with line, column and field path.
-//! - [`server`]: accept loop, HTTP/1.1 + h2c, timeouts, graceful shutdown.
+//! - [`instance`]: one running tollgate (listener, admin, reloader), for `run` and `bench` alike.
+//! - [`server`]: accept loop, protocol detection, HTTP/1.1 + h2c, timeouts, graceful shutdown.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/config` on the admin listener.
 //! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
+//! - [`target`]: one authority and one normalised path per request, decided before routing.
 //! - [`route`]: first-match routing.
 //! - [`proxy`]: the compiled config that serves a request end to end.
-//! - [`gate`]: a route's limits and concurrency cap; 429/503 answers and RateLimit headers.
+//! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
+//! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
+//! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
 //! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores (local, Redis).
 //! - [`forward`]: pooled upstream client, header rewriting, built-in responder.
+//! - [`body`]: the body types at both edges, with their read deadlines.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.
-//! - [`explain`]: limits in plain words for `tollgate explain`.
-//! - [`body`], [`problem`]: the response body type and problem+json answers.
+//! - [`timer`]: the coarse clock for long timeouts.
+//! - [`explain`]: limits in plain words for `tollgate explain`; [`bench`]: the harness candidate.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -27,6 +32,7 @@ pub mod config;
 pub mod explain;
 pub mod forward;
 pub mod gate;
+pub mod instance;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;

@@ -4,16 +4,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand, ValueEnum};
-use tollgate::admin::Readiness;
 use tollgate::config::{Config, LogFormat, UpstreamKind};
 use tollgate::proxy::Proxy;
+use tollgate::proxy::Shared;
 use tollgate::reload::{LogSwitch, Reloader};
-use tollgate::server::Shared;
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -158,26 +156,8 @@ fn run(
             .map_err(|_| anyhow::anyhow!("building the config failed (this is a bug in tollgate)"))?;
         tracing::info!(listen = %addr, admin = ?admin_addr, routes, "tollgate listening");
         let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = move || {
-            let mut rx = stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-        };
-        let ready = Arc::new(Readiness::default());
-        if let Some(admin) = admin {
-            tokio::spawn(tollgate::admin::serve(admin, shared.clone(), ready.clone(), stopped()));
-        }
         let reloader = Reloader::new(path, shared.clone(), Box::new(adjust)).with_log_switch(log_switch);
-        tokio::spawn(reloader.run(Duration::from_secs(1), stopped()));
-        ready.set_listening(true);
-        let signal = async move {
-            shutdown_signal().await;
-            ready.set_listening(false);
-            let _ = stop_tx.send(true);
-        };
-        tollgate::server::serve(listener, shared, signal).await;
+        tollgate::instance::run(shared, listener, admin, Some(reloader), shutdown_signal()).await;
         Ok(())
     })
 }

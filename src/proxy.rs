@@ -23,6 +23,9 @@ use crate::metrics::{Metrics, RouteMetrics};
 use crate::route;
 use crate::target::{self, Target};
 
+/// The live proxy; a reload stores a new one, requests in flight keep the one they loaded.
+pub type Shared = Arc<arc_swap::ArcSwap<Proxy>>;
+
 /// A Redis-backed store for limit `l` of route `route`; its local fallback has the same
 /// parameters divided by `instances`.
 fn redis_store(client: &Arc<RedisClient>, route: &str, l: &LimitConfig) -> Arc<Store> {

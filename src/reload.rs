@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{Config, ConfigError, LogFormat};
 use crate::proxy::Proxy;
-use crate::server::Shared;
+use crate::proxy::Shared;
 
 /// Applies a new `log.format` to the running subscriber.
 pub type LogSwitch = Box<dyn Fn(LogFormat) -> Result<(), String> + Send + Sync>;

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
@@ -34,10 +33,7 @@ use tokio::sync::watch;
 use crate::body::Body;
 use crate::config::{Config, ServerConfig};
 use crate::metrics::ConnMetrics;
-use crate::proxy::Proxy;
-
-/// The live proxy; a reload stores a new one, requests in flight keep the one they loaded.
-pub type Shared = Arc<ArcSwap<Proxy>>;
+use crate::proxy::Shared;
 
 /// What connections are served with: `server:` compiled into hyper builders, once per config.
 pub(crate) struct Settings {

@@ -40,7 +40,7 @@ pub fn generated(total: usize) -> BoxBody {
 /// A running tollgate; dropping it without `shutdown` aborts it.
 pub struct Tollgate {
     pub addr: SocketAddr,
-    pub shared: tollgate::server::Shared,
+    pub shared: tollgate::proxy::Shared,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
