@@ -6,6 +6,7 @@ mod support;
 
 mod cli;
 mod forwarding;
+mod framing;
 mod limits;
 mod operate;
 mod redis;
