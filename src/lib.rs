@@ -7,6 +7,7 @@
 //! - [`server`]: accept loop, HTTP/1.1 + h2c, timeouts, graceful shutdown.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/config` on the admin listener.
 //! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
+//! - [`framing`]: request framing checks beyond hyper's (smuggling); refusals are `400`.
 //! - [`route`]: first-match routing.
 //! - [`proxy`]: the compiled config that serves a request end to end.
 //! - [`gate`]: a route's limits and concurrency cap; 429/503 answers and RateLimit headers.
@@ -25,6 +26,7 @@ pub mod cache;
 pub mod config;
 pub mod explain;
 pub mod forward;
+pub mod framing;
 pub mod gate;
 pub mod limit;
 pub mod metrics;

@@ -186,8 +186,13 @@ impl Proxy {
     pub fn handle(self: Arc<Proxy>, req: Request<Incoming>, peer: SocketAddr) -> impl Future<Output = Response<Body>> {
         let started = self.config.log.access.then(Instant::now);
         let found = route::find(&self.config.routes, req.method(), req.uri(), req.headers());
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        // Framing hook (src/framing.rs): an ambiguous head is answered 400 before anything else.
+        let framing = crate::framing::check(&mut parts);
         async move {
+            if let Err(bad) = framing {
+                return bad.response(parts.version);
+            }
             let this = &*self;
             let in_flight = InFlight::enter(&this.metrics);
             let (resp, log) = 'served: {

@@ -257,9 +257,12 @@ fn parse_chunks(buf: &[u8]) -> Result<Option<(Vec<u8>, usize)>, String> {
     }
 }
 
+/// The complete messages on one connection and the unfinished bytes after them.
+pub type Received = (Vec<Msg>, Vec<u8>);
+
 /// Parses all of `bytes` as canonical messages of one kind; the remainder (an unfinished
 /// message) is returned as is.
-pub fn parse_all(mut bytes: &[u8], kind: Kind) -> Result<(Vec<Msg>, Vec<u8>), String> {
+pub fn parse_all(mut bytes: &[u8], kind: Kind) -> Result<Received, String> {
     let mut out = Vec::new();
     while !bytes.is_empty() {
         match parse(bytes, kind, false)? {
@@ -377,7 +380,7 @@ impl RawUpstream {
     /// Every complete request received, connection by connection, each parsed strictly:
     /// `Err` names the first non-canonical byte sequence. An unfinished request at the end of
     /// a connection is returned as the remainder.
-    pub fn requests(&self) -> Result<Vec<(Vec<Msg>, Vec<u8>)>, String> {
+    pub fn requests(&self) -> Result<Vec<Received>, String> {
         self.conns().iter().map(|c| parse_all(&c.bytes, Kind::Request)).collect()
     }
 
