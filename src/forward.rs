@@ -32,6 +32,9 @@ pub enum Failure {
     Timeout,
     /// The connection broke before a response head arrived: 502.
     Broken,
+    /// The client's own request body broke while it was being sent (a malformed chunk, the
+    /// client gone): `400`, and not the upstream's failure.
+    Downstream,
 }
 
 /// Per-request facts the forwarder needs from the downstream side.
@@ -96,6 +99,8 @@ impl HttpForwarder {
                     let body = Body::upstream(body, Returner::new(self.pool.clone(), conn));
                     (Response::from_parts(parts, body), None)
                 }
+                // Framing hook (src/framing.rs): a body the client framed wrongly is its error.
+                Ok(Err((Failure::Downstream, _))) => (crate::framing::broken_body(), None),
                 Ok(Err((failure, error))) => {
                     tracing::debug!(upstream = %self.name, %error, "upstream request failed");
                     (self.failure_response(failure), Some(failure))
@@ -142,6 +147,8 @@ impl HttpForwarder {
             let mut conn = self.pool.checkout().await.map_err(|e| (Failure::Connect, e.to_string()))?;
             match conn.send_request(req).await {
                 Ok(resp) => Ok((resp, conn)),
+                // hyper's "user" error here is the request body we gave it: the client's.
+                Err(e) if e.is_user() => Err((Failure::Downstream, e.to_string())),
                 Err(e) => Err((Failure::Broken, e.to_string())),
             }
         }
@@ -184,6 +191,7 @@ impl HttpForwarder {
                 "Upstream failed",
                 format!("upstream `{}` closed the connection without a response", self.name),
             ),
+            Failure::Downstream => return crate::framing::broken_body(),
             Failure::Timeout => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream-timeout",

@@ -63,6 +63,21 @@ impl Bad {
     }
 }
 
+/// The answer when the client's body proves malformed after the head was forwarded (a bad
+/// chunk size, a missing CRLF, oversized trailers): `400`, and the connection is closed. The
+/// upstream got at most an unfinished request, and its connection is dropped with it.
+pub fn broken_body() -> Response<Body> {
+    let mut resp = crate::problem::response(
+        StatusCode::BAD_REQUEST,
+        "bad-request",
+        "Bad request",
+        "the request body is malformed or ended early",
+        serde_json::Value::Null,
+    );
+    resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
 /// Checks the framing fields of a request head, and rewrites a valid `Content-Length` with
 /// leading zeros to its plain form (`005` → `5`: some parsers read a leading zero as octal).
 ///
