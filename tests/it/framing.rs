@@ -483,3 +483,46 @@ async fn the_strict_parser_refuses_non_canonical_messages() {
     };
     assert_eq!((msg.body.as_slice(), echo_body(&msg).as_str(), used), (&b"hello"[..], "POST /a", good.len() - 3));
 }
+
+#[tokio::test]
+async fn expect_100_continue_is_honoured_and_forwarded_once() {
+    let up = RawUpstream::echo().await;
+    let tg = Tollgate::start(&yaml(up.addr)).await;
+    let mut client = RawClient::connect(tg.addr).await;
+    client.send(b"POST /a HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n").await;
+    let interim = client.response(false).await.expect("an interim answer");
+    assert_eq!(interim.status(), 100, "{interim:?}");
+    client.send(b"hello").await;
+    let resp = client.final_response(false).await.expect("a final answer");
+    assert_eq!((resp.status(), resp.body_str().as_str()), (200, "POST /a"));
+    client.send(&get_request("/after")).await;
+    assert_eq!(client.final_response(false).await.expect("an answer").body_str(), "GET /after");
+    let got: Vec<Msg> = up.requests().expect("canonical upstream").into_iter().flat_map(|(m, _)| m).collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!((got[0].start.as_str(), got[0].body.as_slice()), ("POST /a HTTP/1.1", &b"hello"[..]));
+}
+
+/// Answered before the body was asked for: the body the client may still send is never
+/// read as a request of its own.
+#[tokio::test]
+async fn expect_100_continue_answered_early_does_not_desynchronise() {
+    let up = RawUpstream::echo().await;
+    let tg = Tollgate::start(&yaml(up.addr)).await;
+    let mut client = RawClient::connect(tg.addr).await;
+    let hidden_in_body =
+        format!("POST /local HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n", HIDDEN.len());
+    client.send(hidden_in_body.as_bytes()).await;
+    let resp = client.final_response(false).await.expect("a final answer without the body");
+    assert_eq!((resp.status(), resp.body_str().as_str()), (403, "local"));
+    // The client sends its body anyway, then a request of its own.
+    client.send(HIDDEN.as_bytes()).await;
+    client.send(&get_request("/after")).await;
+    match client.final_response(false).await {
+        Ok(resp) => assert_eq!(resp.body_str(), "GET /after", "desynchronised: {resp:?}"),
+        Err(End::Closed) => {}
+        Err(e) => panic!("neither an answer nor a close: {e:?}"),
+    }
+    let got: Vec<String> =
+        up.requests().expect("canonical upstream").into_iter().flat_map(|(m, _)| m).map(|m| m.start).collect();
+    assert!(!got.iter().any(|l| l.contains("/smuggled")), "the body was read as a request: {got:?}");
+}
