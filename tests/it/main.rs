@@ -12,3 +12,4 @@ mod operate;
 mod redis;
 mod server;
 mod stale;
+mod upstream_framing;
