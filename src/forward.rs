@@ -2,6 +2,7 @@
 //! client, or to the built-in responder. Failures become problem+json answers here, so the
 //! caller always gets a response; which failure it was is kept for the caller to act on.
 
+pub mod framing;
 pub mod headers;
 pub mod pool;
 
@@ -93,10 +94,20 @@ impl HttpForwarder {
             match crate::timer::timeout(self.timeout, self.exchange(req)).await {
                 Ok(Ok((resp, conn))) => {
                     let (mut parts, body) = resp.into_parts();
+                    // Framing hook (src/forward/framing.rs): a bad head is a 502 and the
+                    // connection is dropped; a repaired one is not pooled again.
+                    let reuse = match framing::check_response(&mut parts) {
+                        Ok(reuse) => reuse == framing::Reuse::Yes,
+                        Err(bad) => return (bad.response(&self.name), Some(Failure::Broken)),
+                    };
                     headers::strip_hop_by_hop(&mut parts.headers);
                     headers::append_via(&mut parts.headers, parts.version);
                     parts.version = Version::HTTP_11;
-                    let body = Body::upstream(body, Returner::new(self.pool.clone(), conn));
+                    let body = if reuse {
+                        Body::upstream(body, Returner::new(self.pool.clone(), conn))
+                    } else {
+                        Body::stream(body)
+                    };
                     (Response::from_parts(parts, body), None)
                 }
                 // Framing hook (src/framing.rs): a body the client framed wrongly is its error.

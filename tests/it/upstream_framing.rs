@@ -218,3 +218,29 @@ async fn upstream_response_framing_corpus() {
         results.into_iter().filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}"))).collect();
     assert!(failed.is_empty(), "{} of {} cases failed:\n{}", failed.len(), corpus.len(), failed.join("\n"));
 }
+
+/// HTTP/2 clients reject `content-length: 5, 5` as malformed (RFC 9113 §8.1.1) and a
+/// `:status 101` outright (§8.6): they get one length, and a 502 for the 101.
+#[tokio::test]
+async fn h2_clients_get_one_length_and_no_101() {
+    use http_body_util::BodyExt;
+    let up = RawUpstream::start(|hit| match hit.req.start.as_str() {
+        "GET /list HTTP/1.1" => Reply::new("HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello", Then::KeepAlive),
+        "GET /upgrade HTTP/1.1" => Reply::new(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n",
+            Then::KeepAlive,
+        ),
+        _ => Reply::echo(hit.req),
+    })
+    .await;
+    let tg = Tollgate::start(&yaml(up.addr)).await;
+    let mut send = crate::support::h2(tg.addr).await;
+    let req = http::Request::get(format!("http://x:{}/list", tg.addr.port())).body(crate::support::full("")).unwrap();
+    let resp = send.send_request(req).await.expect("a well-formed HTTP/2 answer");
+    assert_eq!(resp.headers().get_all("content-length").iter().collect::<Vec<_>>(), ["5"]);
+    assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "hello");
+    let req =
+        http::Request::get(format!("http://x:{}/upgrade", tg.addr.port())).body(crate::support::full("")).unwrap();
+    let resp = send.send_request(req).await.expect("an HTTP/2 answer");
+    assert_eq!(resp.status(), 502);
+}
