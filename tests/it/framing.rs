@@ -253,6 +253,14 @@ fn corpus() -> Vec<Case> {
             Forwarded(&[("POST /a HTTP/1.1", b"hello")], Open),
         ),
         case(
+            "chunk-extensions-oversized",
+            format!(
+                "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;x={}\r\nhello\r\n0\r\n\r\n{HIDDEN}",
+                long(20_000)
+            ),
+            BrokenBody(400),
+        ),
+        case(
             "chunk-missing-crlf",
             format!("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello0\r\n\r\n{HIDDEN}"),
             BrokenBody(400),
