@@ -74,7 +74,13 @@ pub fn check_response(parts: &mut Parts) -> Result<Reuse, Bad> {
         return Err(Bad::Status);
     }
     let headers = &mut parts.headers;
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    // One pass over the names instead of hashed lookups (every answer comes through here).
+    let (mut coded, mut length) = (false, false);
+    for name in headers.keys() {
+        coded |= name == header::TRANSFER_ENCODING;
+        length |= name == header::CONTENT_LENGTH;
+    }
+    if coded {
         if !only_chunked(headers) {
             return Err(Bad::TransferCoding);
         }
@@ -86,6 +92,9 @@ pub fn check_response(parts: &mut Parts) -> Result<Reuse, Bad> {
             }
             None => Reuse::Yes,
         });
+    }
+    if !length {
+        return Ok(Reuse::Yes);
     }
     fold_lengths(headers)
 }
