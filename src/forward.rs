@@ -96,17 +96,17 @@ impl HttpForwarder {
                     let (mut parts, body) = resp.into_parts();
                     // Framing hook (src/forward/framing.rs): a bad head is a 502 and the
                     // connection is dropped; a repaired one is not pooled again.
-                    let reuse = match framing::check_response(&mut parts) {
-                        Ok(reuse) => reuse == framing::Reuse::Yes,
-                        Err(bad) => return (bad.response(&self.name), Some(Failure::Broken)),
+                    let conn = match framing::check_response(parts.status, &mut parts.headers) {
+                        Ok(framing::Reuse::Yes) => Some(conn),
+                        Ok(framing::Reuse::No) => None,
+                        Err(bad) => return bad.refusal(&self.name),
                     };
                     headers::strip_hop_by_hop(&mut parts.headers);
                     headers::append_via(&mut parts.headers, parts.version);
                     parts.version = Version::HTTP_11;
-                    let body = if reuse {
-                        Body::upstream(body, Returner::new(self.pool.clone(), conn))
-                    } else {
-                        Body::stream(body)
+                    let body = match conn {
+                        Some(conn) => Body::upstream(body, Returner::new(self.pool.clone(), conn)),
+                        None => Body::stream(body),
                     };
                     (Response::from_parts(parts, body), None)
                 }
@@ -158,7 +158,8 @@ impl HttpForwarder {
             let mut conn = self.pool.checkout().await.map_err(|e| (Failure::Connect, e.to_string()))?;
             match conn.send_request(req).await {
                 Ok(resp) => Ok((resp, conn)),
-                // hyper's "user" error here is the request body we gave it: the client's.
+                // hyper's "user" error on a send is the request body we gave it, the client's
+                // (or a dispatch task dropped with the runtime, at shutdown only).
                 Err(e) if e.is_user() => Err((Failure::Downstream, e.to_string())),
                 Err(e) => Err((Failure::Broken, e.to_string())),
             }

@@ -187,10 +187,10 @@ impl Proxy {
         let started = self.config.log.access.then(Instant::now);
         let found = route::find(&self.config.routes, req.method(), req.uri(), req.headers());
         let (mut parts, body) = req.into_parts();
-        // Framing hook (src/framing.rs): an ambiguous head is answered 400 before anything else.
-        let framing = crate::framing::check(&mut parts);
         async move {
-            if let Err(bad) = framing {
+            // Framing hook (src/framing.rs): an ambiguous head is answered 400 before anything
+            // else. Here, not before the future exists: the head is checked where it lies.
+            if let Err(bad) = crate::framing::check(&mut parts) {
                 return bad.response(parts.version);
             }
             let this = &*self;

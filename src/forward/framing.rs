@@ -8,7 +8,6 @@
 //! head: a `Content-Length` beside it, or `5, 5`, would go on to the client as they came.
 
 use http::header::{self, HeaderMap, HeaderValue};
-use http::response::Parts;
 use http::StatusCode;
 use serde_json::json;
 
@@ -38,6 +37,15 @@ impl Bad {
         }
     }
 
+    /// What [`super::HttpForwarder::forward`] returns for it: the `502`, as an upstream
+    /// failure (so a stale copy may answer instead). Cold: refusals are rare, and the
+    /// forwarding path stays as it was for every good answer.
+    #[cold]
+    #[inline(never)]
+    pub fn refusal(self, upstream: &str) -> (http::Response<Body>, Option<super::Failure>) {
+        (self.response(upstream), Some(super::Failure::Broken))
+    }
+
     /// The `502` problem answer naming `upstream`.
     pub fn response(self, upstream: &str) -> http::Response<Body> {
         crate::problem::response(
@@ -59,41 +67,42 @@ pub enum Reuse {
     No,
 }
 
-/// Checks an upstream answer's head and repairs its framing fields in place: `Content-Length`
-/// is dropped when a transfer coding framed the body (RFC 9112 §6.3), and identical values
-/// (`5, 5`, or two fields) are folded to one (RFC 9110 §8.6).
+/// Checks an upstream answer's status and fields and repairs its framing fields in place:
+/// `Content-Length` is dropped when a transfer coding framed the body (RFC 9112 §6.3), and
+/// identical values (`5, 5`, or two fields) are folded to one (RFC 9110 §8.6).
 ///
 /// # Errors
 /// The first reason to refuse the answer with `502`.
-pub fn check_response(parts: &mut Parts) -> Result<Reuse, Bad> {
-    let status = parts.status.as_u16();
+pub fn check_response(status: StatusCode, headers: &mut HeaderMap) -> Result<Reuse, Bad> {
+    let status = status.as_u16();
     if status == 101 {
         return Err(Bad::UnrequestedUpgrade);
     }
     if !(100..600).contains(&status) {
         return Err(Bad::Status);
     }
-    let headers = &mut parts.headers;
-    // One pass over the names instead of hashed lookups (every answer comes through here).
-    let (mut coded, mut length) = (false, false);
-    for name in headers.keys() {
-        coded |= name == header::TRANSFER_ENCODING;
-        length |= name == header::CONTENT_LENGTH;
+    // One pass over the fields instead of hashed lookups: every answer comes through here,
+    // and nearly all carry one plain Content-Length or `chunked` alone.
+    let (mut coded, mut lengths, mut plain) = (false, 0u32, true);
+    for (name, value) in headers.iter() {
+        if name == header::TRANSFER_ENCODING {
+            coded = true;
+        } else if name == header::CONTENT_LENGTH {
+            lengths += 1;
+            plain &= is_plain_number(value.as_bytes());
+        }
     }
     if coded {
         if !only_chunked(headers) {
             return Err(Bad::TransferCoding);
         }
-        return Ok(match headers.remove(header::CONTENT_LENGTH) {
-            Some(_) => {
-                // `remove` takes only the first of several fields; the rest go too.
-                while headers.remove(header::CONTENT_LENGTH).is_some() {}
-                Reuse::No
-            }
-            None => Reuse::Yes,
-        });
+        if lengths == 0 {
+            return Ok(Reuse::Yes);
+        }
+        headers.remove(header::CONTENT_LENGTH);
+        return Ok(Reuse::No);
     }
-    if !length {
+    if lengths == 0 || (lengths == 1 && plain) {
         return Ok(Reuse::Yes);
     }
     fold_lengths(headers)
@@ -107,13 +116,8 @@ fn only_chunked(headers: &HeaderMap) -> bool {
     first.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")) && codings.next().is_none()
 }
 
-/// One `Content-Length` field with one plain number, or `Bad`.
+/// The `Content-Length` fields folded into one plain number, or `Bad`.
 fn fold_lengths(headers: &mut HeaderMap) -> Result<Reuse, Bad> {
-    let mut fields = headers.get_all(header::CONTENT_LENGTH).iter();
-    let Some(first) = fields.next() else { return Ok(Reuse::Yes) };
-    if fields.next().is_none() && is_plain_number(first.as_bytes()) {
-        return Ok(Reuse::Yes);
-    }
     let mut agreed: Option<u64> = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {
         for item in value.as_bytes().split(|&b| b == b',') {
@@ -154,7 +158,7 @@ fn trim(bytes: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
-    fn parts(status: u16, fields: &[(&str, &str)]) -> Parts {
+    fn parts(status: u16, fields: &[(&str, &str)]) -> http::response::Parts {
         let mut resp = http::Response::builder().status(status);
         for (n, v) in fields {
             resp = resp.header(*n, *v);
@@ -162,8 +166,12 @@ mod tests {
         resp.body(()).unwrap().into_parts().0
     }
 
-    fn lengths(p: &Parts) -> Vec<&str> {
+    fn lengths(p: &http::response::Parts) -> Vec<&str> {
         p.headers.get_all("content-length").iter().map(|v| v.to_str().unwrap()).collect()
+    }
+
+    fn check_response(p: &mut http::response::Parts) -> Result<Reuse, Bad> {
+        super::check_response(p.status, &mut p.headers)
     }
 
     #[test]
