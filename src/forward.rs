@@ -35,7 +35,7 @@ pub enum Failure {
     Broken,
     /// The client's own request body broke while it was being sent (a malformed chunk, the
     /// client gone): `400`, and not the upstream's failure.
-    Downstream,
+    ClientBody,
 }
 
 /// Per-request facts the forwarder needs from the downstream side.
@@ -111,7 +111,7 @@ impl HttpForwarder {
                     (Response::from_parts(parts, body), None)
                 }
                 // Framing hook (src/framing.rs): a body the client framed wrongly is its error.
-                Ok(Err((Failure::Downstream, _))) => (crate::framing::broken_body(), None),
+                Ok(Err((Failure::ClientBody, _))) => (crate::framing::broken_body(), None),
                 Ok(Err((failure, error))) => {
                     tracing::debug!(upstream = %self.name, %error, "upstream request failed");
                     (self.failure_response(failure), Some(failure))
@@ -160,7 +160,7 @@ impl HttpForwarder {
                 Ok(resp) => Ok((resp, conn)),
                 // hyper's "user" error on a send is the request body we gave it, the client's
                 // (or a dispatch task dropped with the runtime, at shutdown only).
-                Err(e) if e.is_user() => Err((Failure::Downstream, e.to_string())),
+                Err(e) if e.is_user() => Err((Failure::ClientBody, e.to_string())),
                 Err(e) => Err((Failure::Broken, e.to_string())),
             }
         }
@@ -203,7 +203,7 @@ impl HttpForwarder {
                 "Upstream failed",
                 format!("upstream `{}` closed the connection without a response", self.name),
             ),
-            Failure::Downstream => return crate::framing::broken_body(),
+            Failure::ClientBody => return crate::framing::broken_body(),
             Failure::Timeout => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream-timeout",
