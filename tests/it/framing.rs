@@ -540,3 +540,63 @@ async fn expect_100_continue_answered_early_does_not_desynchronise() {
         up.requests().expect("canonical upstream").into_iter().flat_map(|(m, _)| m).map(|m| m.start).collect();
     assert!(!got.iter().any(|l| l.contains("/smuggled")), "the body was read as a request: {got:?}");
 }
+
+/// One authority per request (RFC 9112 §3.2, §3.2.2; RFC 9113 §8.3.1): disagreeing fields are
+/// refused, or for absolute-form HTTP/1 the target's authority is the one used upstream.
+#[tokio::test]
+async fn host_disagreements_are_refused() {
+    let up = RawUpstream::echo().await;
+    let tg = Tollgate::start(&yaml(up.addr)).await;
+    let mut failed = Vec::new();
+    for (name, send) in [
+        ("two-host-fields", "GET /a HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n"),
+        ("two-equal-host-fields", "GET /a HTTP/1.1\r\nHost: a.example\r\nHost: a.example\r\n\r\n"),
+        ("no-host-http11", "GET /a HTTP/1.1\r\n\r\n"),
+    ] {
+        let before = forwarded(&up);
+        let mut client = RawClient::connect(tg.addr).await;
+        client.send(send.as_bytes()).await;
+        match client.final_response(false).await {
+            Ok(resp) if resp.status() == 400 && forwarded(&up) == before => {}
+            other => failed.push(format!("{name}: {other:?}, upstream got {}", seen(&up))),
+        }
+    }
+    // Absolute form: 400, or the target's authority wins everywhere.
+    let mut client = RawClient::connect(tg.addr).await;
+    client.send(b"GET http://a.example/x HTTP/1.1\r\nHost: b.example\r\n\r\n").await;
+    let before = forwarded(&up);
+    match client.final_response(false).await {
+        Ok(resp) if resp.status() == 400 => {}
+        Ok(resp) if resp.status() == 200 => {
+            let got: Vec<Msg> = up.requests().expect("canonical upstream").into_iter().flat_map(|(m, _)| m).collect();
+            let last = &got[before..];
+            if last.len() != 1 || last[0].header("host") != Some("a.example") || last[0].start != "GET /x HTTP/1.1" {
+                failed.push(format!("absolute-form: upstream got {last:?}"));
+            }
+        }
+        other => failed.push(format!("absolute-form: {other:?}")),
+    }
+    // HTTP/2: `:authority` and a `host` field that disagree.
+    let mut send = crate::support::h2(tg.addr).await;
+    let before = forwarded(&up);
+    let req = http::Request::get("http://a.example/x")
+        .header("host", "b.example")
+        .body(crate::support::full(""))
+        .expect("request");
+    match send.send_request(req).await {
+        Ok(resp) if resp.status() == 400 && forwarded(&up) == before => {}
+        Ok(resp) => failed.push(format!("h2 authority vs host: {}, upstream got {}", resp.status(), seen(&up))),
+        Err(e) => {
+            // A stream reset (PROTOCOL_ERROR) is a refusal too, if nothing went upstream.
+            if forwarded(&up) != before {
+                failed.push(format!("h2 authority vs host: {e}, upstream got {}", seen(&up)));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// How many complete requests reached the upstream.
+fn forwarded(up: &RawUpstream) -> usize {
+    up.requests().map_or(usize::MAX, |conns| conns.iter().map(|(m, _)| m.len()).sum())
+}

@@ -244,3 +244,46 @@ async fn h2_clients_get_one_length_and_no_101() {
     let resp = send.send_request(req).await.expect("an HTTP/2 answer");
     assert_eq!(resp.status(), 502);
 }
+
+/// The upstream idle-read timeout's key (issue 22 §2; the lead's work: rename here if the
+/// key lands under another name).
+const IDLE_READ_KEY: &str = "read_timeout";
+
+/// An upstream that sends the head and part of the body, then goes silent: the client's
+/// connection is closed (the head was sent), the route's concurrency slot is released, the
+/// upstream connection is dropped, and the next request is served on a new connection.
+#[tokio::test]
+async fn hang_after_head_closes_the_client_and_frees_the_slot() {
+    let up = RawUpstream::start(|hit| {
+        if hit.conn == 0 && hit.nth == 0 {
+            Reply::new("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhel", Then::Hang)
+        } else {
+            Reply::echo(hit.req)
+        }
+    })
+    .await;
+    let yaml = format!(
+        "upstreams:
+  up: {{ url: 'http://{}', timeout: 1s, {IDLE_READ_KEY}: 300ms }}
+routes:
+  - {{ upstream: up, concurrency: 1 }}
+",
+        up.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let mut client = RawClient::connect(tg.addr).await;
+    client.send(&get_request("/first")).await;
+    match client.final_response(false).await {
+        Err(End::Garbage(e)) if e.contains("connection ended 3 bytes into a 10-byte body") => {}
+        // A reset may discard the unread bytes: the close is what counts.
+        Err(End::Closed) => {}
+        other => panic!("wanted the head, 3 body bytes and a close: {other:?}"),
+    }
+    let mut client = RawClient::connect(tg.addr).await;
+    client.send(&get_request("/second")).await;
+    let resp = client.final_response(false).await.expect("an answer to /second");
+    assert_eq!((resp.status(), resp.body_str().as_str()), (200, "GET /second"), "the slot was not released");
+    let conns = up.conns();
+    assert!(conns[0].closed, "the silent upstream connection is dropped");
+    assert!(!String::from_utf8_lossy(&conns[0].bytes).contains("/second"), "the silent connection was reused");
+}
