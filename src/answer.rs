@@ -273,8 +273,8 @@ impl RouteAnswers {
     }
 
     /// The client's answer to `err`, counted. `method` and `path` are the request's, named in
-    /// a 404's detail.
-    pub fn respond(&self, err: &Error, method: &http::Method, path: &str) -> Response<Body> {
+    /// a 404's detail; `version` is the client's (HTTP/2 has no `Connection` field).
+    pub fn respond(&self, err: &Error, method: &http::Method, path: &str, version: http::Version) -> Response<Body> {
         self.counters[err.kind_index()].inc();
         let mut resp = match err {
             Error::Throttled(denied) => self.too_many(denied),
@@ -292,7 +292,7 @@ impl RouteAnswers {
             }
             _ => self.fixed[err.kind_index()].get_or_init(|| self.render(err, &self.detail(err))).response(),
         };
-        if err.source() == Source::Downstream {
+        if err.source() == Source::Downstream && version < http::Version::HTTP_2 {
             // What follows a bad request or body on this connection cannot be trusted.
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }

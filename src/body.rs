@@ -142,15 +142,18 @@ impl Body {
         Body::of(Kind::Full { data: (!data.is_empty()).then_some(data) })
     }
 
-    /// An upstream body. `lease` goes back to its pool when the body ends; a body that sends
-    /// nothing for `idle_timeout` (zero: no limit) fails, and its connection is dropped.
-    pub fn upstream(inner: Incoming, lease: Lease, idle_timeout: Duration) -> Body {
+    /// An upstream body. `lease` (if the connection may be reused) goes back to its pool when
+    /// the body ends; a body that sends nothing for `idle_timeout` (zero: no limit) fails, and
+    /// its connection is dropped.
+    pub fn upstream(inner: Incoming, lease: Option<Lease>, idle_timeout: Duration) -> Body {
         if inner.is_end_stream() {
             // hyper may never poll an empty body: the connection is free already.
-            lease.release();
+            if let Some(lease) = lease {
+                lease.release();
+            }
             return Body::of(Kind::Upstream { inner, lease: None, idle: Idle::new(Duration::ZERO) });
         }
-        Body::of(Kind::Upstream { inner, lease: Some(lease), idle: Idle::new(idle_timeout) })
+        Body::of(Kind::Upstream { inner, lease, idle: Idle::new(idle_timeout) })
     }
 
     /// Copies the body into `tap` as it streams.

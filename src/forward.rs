@@ -2,6 +2,7 @@
 //! connection, or to the built-in responder. Failures are returned as [`Error`]s with their
 //! source (the client's body, or the upstream); the answer module writes the response.
 
+pub mod framing;
 pub mod headers;
 pub mod pool;
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 use pool::Pool;
@@ -95,18 +96,16 @@ impl HttpForwarder {
         }
     }
 
-    /// The response as it goes to the client: hop-by-hop fields out, `Via` in, the body
-    /// streaming from the leased connection.
+    /// The response as it goes to the client: framing checked ([`framing`]), hop-by-hop
+    /// fields out, `Via` in, the body streaming from the leased connection. A refused answer
+    /// drops its connection, and so does one whose framing needed repair.
     fn accept(&self, resp: Response<Incoming>, conn: UpstreamConn) -> Result<Response<Body>, Error> {
-        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            // Upgrades are never forwarded, so no 101 was asked for; the connection is dropped.
-            return Err(Error::Upstream(UpstreamFailure::BadResponse("a 101 Switching Protocols nobody asked for")));
-        }
         let (mut parts, body) = resp.into_parts();
+        let reuse = framing::check_response(parts.status, &mut parts.headers)?;
         headers::strip_hop_by_hop(&mut parts.headers);
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;
-        let lease = Lease { conn, home: self.pool.clone() };
+        let lease = (reuse == framing::Reuse::Yes).then(|| Lease { conn, home: self.pool.clone() });
         Ok(Response::from_parts(parts, Body::upstream(body, lease, self.read_timeout)))
     }
 

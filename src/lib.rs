@@ -8,6 +8,7 @@
 //! - [`server`]: accept loop, protocol detection, HTTP/1.1 + h2c, timeouts, graceful shutdown.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/config` on the admin listener.
 //! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
+//! - [`framing`]: request framing checks beyond hyper's (smuggling): refused with `400`.
 //! - [`target`]: one authority and one normalised path per request, decided before routing.
 //! - [`route`]: first-match routing.
 //! - [`proxy`]: the compiled config that serves a request end to end.
@@ -31,6 +32,7 @@ pub mod cache;
 pub mod config;
 pub mod explain;
 pub mod forward;
+pub mod framing;
 pub mod gate;
 pub mod instance;
 pub mod limit;

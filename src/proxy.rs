@@ -213,10 +213,13 @@ impl Proxy {
     pub fn handle(self: Arc<Proxy>, req: Request<Incoming>, peer: SocketAddr) -> impl Future<Output = Response<Body>> {
         let started = self.config.log.access.then(Instant::now);
         let (mut parts, body) = req.into_parts();
-        let routed = target::decide(&mut parts).and_then(|t| {
-            let found = route::find(&self.config.routes, &parts.method, &parts.headers, t.path(&parts));
-            found.map(|i| (i, t)).ok_or(Error::NoRoute)
-        });
+        let routed = crate::framing::check(&mut parts)
+            .map_err(Error::from)
+            .and_then(|()| target::decide(&mut parts))
+            .and_then(|t| {
+                let found = route::find(&self.config.routes, &parts.method, &parts.headers, t.path(&parts));
+                found.map(|i| (i, t)).ok_or(Error::NoRoute)
+            });
         self.serve(routed, parts, body, peer, started)
     }
 
@@ -239,18 +242,19 @@ impl Proxy {
                     let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
                     tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind());
                 }
-                return this.unrouted.respond(&e, &parts.method, parts.uri.path());
+                return this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
             }
         };
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
         let mut log = Access::new(lane, route, &parts, this.config.log.access);
+        let version = parts.version;
         let resp = 'answer: {
             let mut admission = None;
             if !lane.gate.is_open() {
                 let client_ip = this.trusted.client_ip(peer.ip(), &parts.headers);
                 let ctx = KeyCtx { route: &route.name, client_ip, path: target.path(&parts), parts: &parts };
                 match lane.gate.check(&ctx, this.clock.now()).await {
-                    Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), &mut log),
+                    Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
                     Ok(a) => {
                         if !a.wait.is_zero() {
                             Box::pin(tokio::time::sleep(a.wait)).await;
@@ -271,6 +275,7 @@ impl Proxy {
                             lane,
                             &Error::BadRequest(STRIP_PARAMS),
                             Some(&parts),
+                            version,
                             &mut log,
                         );
                     };
@@ -282,7 +287,7 @@ impl Proxy {
                     log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
                     match out {
                         Ok(resp) => resp,
-                        Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), &mut log),
+                        Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
                     }
                 }
             };
@@ -317,7 +322,15 @@ impl Proxy {
 
     /// The answer to a request that was refused or failed: a stale copy when the route allows
     /// one for this kind of failure and `head` is known, else the error's own answer.
-    fn refused(&self, route: &Route, lane: &Lane, e: &Error, head: Option<&Parts>, log: &mut Access) -> Response<Body> {
+    fn refused(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        e: &Error,
+        head: Option<&Parts>,
+        version: http::Version,
+        log: &mut Access,
+    ) -> Response<Body> {
         log.error = Some(e.kind());
         if let Error::Throttled(d) = e {
             log.note = Note {
@@ -337,7 +350,7 @@ impl Proxy {
             }
         }
         let (method, path) = head.map_or((&Method::GET, ""), |p| (&p.method, p.uri.path()));
-        lane.answers.respond(e, method, path)
+        lane.answers.respond(e, method, path, version)
     }
 
     fn stale(

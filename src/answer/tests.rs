@@ -44,7 +44,7 @@ async fn cached_429s_follow_the_retry_after() {
     assert!(g.check(&ctx, 0).await.is_ok());
     for round in 0..2 {
         for (now, secs) in [(1, 10), (4_500_000, 6), (9_200_000, 1)] {
-            let (head, doc) = text(a.respond(&denied(&g, now).await, &get, "/")).await;
+            let (head, doc) = text(a.respond(&denied(&g, now).await, &get, "/", http::Version::HTTP_11)).await;
             assert_eq!(head.status, 429);
             assert_eq!(head.headers[RETRY_AFTER], secs.to_string().as_str(), "round {round} at {now}");
             assert_eq!(head.headers[ratelimit::RATELIMIT], format!("\"slow\";r=0;t={secs}").as_str());
@@ -64,7 +64,7 @@ async fn two_denying_limits_are_both_named() {
     let parts = http::Request::new(()).into_parts().0;
     let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts };
     assert!(g.check(&ctx, 0).await.is_ok());
-    let (head, doc) = text(a.respond(&denied(&g, 1).await, &http::Method::GET, "/")).await;
+    let (head, doc) = text(a.respond(&denied(&g, 1).await, &http::Method::GET, "/", http::Version::HTTP_11)).await;
     assert_eq!(head.headers[ratelimit::RATELIMIT], "\"a\";r=0;t=10, \"b\";r=0;t=60");
     assert_eq!(head.headers[RETRY_AFTER], "60");
     assert_eq!(doc["violated-policies"], serde_json::json!(["a", "b"]));
@@ -131,7 +131,7 @@ async fn every_error_has_one_answer_with_its_source() {
     for (err, status, kind, retry, source) in cases {
         assert_eq!(err.source(), source, "{err:?}");
         for _ in 0..2 {
-            let (head, doc) = text(a.respond(&err, &http::Method::GET, "/x")).await;
+            let (head, doc) = text(a.respond(&err, &http::Method::GET, "/x", http::Version::HTTP_11)).await;
             assert_eq!(head.status, status, "{err:?}");
             assert_eq!(head.headers[header::CONTENT_TYPE], "application/problem+json");
             assert_eq!(doc["type"], kind, "{err:?}");
@@ -158,7 +158,7 @@ fn no_route_names_the_request_without_echoing_it_whole() {
     let metrics = Metrics::new();
     let a = RouteAnswers::new(None, Arc::from("https://api.example.com/problems/"), &metrics);
     let long = format!("/{}", "é".repeat(300));
-    let resp = a.respond(&Error::NoRoute, &http::Method::POST, &long);
+    let resp = a.respond(&Error::NoRoute, &http::Method::POST, &long, http::Version::HTTP_11);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let (_, doc) = rt.block_on(text(resp));
     assert_eq!(doc["type"], "https://api.example.com/problems/no-route");
