@@ -14,7 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -84,10 +84,10 @@ impl Idle {
             return false;
         }
         if !self.armed {
-            let deadline = Instant::now() + self.after();
+            let after = self.after();
             match &mut self.sleep {
-                Some(s) => s.reset(deadline),
-                None => self.sleep = Some(Sleep::until(deadline)),
+                Some(s) => s.reset_after(after),
+                None => self.sleep = Some(Sleep::after(after)),
             }
             self.armed = true;
         }
@@ -166,7 +166,8 @@ impl Body {
         }
     }
 
-    pub fn is_tapped(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_tapped(&self) -> bool {
         self.tap.is_some()
     }
 

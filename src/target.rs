@@ -207,9 +207,28 @@ fn decide_path(parts: &mut Parts) -> Result<Target, &'static str> {
     if !params {
         return Ok(Target::default());
     }
-    let matched: String =
-        parts.uri.path().split('/').map(|seg| seg.split(';').next().unwrap_or("")).collect::<Vec<_>>().join("/");
-    Ok(Target { matched: Some(matched.into_boxed_str()) })
+    Ok(Target { matched: Some(without_params(parts.uri.path()).into_boxed_str()) })
+}
+
+/// The normalised `path` as routes see it: each segment without its parameters, and the
+/// segments left empty by that merged away as `//` is (`/;x/api` is `/api`, as a server
+/// that drops parameters reads it); a last segment left empty keeps its slash.
+fn without_params(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let segments = path.split('/').skip(1);
+    let mut trailing = false;
+    for seg in segments {
+        let bare = seg.split(';').next().unwrap_or("");
+        trailing = bare.is_empty();
+        if !trailing {
+            out.push('/');
+            out.push_str(bare);
+        }
+    }
+    if out.is_empty() || trailing {
+        out.push('/');
+    }
+    out
 }
 
 const BAD_PATH: &str = "the request target is not a path";

@@ -1,28 +1,36 @@
 //! Timeouts of a second or more on a coarse clock: hyper's header-read timeout and the
-//! upstream response timeout are armed and dropped on every request, and almost never fire.
-//! On tokio's wheel one such timer costs ~700 instructions (a boxed entry, the driver lock,
-//! insertion and removal, an occasional driver unpark); here it costs two uncontended shard
-//! locks. A sweeper thread wakes expired sleeps every [`TICK`], so a coarse timeout fires up
-//! to one tick late, never early: every poll compares against the real clock first.
-//! Shorter timeouts stay on tokio's timer, where a tick would be a large error.
+//! upstream response and read timeouts are armed and dropped on every request, and almost
+//! never fire. On tokio's wheel one such timer costs ~700 instructions (a boxed entry, the
+//! driver lock, insertion and removal, an occasional driver unpark); here it costs two
+//! uncontended shard locks and no clock read: a sweeper thread keeps a millisecond clock
+//! ([`now_ms`]) and wakes expired sleeps every [`TICK`].
+//!
+//! That clock is read from the real one at each tick, so it is never ahead of it: a coarse
+//! sleep until an instant fires up to one tick late, never early. A sleep for a duration
+//! starts from the coarse clock plus one tick (it may lag by that much), so it too is never
+//! early, and fires up to two ticks late. Shorter timeouts stay on tokio's timer, where a
+//! tick would be a large error.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 
-/// How often expired sleeps are woken.
+/// How often expired sleeps are woken and the coarse clock moves.
 pub const TICK: Duration = Duration::from_millis(100);
+const TICK_MS: u64 = 100;
 /// Timeouts at least this long use the coarse clock.
 pub const COARSE_FROM: Duration = Duration::from_secs(1);
+const COARSE_FROM_MS: u64 = 1_000;
 const SHARDS: usize = 64;
 
 struct Entry {
-    deadline: Instant,
+    /// On the coarse clock: milliseconds since the wheel's epoch.
+    deadline: u64,
     waker: Waker,
     woken: bool,
 }
@@ -59,6 +67,23 @@ impl Shard {
 
 struct Wheel {
     shards: Box<[Mutex<Shard>]>,
+    /// The instant the coarse clock counts from.
+    epoch: Instant,
+    /// The coarse clock: milliseconds since `epoch` at the last tick (rounded down).
+    now_ms: AtomicU64,
+}
+
+impl Wheel {
+    /// `at` on the coarse clock, rounded up (a deadline is never moved earlier).
+    fn ms_ceil(&self, at: Instant) -> u64 {
+        let d = at.saturating_duration_since(self.epoch);
+        d.as_secs().saturating_mul(1_000).saturating_add(u64::from(d.subsec_nanos().div_ceil(1_000_000)))
+    }
+
+    /// `at` on the coarse clock, rounded down (the clock is never ahead of the real one).
+    fn ms_floor(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 fn lock(shard: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
@@ -76,12 +101,22 @@ fn wheel() -> &'static Wheel {
             // Sleeps then complete only when their task is polled for another reason.
             tracing::error!(error = %e, "could not start the timer thread; long timeouts are not enforced");
         }
-        Wheel { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect() }
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        Wheel { shards, epoch: Instant::now(), now_ms: AtomicU64::new(0) }
     })
 }
 
-/// Wakes every sleep whose deadline passed (once: its task polls it to completion).
+/// The coarse clock: milliseconds since the wheel's epoch, as of the last tick. Never ahead
+/// of the real clock, at most a tick behind it (more only if the timer thread is starved).
+pub fn now_ms() -> u64 {
+    wheel().now_ms.load(Ordering::Acquire)
+}
+
+/// Moves the coarse clock to `now`, then wakes every sleep whose deadline it passed (once:
+/// its task polls it to completion, and sees the clock already moved).
 fn sweep(wheel: &Wheel, now: Instant) {
+    let now = wheel.ms_floor(now);
+    wheel.now_ms.fetch_max(now, Ordering::Release);
     for shard in wheel.shards.iter() {
         let mut shard = lock(shard);
         for entry in shard.slots.iter_mut().flatten() {
@@ -102,16 +137,23 @@ fn shard_index() -> usize {
     INDEX.with(|i| *i)
 }
 
-/// A sleep until `deadline` on the coarse clock.
+/// A sleep until a deadline on the coarse clock.
 pub struct CoarseSleep {
-    deadline: Instant,
-    /// (shard, slot) once armed; u32s keep a sleep at 32 bytes.
+    /// Milliseconds since the wheel's epoch.
+    deadline: u64,
+    /// (shard, slot) once armed; u32s keep a sleep at 24 bytes.
     armed: Option<(u32, u32)>,
 }
 
 impl CoarseSleep {
     pub fn until(deadline: Instant) -> CoarseSleep {
-        CoarseSleep { deadline, armed: None }
+        CoarseSleep { deadline: wheel().ms_ceil(deadline), armed: None }
+    }
+
+    /// `duration` from now, read off the coarse clock without a system call: one tick is
+    /// added for what the coarse clock may lag.
+    pub fn after(duration: Duration) -> CoarseSleep {
+        CoarseSleep { deadline: after_ms(duration), armed: None }
     }
 
     fn disarm(&mut self) {
@@ -120,17 +162,23 @@ impl CoarseSleep {
         }
     }
 
-    pub fn reset(&mut self, deadline: Instant) {
+    fn reset_ms(&mut self, deadline: u64) {
         self.disarm();
         self.deadline = deadline;
     }
+}
+
+/// The coarse deadline `duration` from now (see [`CoarseSleep::after`]).
+fn after_ms(duration: Duration) -> u64 {
+    let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    now_ms().saturating_add(ms).saturating_add(TICK_MS + 1)
 }
 
 impl Future for CoarseSleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.deadline {
+        if now_ms() >= self.deadline {
             self.disarm();
             return Poll::Ready(());
         }
@@ -168,32 +216,47 @@ pub enum Sleep {
 }
 
 impl Sleep {
-    /// A sleep until `deadline`, which is `duration` from now.
-    fn at(deadline: Instant, duration: Duration) -> Sleep {
+    /// A sleep for `duration`; a long one reads no clock.
+    pub fn after(duration: Duration) -> Sleep {
         if duration >= COARSE_FROM {
-            Sleep::Coarse(CoarseSleep::until(deadline))
+            Sleep::Coarse(CoarseSleep::after(duration))
         } else {
-            Sleep::Fine(Box::pin(tokio::time::sleep_until(deadline.into())))
+            Sleep::Fine(Box::pin(tokio::time::sleep(duration)))
         }
     }
 
-    pub fn after(duration: Duration) -> Sleep {
-        Sleep::at(Instant::now() + duration, duration)
+    /// A sleep until `deadline`; whether it is long is judged on the coarse clock.
+    pub fn until(deadline: Instant) -> Sleep {
+        match coarse_deadline(deadline) {
+            Some(ms) => Sleep::Coarse(CoarseSleep { deadline: ms, armed: None }),
+            None => Sleep::Fine(Box::pin(tokio::time::sleep_until(deadline.into()))),
+        }
     }
 
-    pub fn until(deadline: Instant) -> Sleep {
-        Sleep::at(deadline, deadline.saturating_duration_since(Instant::now()))
+    /// Moves the deadline to `duration` from now, keeping the clock it runs on when that
+    /// still fits.
+    pub fn reset_after(&mut self, duration: Duration) {
+        match self {
+            Sleep::Coarse(c) if duration >= COARSE_FROM => c.reset_ms(after_ms(duration)),
+            other => *other = Sleep::after(duration),
+        }
     }
 
     /// Moves the deadline, keeping the clock it runs on when that still fits.
     pub fn reset(&mut self, deadline: Instant) {
-        let duration = deadline.saturating_duration_since(Instant::now());
-        match self {
-            Sleep::Coarse(c) if duration >= COARSE_FROM => c.reset(deadline),
-            Sleep::Fine(s) if duration < COARSE_FROM => s.as_mut().reset(deadline.into()),
-            other => *other = Sleep::at(deadline, duration),
+        match (self, coarse_deadline(deadline)) {
+            (Sleep::Coarse(c), Some(ms)) => c.reset_ms(ms),
+            (Sleep::Fine(s), None) => s.as_mut().reset(deadline.into()),
+            (other, _) => *other = Sleep::until(deadline),
         }
     }
+}
+
+/// `deadline` on the coarse clock, when it is at least [`COARSE_FROM`] away on that clock.
+fn coarse_deadline(deadline: Instant) -> Option<u64> {
+    let wheel = wheel();
+    let ms = wheel.ms_ceil(deadline);
+    (ms.saturating_sub(wheel.now_ms.load(Ordering::Acquire)) >= COARSE_FROM_MS).then_some(ms)
 }
 
 impl Future for Sleep {
@@ -275,11 +338,11 @@ mod tests {
     async fn a_finished_or_dropped_sleep_leaves_nothing_armed() {
         assert_eq!(timeout(Duration::from_secs(30), async { 7 }).await, Ok(7));
         // A deadline no other test uses, to tell this sleep's slot from a reuse of it.
-        let deadline = Instant::now() + Duration::from_secs(30) + Duration::from_nanos(4321);
+        let mut sleep = Box::pin(CoarseSleep::until(Instant::now() + Duration::from_secs(3_600 + 4_321)));
+        let deadline = sleep.deadline;
         let is_armed = |(shard, slot): (u32, u32)| {
             lock(&wheel().shards[shard as usize]).slots[slot as usize].as_ref().is_some_and(|e| e.deadline == deadline)
         };
-        let mut sleep = Box::pin(CoarseSleep::until(deadline));
         assert!(futures_util::poll!(sleep.as_mut()).is_pending());
         let at = sleep.armed.expect("a pending sleep is armed");
         assert!(is_armed(at));
@@ -287,27 +350,40 @@ mod tests {
         assert!(!is_armed(at), "dropping it disarms it");
     }
 
+    fn test_wheel(shards: usize) -> Wheel {
+        let shards = (0..shards).map(|_| Mutex::new(Shard::default())).collect();
+        Wheel { shards, epoch: Instant::now(), now_ms: AtomicU64::new(0) }
+    }
+
     #[test]
-    fn the_sweep_wakes_only_what_expired() {
+    fn the_sweep_moves_the_clock_and_wakes_only_what_expired() {
         let waker = futures_util::task::noop_waker();
-        let wheel = Wheel { shards: (0..2).map(|_| Mutex::new(Shard::default())).collect() };
-        let now = Instant::now();
-        let soon = lock(&wheel.shards[0]).insert(Entry { deadline: now, waker: waker.clone(), woken: false });
-        let later =
-            lock(&wheel.shards[1]).insert(Entry { deadline: now + Duration::from_secs(9), waker, woken: false });
-        sweep(&wheel, now + Duration::from_secs(1));
+        let wheel = test_wheel(2);
+        let soon = lock(&wheel.shards[0]).insert(Entry { deadline: 500, waker: waker.clone(), woken: false });
+        let later = lock(&wheel.shards[1]).insert(Entry { deadline: 9_000, waker, woken: false });
+        sweep(&wheel, wheel.epoch + Duration::from_millis(1_000));
+        assert_eq!(wheel.now_ms.load(Ordering::Relaxed), 1_000);
         let woken = |s: usize, i: u32| lock(&wheel.shards[s]).slots[i as usize].as_ref().is_some_and(|e| e.woken);
         assert!(woken(0, soon));
         assert!(!woken(1, later));
+        // A late sweep with an older reading never moves the clock back.
+        sweep(&wheel, wheel.epoch + Duration::from_millis(900));
+        assert_eq!(wheel.now_ms.load(Ordering::Relaxed), 1_000);
         lock(&wheel.shards[0]).remove(soon);
-        assert_eq!(
-            lock(&wheel.shards[0]).insert(Entry {
-                deadline: now,
-                waker: futures_util::task::noop_waker(),
-                woken: false
-            }),
-            soon,
-            "slots are reused"
-        );
+        let again = Entry { deadline: 1, waker: futures_util::task::noop_waker(), woken: false };
+        assert_eq!(lock(&wheel.shards[0]).insert(again), soon, "slots are reused");
+    }
+
+    #[test]
+    fn coarse_deadlines_round_so_that_nothing_fires_early() {
+        let wheel = test_wheel(1);
+        let at = |ms: u64, ns: u32| wheel.epoch + Duration::from_millis(ms) + Duration::from_nanos(u64::from(ns));
+        assert_eq!(wheel.ms_ceil(at(5, 0)), 5);
+        assert_eq!(wheel.ms_ceil(at(5, 1)), 6, "a deadline rounds up");
+        assert_eq!(wheel.ms_floor(at(5, 999_999)), 5, "the clock rounds down");
+        // A duration from the coarse clock adds the most it can lag.
+        let before = now_ms();
+        let deadline = after_ms(Duration::from_secs(2));
+        assert!(deadline >= before + 2_000 + TICK_MS, "{deadline} vs {before}");
     }
 }

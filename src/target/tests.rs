@@ -102,6 +102,11 @@ fn paths_are_normalised_once() {
         ("/a%3ab", "/a%3Ab", "/a%3Ab"),
         ("/api;v=1/users", "/api;v=1/users", "/api/users"),
         ("/api;jsessionid=x", "/api;jsessionid=x", "/api"),
+        ("/;x/api/users", "/;x/api/users", "/api/users"),
+        ("/api/;x", "/api/;x", "/api/"),
+        ("/api;x/", "/api;x/", "/api/"),
+        ("/;x", "/;x", "/"),
+        ("/a;b/;c/d;e", "/a;b/;c/d;e", "/a/d"),
         ("/", "/", "/"),
         ("/.", "/", "/"),
     ] {
