@@ -88,7 +88,22 @@ impl HttpForwarder {
         let prepared = self.prepare(req, strip, down);
         async move {
             let req = prepared?;
-            match crate::timer::timeout(self.timeout, self.exchange(req)).await {
+            // A ready pooled connection takes the request now: hyper moves it into the
+            // connection's queue at once, so this future holds only the wait for the answer.
+            // Otherwise (the pool is empty, or its connection's task has not yet run since
+            // its last answer) a boxed future waits or connects first.
+            let answered = match self.pool.take_ready() {
+                Some(mut conn) => {
+                    let answer = conn.send_request(req);
+                    match crate::timer::timeout(self.timeout, answer).await {
+                        Ok(Ok(resp)) => Ok(Ok((resp, conn))),
+                        Ok(Err(e)) => Ok(Err(self.failed(&e))),
+                        Err(elapsed) => Err(elapsed),
+                    }
+                }
+                None => crate::timer::timeout(self.timeout, Box::pin(self.exchange(req))).await,
+            };
+            match answered {
                 Ok(Ok((resp, conn))) => self.accept(resp, conn),
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(Error::Upstream(UpstreamFailure::Timeout)),

@@ -7,7 +7,7 @@
 //! `Vec::pop` (uncontended: one lock per upstream), and the connection task is spawned once.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
@@ -17,9 +17,11 @@ use tokio::net::TcpStream;
 use crate::body::{Home, UpstreamConn as Conn};
 
 pub struct Pool {
-    idle: Mutex<Vec<(Conn, Instant)>>,
+    /// Idle connections with when they went idle, on the coarse clock (ms).
+    idle: Mutex<Vec<(Conn, u64)>>,
     max_idle: usize,
-    idle_timeout: Duration,
+    /// Milliseconds an idle connection may wait to be reused.
+    idle_timeout_ms: u64,
     addr: String,
     connect_timeout: Duration,
     /// Responses cut off by the idle-read timeout.
@@ -52,7 +54,27 @@ impl Pool {
         max_idle: usize,
         read_timeouts: Counter,
     ) -> Pool {
-        Pool { idle: Mutex::new(Vec::new()), max_idle, idle_timeout, addr, connect_timeout, read_timeouts }
+        let idle_timeout_ms = u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        Pool { idle: Mutex::new(Vec::new()), max_idle, idle_timeout_ms, addr, connect_timeout, read_timeouts }
+    }
+
+    /// An idle connection that can take a request right now, if the newest one can; else
+    /// [`Pool::checkout`] waits for it or connects.
+    pub fn take_ready(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = crate::timer::now_ms();
+        while let Some((conn, since)) = idle.pop() {
+            if conn.is_closed() || now.saturating_sub(since) >= self.idle_timeout_ms {
+                continue;
+            }
+            if conn.is_ready() {
+                return Some(conn);
+            }
+            // Its task has not yet run since its last answer ended: wait for it elsewhere.
+            idle.push((conn, since));
+            return None;
+        }
+        None
     }
 
     /// An idle connection from the pool, or a new one.
@@ -70,8 +92,9 @@ impl Pool {
 
     fn pop(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = crate::timer::now_ms();
         while let Some((conn, since)) = idle.pop() {
-            if !conn.is_closed() && since.elapsed() < self.idle_timeout {
+            if !conn.is_closed() && now.saturating_sub(since) < self.idle_timeout_ms {
                 return Some(conn);
             }
         }
@@ -107,7 +130,7 @@ impl Home for Pool {
         }
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if idle.len() < self.max_idle {
-            idle.push((conn, Instant::now()));
+            idle.push((conn, crate::timer::now_ms()));
         }
     }
 
