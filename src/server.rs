@@ -157,6 +157,8 @@ pub(crate) struct ConnState {
     first_wait: AtomicBool,
     /// HTTP/1: the first request's head has been read.
     first_head_done: AtomicBool,
+    /// HTTP/1: the deadline of the current wait for a head (see `h1`), made on first use.
+    head_deadline: std::sync::OnceLock<crate::timer::Deadline>,
     /// HTTP/2: streams whose response has not ended.
     open_streams: AtomicUsize,
     /// HTTP/2: when the last stream ended, in µs since `accepted`.
@@ -171,6 +173,7 @@ impl ConnState {
             bytes_seen: AtomicBool::new(false),
             first_wait: AtomicBool::new(false),
             first_head_done: AtomicBool::new(false),
+            head_deadline: std::sync::OnceLock::new(),
             open_streams: AtomicUsize::new(0),
             idle_since_us: AtomicU64::new(0),
         }

@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -35,11 +35,13 @@ struct Entry {
     woken: bool,
 }
 
-/// Armed sleeps of the threads that share one shard: a slab with a free list.
+/// Armed sleeps of the threads that share one shard: a slab with a free list; and the
+/// [`Deadline`]s registered there, dropped from the list once their owner is gone.
 #[derive(Default)]
 struct Shard {
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
+    deadlines: Vec<Weak<DeadlineInner>>,
 }
 
 impl Shard {
@@ -125,6 +127,19 @@ fn sweep(wheel: &Wheel, now: Instant) {
                 entry.waker.wake_by_ref();
             }
         }
+        shard.deadlines.retain(|d| match d.upgrade() {
+            Some(d) => {
+                // Woken at every tick until its owner moves or clears it: owners act on
+                // an expiry at once (they close their connection).
+                if d.at.load(Ordering::Acquire) <= now {
+                    if let Some(w) = &lock_state(&d.state).waker {
+                        w.wake_by_ref();
+                    }
+                }
+                true
+            }
+            None => false,
+        });
     }
 }
 
@@ -270,6 +285,98 @@ impl Future for Sleep {
     }
 }
 
+/// A deadline that a long-lived owner (a connection) re-arms for wait after wait: registered
+/// with the timer thread once, then moved with an atomic store, so a wait costs neither a
+/// clock read nor a timer entry. A deadline less than [`COARSE_FROM`] away is waited for on
+/// tokio's timer instead, so short timeouts keep their precision. Clones share the deadline.
+#[derive(Clone)]
+pub struct Deadline {
+    inner: Arc<DeadlineInner>,
+}
+
+struct DeadlineInner {
+    /// On the coarse clock; [`UNARMED`] when no wait is armed.
+    at: AtomicU64,
+    state: Mutex<DeadlineState>,
+}
+
+#[derive(Default)]
+struct DeadlineState {
+    waker: Option<Waker>,
+    /// A fine sleep for a deadline close at hand, with the deadline it was made for.
+    fine: Option<(u64, Pin<Box<tokio::time::Sleep>>)>,
+}
+
+const UNARMED: u64 = u64::MAX;
+
+fn lock_state(state: &Mutex<DeadlineState>) -> std::sync::MutexGuard<'_, DeadlineState> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Default for Deadline {
+    fn default() -> Self {
+        Deadline::new()
+    }
+}
+
+impl Deadline {
+    /// An unarmed deadline, registered with this thread's shard.
+    pub fn new() -> Deadline {
+        let inner = Arc::new(DeadlineInner { at: AtomicU64::new(UNARMED), state: Mutex::default() });
+        lock(&wheel().shards[shard_index()]).deadlines.push(Arc::downgrade(&inner));
+        Deadline { inner }
+    }
+
+    /// Arms it for `duration` from now, read off the coarse clock (never early).
+    pub fn arm_after(&self, duration: Duration) {
+        self.inner.at.store(after_ms(duration), Ordering::Release);
+    }
+
+    /// Arms it for `at`.
+    pub fn arm_at(&self, at: Instant) {
+        self.inner.at.store(wheel().ms_ceil(at), Ordering::Release);
+    }
+
+    pub fn disarm(&self) {
+        self.inner.at.store(UNARMED, Ordering::Release);
+    }
+
+    /// Ready once the armed deadline has passed; otherwise the task is woken when it does.
+    /// Unarmed, it never is.
+    pub fn poll_expired(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let at = self.inner.at.load(Ordering::Acquire);
+        let now = now_ms();
+        if at <= now {
+            return Poll::Ready(());
+        }
+        let mut state = lock_state(&self.inner.state);
+        if at != UNARMED && at - now < COARSE_FROM_MS {
+            let fine = match &mut state.fine {
+                Some((made_for, sleep)) if *made_for == at => sleep,
+                other => {
+                    let when = wheel().epoch + Duration::from_millis(at);
+                    &mut other.insert((at, Box::pin(tokio::time::sleep_until(when.into())))).1
+                }
+            };
+            if fine.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        match &state.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => state.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+/// The coarse clock's reading as an instant: never after the real now, at most a tick
+/// before it. For code that must hand an `Instant` to others (hyper's timer).
+pub fn coarse_now() -> Instant {
+    let wheel = wheel();
+    wheel.epoch + Duration::from_millis(wheel.now_ms.load(Ordering::Acquire))
+}
+
 pin_project! {
     /// `inner`, or `Err(Elapsed)` once `duration` has passed.
     pub struct Timeout<F> {
@@ -385,5 +492,45 @@ mod tests {
         let before = now_ms();
         let deadline = after_ms(Duration::from_secs(2));
         assert!(deadline >= before + 2_000 + TICK_MS, "{deadline} vs {before}");
+    }
+
+    #[tokio::test]
+    async fn a_deadline_fires_when_armed_never_early_and_can_be_moved() {
+        let d = Deadline::new();
+        // Unarmed: never.
+        assert!(futures_util::poll!(std::future::poll_fn(|cx| d.poll_expired(cx))).is_pending());
+        // A short deadline runs on tokio's timer: precise.
+        let started = Instant::now();
+        d.arm_at(started + Duration::from_millis(150));
+        std::future::poll_fn(|cx| d.poll_expired(cx)).await;
+        assert!(started.elapsed() >= Duration::from_millis(150), "fired early: {:?}", started.elapsed());
+        // Moved far away, it no longer fires; disarmed, neither.
+        d.arm_after(Duration::from_secs(60));
+        assert!(futures_util::poll!(std::future::poll_fn(|cx| d.poll_expired(cx))).is_pending());
+        d.disarm();
+        assert!(futures_util::poll!(std::future::poll_fn(|cx| d.poll_expired(cx))).is_pending());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_deadline_is_woken_by_the_timer_thread() {
+        let d = Deadline::new();
+        let started = Instant::now();
+        d.arm_after(Duration::from_millis(1_100));
+        tokio::time::timeout(Duration::from_secs(10), std::future::poll_fn(|cx| d.poll_expired(cx)))
+            .await
+            .expect("woken within 10 s");
+        assert!(started.elapsed() >= Duration::from_millis(1_100), "fired early: {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_dropped_deadline_leaves_its_shard() {
+        let d = Deadline::new();
+        let weak = Arc::downgrade(&d.inner);
+        drop(d);
+        assert!(weak.upgrade().is_none());
+        sweep(wheel(), Instant::now());
+        let left =
+            wheel().shards.iter().map(|s| lock(s).deadlines.iter().filter(|w| w.ptr_eq(&weak)).count()).sum::<usize>();
+        assert_eq!(left, 0);
     }
 }

@@ -67,12 +67,15 @@ where
     .await
 }
 
-/// hyper's timer for one connection; it only ever arms the header-read timeout.
+/// hyper's timer for one connection; it only ever arms the header-read timeout. Every wait
+/// of the connection moves one [`timer::Deadline`], registered once per connection: a wait
+/// costs no timer entry and no clock read (hyper asks [`HeadTimer`] for "now", which the
+/// coarse clock answers).
 struct HeadTimer(Arc<ConnState>);
 
 impl hyper::rt::Timer for HeadTimer {
     fn sleep(&self, duration: std::time::Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep_until(Instant::now() + duration)
+        self.sleep_until(self.now() + duration)
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
@@ -86,12 +89,16 @@ impl hyper::rt::Timer for HeadTimer {
             state.first_wait.store(true, Ordering::Relaxed);
             Phase::First(state.accepted + cfg.header_read_timeout)
         };
-        Box::pin(HeadSleep { state: state.clone(), phase, sleep: None })
+        Box::pin(HeadSleep { state: state.clone(), phase, armed: false })
+    }
+
+    fn now(&self) -> Instant {
+        timer::coarse_now()
     }
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
         // hyper re-arms only a timer that fired, on a connection it is closing.
-        *sleep = Box::pin(HeadSleep { state: self.0.clone(), phase: Phase::Head(new_deadline), sleep: None });
+        *sleep = Box::pin(HeadSleep { state: self.0.clone(), phase: Phase::Head(new_deadline), armed: false });
     }
 }
 
@@ -99,18 +106,25 @@ impl hyper::rt::Timer for HeadTimer {
 enum Phase {
     /// The first head, due at this instant.
     First(Instant),
-    /// Waiting for the next request since this instant.
+    /// Waiting for the next request since this instant (on the coarse clock: up to a tick
+    /// early, so its deadline gets a tick more).
     Idle(Instant),
     /// A later head, due at this instant.
     Head(Instant),
 }
 
-/// One wait for a head. The sleep is armed on its first poll only: a head that arrives
-/// whole in one read never arms anything.
+/// One wait for a head. The connection's deadline is armed on its first poll only: a head
+/// that arrives whole in one read never arms anything.
 struct HeadSleep {
     state: Arc<ConnState>,
     phase: Phase,
-    sleep: Option<timer::Sleep>,
+    armed: bool,
+}
+
+impl HeadSleep {
+    fn deadline(&self) -> &timer::Deadline {
+        self.state.head_deadline.get_or_init(timer::Deadline::new)
+    }
 }
 
 impl Future for HeadSleep {
@@ -121,16 +135,19 @@ impl Future for HeadSleep {
         let cfg = &this.state.settings.cfg;
         if let Phase::Idle(_) = this.phase {
             if this.state.bytes_seen.load(Ordering::Relaxed) {
-                this.phase = Phase::Head(Instant::now() + cfg.header_read_timeout);
-                this.sleep = None;
+                this.phase = Phase::Head(timer::coarse_now() + timer::TICK + cfg.header_read_timeout);
+                this.armed = false;
             }
         }
-        let deadline = match this.phase {
-            Phase::First(due) | Phase::Head(due) => due,
-            Phase::Idle(since) => since + cfg.keepalive_timeout,
-        };
-        let sleep = this.sleep.get_or_insert_with(|| timer::Sleep::until(deadline));
-        if Pin::new(sleep).poll(cx).is_pending() {
+        if !this.armed {
+            let due = match this.phase {
+                Phase::First(due) | Phase::Head(due) => due,
+                Phase::Idle(since) => since + timer::TICK + cfg.keepalive_timeout,
+            };
+            this.deadline().arm_at(due);
+            this.armed = true;
+        }
+        if this.deadline().poll_expired(cx).is_pending() {
             return Poll::Pending;
         }
         let timeouts = &this.state.settings.metrics.timeouts;
@@ -148,6 +165,9 @@ impl Future for HeadSleep {
 impl Drop for HeadSleep {
     fn drop(&mut self) {
         // hyper drops the sleep once the head is read (or the connection ends).
+        if self.armed {
+            self.deadline().disarm();
+        }
         if let Phase::First(_) = self.phase {
             self.state.first_head_done.store(true, Ordering::Relaxed);
         }
