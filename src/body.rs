@@ -22,10 +22,14 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::timer::Sleep;
+use crate::timer::{Deadline, Sleep};
 
-/// An upstream HTTP/1 connection, ready for one request.
-pub type UpstreamConn = hyper::client::conn::http1::SendRequest<RequestBody>;
+/// An upstream HTTP/1 connection, ready for one request, with the deadline its waits move
+/// (for a response head, then between reads of the body).
+pub struct UpstreamConn {
+    pub send: hyper::client::conn::http1::SendRequest<RequestBody>,
+    pub deadline: Deadline,
+}
 
 /// Where an upstream connection goes back to once the response it carried has ended.
 pub trait Home: Send + Sync {
@@ -35,16 +39,21 @@ pub trait Home: Send + Sync {
     fn read_timed_out(&self);
 }
 
-/// An upstream connection lent to one response; given back when the body ends cleanly, and
-/// closed (dropped) on error or when the client goes away mid-body.
+/// An upstream connection lent to one response; given back when the body ends cleanly (if
+/// `reuse`), and closed (dropped) on error or when the client goes away mid-body.
 pub struct Lease {
     pub conn: UpstreamConn,
     pub home: Arc<dyn Home>,
+    /// False when the answer's framing needed repair: such a connection is not trusted again.
+    pub reuse: bool,
 }
 
 impl Lease {
     fn release(self) {
-        self.home.put(self.conn);
+        if self.reuse {
+            self.conn.deadline.disarm();
+            self.home.put(self.conn);
+        }
     }
 }
 
@@ -99,6 +108,36 @@ impl Idle {
     }
 }
 
+/// The upstream body's read deadline: the leased connection's [`Deadline`], armed when a read
+/// finds nothing and left alone while reads find something.
+struct Quiet {
+    /// Milliseconds; zero: no deadline.
+    after_ms: u32,
+    armed: bool,
+}
+
+impl Quiet {
+    fn new(after: Duration) -> Quiet {
+        Quiet { after_ms: u32::try_from(after.as_millis()).unwrap_or(u32::MAX), armed: false }
+    }
+
+    fn after(&self) -> Duration {
+        Duration::from_millis(u64::from(self.after_ms))
+    }
+
+    /// The read found nothing: true once `after` has passed since it last found something.
+    fn expired(&mut self, deadline: &Deadline, cx: &mut Context<'_>) -> bool {
+        if self.after_ms == 0 {
+            return false;
+        }
+        if !self.armed {
+            deadline.arm_for(self.after());
+            self.armed = true;
+        }
+        deadline.poll_expired(cx).is_ready()
+    }
+}
+
 /// Why a response body stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
@@ -113,7 +152,7 @@ pin_project! {
     enum Kind {
         Full { data: Option<Bytes> },
         // An upstream body; `lease` goes back to its pool once the body ends.
-        Upstream { #[pin] inner: Incoming, lease: Option<Lease>, idle: Idle },
+        Upstream { #[pin] inner: Incoming, lease: Option<Lease>, quiet: Quiet },
     }
 }
 
@@ -142,18 +181,16 @@ impl Body {
         Body::of(Kind::Full { data: (!data.is_empty()).then_some(data) })
     }
 
-    /// An upstream body. `lease` (if the connection may be reused) goes back to its pool when
-    /// the body ends; a body that sends nothing for `idle_timeout` (zero: no limit) fails, and
-    /// its connection is dropped.
-    pub fn upstream(inner: Incoming, lease: Option<Lease>, idle_timeout: Duration) -> Body {
+    /// An upstream body. `lease` goes back to its pool when the body ends (if it may be
+    /// reused); a body that sends nothing for `idle_timeout` (zero: no limit) fails, and its
+    /// connection is dropped.
+    pub fn upstream(inner: Incoming, lease: Lease, idle_timeout: Duration) -> Body {
         if inner.is_end_stream() {
             // hyper may never poll an empty body: the connection is free already.
-            if let Some(lease) = lease {
-                lease.release();
-            }
-            return Body::of(Kind::Upstream { inner, lease: None, idle: Idle::new(Duration::ZERO) });
+            lease.release();
+            return Body::of(Kind::Upstream { inner, lease: None, quiet: Quiet::new(Duration::ZERO) });
         }
-        Body::of(Kind::Upstream { inner, lease, idle: Idle::new(idle_timeout) })
+        Body::of(Kind::Upstream { inner, lease: Some(lease), quiet: Quiet::new(idle_timeout) })
     }
 
     /// Copies the body into `tap` as it streams.
@@ -185,17 +222,17 @@ impl HttpBody for Body {
         let this = self.project();
         let (polled, ended) = match this.kind.project() {
             KindProj::Full { data } => (Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))), true),
-            KindProj::Upstream { mut inner, lease, idle } => match inner.as_mut().poll_frame(cx) {
-                Poll::Pending if idle.expired(cx) => {
+            KindProj::Upstream { mut inner, lease, quiet } => match inner.as_mut().poll_frame(cx) {
+                Poll::Pending if lease.as_ref().is_some_and(|l| quiet.expired(&l.conn.deadline, cx)) => {
                     // The upstream connection is mid-response: it can never be reused.
                     if let Some(l) = lease.take() {
                         l.home.read_timed_out();
                     }
-                    (Poll::Ready(Some(Err(BodyError::IdleTimeout(idle.after())))), true)
+                    (Poll::Ready(Some(Err(BodyError::IdleTimeout(quiet.after())))), true)
                 }
                 Poll::Pending => (Poll::Pending, false),
                 Poll::Ready(polled) => {
-                    idle.progress();
+                    quiet.armed = false;
                     let ended = match &polled {
                         None => true,
                         Some(Ok(_)) => inner.is_end_stream(),

@@ -94,8 +94,10 @@ impl HttpForwarder {
             // its last answer) a boxed future waits or connects first.
             let answered = match self.pool.take_ready() {
                 Some(mut conn) => {
-                    let answer = conn.send_request(req);
-                    match crate::timer::timeout(self.timeout, answer).await {
+                    let answer = conn.send.send_request(req);
+                    // The connection's own deadline times the answer: no timer entry per request.
+                    conn.deadline.arm_for(self.timeout);
+                    match Within::new(answer, &conn.deadline).await {
                         Ok(Ok(resp)) => Ok(Ok((resp, conn))),
                         Ok(Err(e)) => Ok(Err(self.failed(&e))),
                         Err(elapsed) => Err(elapsed),
@@ -120,7 +122,7 @@ impl HttpForwarder {
         headers::strip_hop_by_hop(&mut parts.headers);
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;
-        let lease = (reuse == framing::Reuse::Yes).then(|| Lease { conn, home: self.pool.clone() });
+        let lease = Lease { conn, home: self.pool.clone(), reuse: reuse == framing::Reuse::Yes };
         Ok(Response::from_parts(parts, Body::upstream(body, lease, self.read_timeout)))
     }
 
@@ -159,7 +161,7 @@ impl HttpForwarder {
                 tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
                 Error::Upstream(UpstreamFailure::Connect)
             })?;
-            match conn.send_request(req).await {
+            match conn.send.send_request(req).await {
                 Ok(resp) => Ok((resp, conn)),
                 Err(e) => Err(self.failed(&e)),
             }
@@ -201,6 +203,33 @@ impl HttpForwarder {
             pq.push_str(q);
         }
         Ok(Uri::from(PathAndQuery::try_from(pq)?))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `inner`, or `Err(Elapsed)` once `deadline` (armed by the caller) has passed.
+    struct Within<'a, F> {
+        #[pin]
+        inner: F,
+        deadline: &'a crate::timer::Deadline,
+    }
+}
+
+impl<'a, F> Within<'a, F> {
+    fn new(inner: F, deadline: &'a crate::timer::Deadline) -> Self {
+        Within { inner, deadline }
+    }
+}
+
+impl<F: Future> Future for Within<'_, F> {
+    type Output = Result<F::Output, crate::timer::Elapsed>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        if let std::task::Poll::Ready(out) = this.inner.poll(cx) {
+            return std::task::Poll::Ready(Ok(out));
+        }
+        this.deadline.poll_expired(cx).map(|()| Err(crate::timer::Elapsed))
     }
 }
 

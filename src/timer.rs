@@ -332,6 +332,16 @@ impl Deadline {
         self.inner.at.store(after_ms(duration), Ordering::Release);
     }
 
+    /// Arms it for `duration` from now: off the coarse clock when that is long, else off the
+    /// real clock, so that a short timeout keeps its precision.
+    pub fn arm_for(&self, duration: Duration) {
+        if duration >= COARSE_FROM {
+            self.arm_after(duration);
+        } else {
+            self.arm_at(Instant::now() + duration);
+        }
+    }
+
     /// Arms it for `at`.
     pub fn arm_at(&self, at: Instant) {
         self.inner.at.store(wheel().ms_ceil(at), Ordering::Release);

@@ -64,10 +64,10 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = crate::timer::now_ms();
         while let Some((conn, since)) = idle.pop() {
-            if conn.is_closed() || now.saturating_sub(since) >= self.idle_timeout_ms {
+            if conn.send.is_closed() || now.saturating_sub(since) >= self.idle_timeout_ms {
                 continue;
             }
-            if conn.is_ready() {
+            if conn.send.is_ready() {
                 return Some(conn);
             }
             // Its task has not yet run since its last answer ended: wait for it elsewhere.
@@ -82,7 +82,7 @@ impl Pool {
         while let Some(mut conn) = self.pop() {
             // Returned only after its body ended, so this completes at once; an error means
             // the upstream closed it meanwhile.
-            if conn.ready().await.is_ok() {
+            if conn.send.ready().await.is_ok() {
                 return Ok(conn);
             }
         }
@@ -94,7 +94,7 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = crate::timer::now_ms();
         while let Some((conn, since)) = idle.pop() {
-            if !conn.is_closed() && now.saturating_sub(since) < self.idle_timeout_ms {
+            if !conn.send.is_closed() && now.saturating_sub(since) < self.idle_timeout_ms {
                 return Some(conn);
             }
         }
@@ -118,14 +118,14 @@ impl Pool {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
-        Ok(send)
+        Ok(Conn { send, deadline: crate::timer::Deadline::new() })
     }
 }
 
 impl Home for Pool {
     /// Takes back a connection whose response has ended.
     fn put(&self, conn: Conn) {
-        if conn.is_closed() {
+        if conn.send.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
