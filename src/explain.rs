@@ -82,6 +82,8 @@ fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
 fn retry_note(d: Decision) -> String {
     match d {
         Decision::Deny { retry_after, .. } => format!("gets 429 with Retry-After: {}", retry_after_secs(retry_after)),
+        // Not for a configured cost: config validation refuses one the limit never admits.
+        Decision::Never { .. } => "is never admitted (its cost is above what the limit admits at once)".to_owned(),
         Decision::Delay { wait, .. } => format!("waits {}", dur(wait)),
         Decision::Allow { .. } => "is admitted".to_owned(),
     }

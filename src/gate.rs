@@ -125,13 +125,22 @@ impl Limit {
         ratelimit::retry_after_secs(retry_after).min(self.window_secs.max(1))
     }
 
-    fn log_shadow(&self, route: &str, now: Timestamp, retry_after: Span) {
+    /// Retry-After seconds of a [`Decision::Never`]: the longest a denial of this limit sends,
+    /// its period. Config validation keeps every configured cost within what the limit (and
+    /// its Redis fallback) admits, so this answers only a store that disagrees with it.
+    fn never_secs(&self) -> u64 {
+        self.window_secs.max(1)
+    }
+
+    /// `retry_after`: `None` for a [`Decision::Never`].
+    fn log_shadow(&self, route: &str, now: Timestamp, retry_after: Option<Span>) {
         let now = now.as_micros();
         let last = self.shadow_logged.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= MICROS_PER_SEC
             && self.shadow_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
-            tracing::info!(route, limit = %self.config.name, retry_after_ms = retry_after.as_micros() / 1000, "shadow limit would reject");
+            let retry_after_ms = retry_after.map(|r| r.as_micros() / 1000);
+            tracing::info!(route, limit = %self.config.name, retry_after_ms, "shadow limit would reject");
         }
     }
 }
@@ -204,9 +213,13 @@ impl Gate {
                 }
                 Decision::Deny { retry_after, .. } if !limit.enforced() => {
                     limit.metrics.shadow_throttled.inc();
-                    limit.log_shadow(&self.route, now, retry_after);
+                    limit.log_shadow(&self.route, now, Some(retry_after));
                 }
-                Decision::Deny { .. } => {
+                Decision::Never { .. } if !limit.enforced() => {
+                    limit.metrics.shadow_throttled.inc();
+                    limit.log_shadow(&self.route, now, None);
+                }
+                Decision::Deny { .. } | Decision::Never { .. } => {
                     limit.metrics.throttled.inc();
                     denied = true;
                 }
@@ -233,7 +246,7 @@ impl Gate {
             let (remaining, wait) = match d.decision {
                 Decision::Allow { remaining, .. } => (remaining, Span::ZERO),
                 Decision::Delay { wait, remaining, .. } => (remaining, wait),
-                Decision::Deny { .. } => (0, Span::ZERO),
+                Decision::Deny { .. } | Decision::Never { .. } => (0, Span::ZERO),
             };
             note.delayed_us = note.delayed_us.max(wait.as_micros());
             if note.remaining.is_none_or(|r| remaining < r) {
@@ -268,11 +281,14 @@ impl Gate {
     fn denied(&self, decided: &[Decided]) -> Denied {
         let limits: SmallVec<[(usize, u64); 2]> = decided
             .iter()
-            .filter_map(|d| match d.decision {
-                Decision::Deny { retry_after, .. } if self.limits[d.limit].enforced() => {
-                    Some((d.limit, self.limits[d.limit].retry_after_secs(retry_after)))
-                }
-                _ => None,
+            .filter_map(|d| {
+                let limit = &self.limits[d.limit];
+                let secs = match d.decision {
+                    Decision::Deny { retry_after, .. } => limit.retry_after_secs(retry_after),
+                    Decision::Never { .. } => limit.never_secs(),
+                    Decision::Allow { .. } | Decision::Delay { .. } => return None,
+                };
+                limit.enforced().then_some((d.limit, secs))
             })
             .collect();
         let retry_after_secs = limits.iter().map(|l| l.1).max().unwrap_or(1);
@@ -285,7 +301,7 @@ impl Gate {
         for d in decided.iter().filter(|d| self.limits[d.limit].enforced()) {
             let (remaining, reset) = match d.decision {
                 Decision::Allow { remaining, reset } | Decision::Delay { remaining, reset, .. } => (remaining, reset),
-                Decision::Deny { reset, .. } => (0, reset),
+                Decision::Deny { reset, .. } | Decision::Never { reset } => (0, reset),
             };
             ratelimit::state(&mut out, &self.limits[d.limit].config.name, remaining, reset);
         }
@@ -346,6 +362,34 @@ mod tests {
         // A window's wait is measured from now; it is never longer than a window.
         assert_eq!(g.limits[0].retry_after_secs(Span::MAX), 10);
         assert_eq!(g.limits[0].retry_after_secs(Span::from_micros(3_000_001)), 4);
+    }
+
+    #[tokio::test]
+    async fn a_never_admissible_cost_is_denied_with_the_limit_period() {
+        // Config validation refuses a cost above what a limit admits, so here the store holds a
+        // smaller bucket (2) than the configured one (4, cost 3): as a divided fallback might.
+        for mode in ["enforce", "shadow"] {
+            let yaml = format!(
+                "listen: 127.0.0.1:1\nupstreams:\n  up: {{ respond: {{ status: 200 }} }}\nroutes:\n  - name: r\n    upstream: up\n    limits:\n      - {{ name: big, algorithm: token_bucket, rate: 1/10s, burst: 4, cost: 3, mode: {mode} }}\n"
+            );
+            let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), &yaml).unwrap();
+            let g = Gate::new(&config.routes[0], &Metrics::new(), &mut |l| {
+                let crate::limit::Algorithm::TokenBucket { interval, warmup, .. } = l.algorithm else { unreachable!() };
+                let small = crate::limit::Algorithm::TokenBucket { interval, burst: 2.try_into().unwrap(), warmup };
+                Arc::new(Store::Local(LocalStore::new(small, l.max_keys)))
+            });
+            let limit = &g.limits[0];
+            if mode == "shadow" {
+                assert!(check(&g, 0).await.is_ok());
+                assert_eq!(limit.metrics.shadow_throttled.get(), 1);
+                continue;
+            }
+            let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
+            // The bucket's period: 4 × 10 s, the longest Retry-After it sends.
+            assert_eq!((&d.limits[..], d.retry_after_secs), (&[(0, 40)][..], 40));
+            assert_eq!(limit.never_secs(), 40);
+            assert_eq!(limit.metrics.throttled.get(), 1);
+        }
     }
 
     #[tokio::test]

@@ -32,13 +32,15 @@ pub enum Decision {
     Delay { wait: Span, remaining: u64, reset: Span },
     /// Rejected, nothing consumed. The same request retried after `retry_after` with no other
     /// traffic in between IS admitted (this is the contract behind an honest Retry-After).
-    /// `retry_after == Span::MAX` means never: the cost exceeds [`max_cost`].
     Deny { retry_after: Span, reset: Span },
+    /// Rejected, nothing consumed, and no wait helps: the cost exceeds [`max_cost`], what the
+    /// limit can admit at once. Config validation keeps configured costs below that.
+    Never { reset: Span },
 }
 
 impl Decision {
     /// True for `Allow` and `Delay` (the request goes through, possibly later).
     pub fn is_admitted(&self) -> bool {
-        !matches!(self, Decision::Deny { .. })
+        matches!(self, Decision::Allow { .. } | Decision::Delay { .. })
     }
 }

@@ -15,7 +15,8 @@ pub fn retry_after_secs(wait: Span) -> u64 {
 }
 
 /// `q` and `w` of an algorithm's RateLimit-Policy item. `w` is also the longest
-/// `Retry-After` the limit ever sends: no single request waits longer than a whole period.
+/// `Retry-After` the limit ever sends: no single request waits longer than a whole period,
+/// and a `Decision::Never` (a cost no wait makes fit) is answered with `w`.
 pub fn policy_numbers(alg: &Algorithm) -> (u64, u64) {
     match alg {
         // A full bucket refills in burst × interval: "burst per that many seconds".

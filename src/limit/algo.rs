@@ -123,7 +123,7 @@ pub fn refund(alg: &Algorithm, state: Option<&State>, now: Timestamp, cost: u64)
 }
 
 /// Largest cost this algorithm can ever admit at once (config validation: cost <= this).
-/// A larger cost is always denied with `retry_after == Span::MAX`.
+/// A larger cost is always [`Decision::Never`].
 pub fn max_cost(alg: &Algorithm) -> u64 {
     match alg {
         Algorithm::TokenBucket { burst, .. } => burst.get(),
@@ -175,9 +175,10 @@ pub fn refund_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u6
     }
 }
 
-/// The decision for a cost larger than [`max_cost`]: never admissible.
+/// The decision for a cost larger than [`max_cost`]: never admissible. `reset` is the state's
+/// own, as a denial at `now` would report it.
 pub(crate) fn never(reset: Span) -> Decision {
-    Decision::Deny { retry_after: Span::MAX, reset }
+    Decision::Never { reset }
 }
 
 #[cfg(test)]
@@ -238,7 +239,7 @@ mod tests {
             let m = max_cost(&alg);
             assert!(decide(&alg, None, at(1000), m).0.is_admitted(), "{alg:?}");
             let (d, s) = decide(&alg, None, at(1000), m + 1);
-            assert!(matches!(d, Decision::Deny { retry_after, .. } if retry_after == Span::MAX), "{alg:?}");
+            assert!(matches!(d, Decision::Never { .. }), "{alg:?}: {d:?}");
             assert_eq!(s, None);
         }
     }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use tollgate::limit::store::redis::{BreakerState, OnError, Target};
 use tollgate::limit::{
-    decide, refund, Algorithm, Decision, KeyHash, LocalStore, NonZeroSpan, RedisClient, RedisConfig, RedisStore, Span,
-    Timestamp,
+    decide, max_cost, refund, Algorithm, Decision, KeyHash, LocalStore, NonZeroSpan, RedisClient, RedisConfig,
+    RedisStore, Span, Timestamp,
 };
 
 use crate::support::redis::{RedisCluster, RedisNode};
@@ -117,15 +117,7 @@ async fn vectors_agree_on_a_cluster() {
 async fn production_decisions_use_redis_time_and_set_ttls() {
     let node = RedisNode::start();
     let client = client_with(Target::Single(node.url()), |_| {});
-    let algs = [
-        tb(1_000_000, 3),
-        Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(3), warmup: Span::from_secs(10) },
-        Algorithm::LeakyBucket { interval: nzs(1_000_000), max_delay: Span::from_secs(2) },
-        Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(3) },
-        Algorithm::SlidingWindow { window: nzs(60_000_000), limit: nz(3) },
-        Algorithm::SlidingLog { window: nzs(60_000_000), limit: nz(3) },
-    ];
-    for (i, alg) in algs.into_iter().enumerate() {
+    for (i, alg) in every_algorithm().into_iter().enumerate() {
         let s = store(&client, &format!("prod{i}"), alg, None);
         let mut admitted = 0;
         for _ in 0..10 {
@@ -339,6 +331,65 @@ async fn on_error_policies_when_redis_is_unreachable() {
         assert!(client.ping().await.is_err());
         assert!(client.metrics().snapshot().fallbacks >= 1);
     }
+}
+
+/// One of each algorithm, with room for costs above 1.
+fn every_algorithm() -> [Algorithm; 6] {
+    [
+        tb(1_000_000, 3),
+        Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(3), warmup: Span::from_secs(10) },
+        Algorithm::LeakyBucket { interval: nzs(1_000_000), max_delay: Span::from_secs(2) },
+        Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(3) },
+        Algorithm::SlidingWindow { window: nzs(60_000_000), limit: nz(3) },
+        Algorithm::SlidingLog { window: nzs(60_000_000), limit: nz(3) },
+    ]
+}
+
+#[tokio::test]
+async fn a_cost_above_the_limit_is_never_admissible_in_either_store() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |_| {});
+    client.connect().await.unwrap();
+    for (i, alg) in every_algorithm().into_iter().enumerate() {
+        let (max, now) = (max_cost(&alg), stamp(0));
+        let local = LocalStore::new(alg.clone(), 16);
+        let shared = store(&client, &format!("never{i}"), alg.clone(), None);
+        for over in [max + 1, u64::MAX] {
+            let d = local.decide(KeyHash(1), now, over);
+            assert!(matches!(d, Decision::Never { .. }), "{alg:?} cost {over} (local): {d:?}");
+            let d = shared.decide_at(KeyHash(1), now, over).await.unwrap();
+            assert!(matches!(d, Decision::Never { .. }), "{alg:?} cost {over} (redis): {d:?}");
+        }
+        // The largest cost that fits is admitted by both: a `Never` consumed nothing.
+        assert!(local.decide(KeyHash(1), now, max).is_admitted(), "{alg:?} (local)");
+        assert!(shared.decide_at(KeyHash(1), now, max).await.unwrap().is_admitted(), "{alg:?} (redis)");
+        // Spent, a cost that fits is a plain denial with a wait, not `Never`.
+        let d = shared.decide_at(KeyHash(1), now, max).await.unwrap();
+        assert!(matches!(d, Decision::Deny { .. }), "{alg:?}: {d:?}");
+    }
+    // With a lease, and on Redis' own clock.
+    let leased = store(&client, "never-lease", tb(1_000, 10), Some(5));
+    assert!(matches!(leased.decide(KeyHash(2), at_us(0), 11).await.unwrap(), Decision::Never { .. }));
+    assert!(leased.decide(KeyHash(2), at_us(0), 10).await.unwrap().is_admitted());
+    let m = client.metrics().snapshot();
+    assert_eq!(m.fallbacks, 0, "{m:?}");
+    // Two calls per algorithm and the lease: a `Never` is decided without asking Redis.
+    assert_eq!(m.calls, 6 * 2 + 1, "{m:?}");
+}
+
+#[tokio::test]
+async fn the_local_fallback_answers_never_for_a_cost_above_its_divided_limit() {
+    // Config validation refuses such a cost (issue 13, defect 2); if one got through, the
+    // fallback says `Never` rather than a denial with a wait of ~2^64 µs.
+    let dead = RedisNode::start();
+    let url = dead.url();
+    drop(dead);
+    let client = client_with(Target::Single(url), |c| c.timeout = Duration::from_millis(50));
+    let fallback = LocalStore::new(tb(2_000_000, 2), 16);
+    let s = RedisStore::new(client.clone(), "divided", tb(1_000_000, 4), None, fallback);
+    let d = s.decide(KeyHash(1), at_us(0), 3).await.unwrap();
+    assert!(matches!(d, Decision::Never { .. }), "{d:?}");
+    assert!(client.metrics().snapshot().fallbacks >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

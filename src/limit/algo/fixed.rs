@@ -11,7 +11,7 @@
 //! - `n = max(now, start)` (a clock that steps back stays in the state's window, so it can
 //!   never reopen a fresh one); `ws = n - n % W`; if `ws != start` then `start = ws, count = 0`.
 //! - `end = ws + W`; `left = end - now`.
-//! - `c > L` → Deny { retry_after = u64::MAX }.
+//! - `c > L` → Never { reset = left, or 0 if count == 0 } (no wait makes it fit).
 //! - Admit iff `count + c <= L`: `count += c`; `remaining = L - count`; `reset = left`.
 //! - Deny: `retry_after = left` (the next window is empty, so `c <= L` fits), `reset = left`.
 //!   (In Redis the key is `start`-suffixed or carries TTL `left`.)

@@ -11,7 +11,8 @@
 //! initial and may be forgotten (Redis TTL = `tat + W - now`).
 //!
 //! For a request of cost `c` at `now`:
-//! 1. `c > B` → Deny { retry_after = u64::MAX } (never admissible; config validation forbids it).
+//! 1. `c > B` → Never { reset = max(tat - now, 0) } (no wait makes it fit; config validation
+//!    forbids such a cost).
 //! 2. `tat0 = max(tat, now)`; `start' = now if cold(now) else start`.
 //! 3. Admission check at the warm rate: `late = tat0 + c*T - now`. Admit iff `late <= tau`.
 //!    Deny: `retry_after = late - tau`, `reset = max(tat - now, 0)`, state unchanged.

@@ -7,7 +7,7 @@
 //! Parameters: `T = interval` (>= 1), `D = max_delay` (0 = strict meter, never delays).
 //! State: `tat` = time the next slot is free. Initial: `tat = 0`; idle iff `tat <= now`.
 //! `max_cost = D / T + 1` (one slot now plus the queue; a bigger cost would hold the meter
-//! longer than the whole queue and is denied with `retry_after = u64::MAX`).
+//! longer than the whole queue and is `Never { reset = max(tat - now, 0) }`).
 //!
 //! For a request of cost `c` at `now`:
 //! - `slot = max(tat, now)`, `wait = slot - now`.
@@ -143,7 +143,7 @@ mod tests {
             let slot = match run(300, &mut s, now, 1) {
                 Decision::Allow { .. } => at(now),
                 Decision::Delay { wait, .. } => at(now) + wait,
-                Decision::Deny { .. } => continue,
+                Decision::Deny { .. } | Decision::Never { .. } => continue,
             };
             slots.push(slot);
         }

@@ -9,7 +9,7 @@
 //!
 //! For a request of cost `c` at `now`:
 //! - Prune: drop entries from the front while `ts + W <= now` (saturating add).
-//! - `c > L` → Deny { retry_after = u64::MAX }.
+//! - `c > L` → Never { reset = newest ts + W - now } (no wait makes it fit).
 //! - Admit iff `sum + c <= L`: append `(max(now, newest ts), c)` (merged into the newest entry
 //!   when the timestamp is equal; the `max` keeps the queue sorted if the clock steps back);
 //!   `remaining = L - sum`; `reset = newest ts + W - now`.
@@ -86,15 +86,14 @@ pub fn decide(w: NonZeroSpan, l: u64, st: &mut Log, now: Timestamp, cost: u64) -
         return Decision::Allow { remaining: l.saturating_sub(st.sum), reset: st.reset(w, now) };
     };
     let mut freed = 0u64;
-    let mut retry_after = Span::MAX;
     for &(ts, c) in &st.entries {
         freed = freed.saturating_add(c);
         if freed >= need {
-            retry_after = (ts + w.get()) - now;
-            break;
+            return Decision::Deny { retry_after: (ts + w.get()) - now, reset: st.reset(w, now) };
         }
     }
-    Decision::Deny { retry_after, reset: st.reset(w, now) }
+    // Unreachable: with `cost <= L` the entries hold at least `need`. No wait would help.
+    never(st.reset(w, now))
 }
 
 /// Takes `cost` units off the newest entries.

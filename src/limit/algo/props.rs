@@ -1,6 +1,7 @@
 //! Property tests over random arrival times and costs: no algorithm ever admits more than its
-//! documented bound, waiting `retry_after` is admitted (and one µs less is not), and a refund at
-//! the same instant restores the previous behaviour exactly.
+//! documented bound, waiting `retry_after` is admitted (and one µs less is not), a refund at
+//! the same instant restores the previous behaviour exactly, and `Never` is the answer exactly
+//! to a cost above `max_cost`.
 
 use std::num::NonZeroU64;
 
@@ -128,7 +129,7 @@ proptest! {
             let wait = match d {
                 Decision::Allow { .. } => Span::ZERO,
                 Decision::Delay { wait, .. } => wait,
-                Decision::Deny { .. } => continue,
+                Decision::Deny { .. } | Decision::Never { .. } => continue,
             };
             prop_assert!(wait <= max_delay);
             prop_assert!(now + wait >= next_free, "slot {:?} before {next_free:?}", now + wait);
@@ -195,6 +196,24 @@ proptest! {
     }
 
     #[test]
+    fn never_answers_exactly_a_cost_above_max_cost(
+        alg in any_algorithm(), arr in arrivals(), gap in 0u64..100, extra in 1u64..1_000, probe in any::<u64>(),
+    ) {
+        let (log, state) = run(&alg, &arr);
+        // Costs up to max_cost: a wait, or an admission, never `Never`.
+        prop_assert!(log.iter().all(|(_, _, d)| !matches!(d, Decision::Never { .. })), "{log:?}");
+        let now = log.last().map_or(Timestamp::ZERO, |l| l.0) + Span::from_micros(gap);
+        let (d, after) = decide(&alg, state.as_ref(), now, max_cost(&alg).saturating_add(extra));
+        prop_assert!(matches!(d, Decision::Never { .. }), "{d:?}");
+        // Nothing consumed.
+        let probe = cost_of(&alg, probe);
+        prop_assert_eq!(
+            decide(&alg, after.as_ref(), now, probe).0,
+            decide(&alg, state.as_ref(), now, probe).0
+        );
+    }
+
+    #[test]
     fn refund_restores_admission(
         alg in any_algorithm(), arr in arrivals(), gap in 0u64..100,
         seed in any::<u64>(), probe in any::<u64>(),
@@ -219,7 +238,7 @@ proptest! {
         let Some(&(now, _, d)) = log.last() else { return Ok(()) };
         let remaining = match d {
             Decision::Allow { remaining, .. } | Decision::Delay { remaining, .. } => remaining,
-            Decision::Deny { .. } => return Ok(()),
+            Decision::Deny { .. } | Decision::Never { .. } => return Ok(()),
         };
         for _ in 0..remaining.min(50) {
             let (d, next) = decide(&alg, state.as_ref(), now, 1);

@@ -12,7 +12,7 @@
 //! then `prev = 0, cur = 0`; `start = ws`; `e = n - ws` (elapsed, `0 <= e < W`); `rest = W - e`;
 //! `lag = n - now` (0 unless the clock stepped back; added to every duration below).
 //!
-//! For a request of cost `c`: `c > L` → Deny { retry_after = u64::MAX }. Otherwise admit iff
+//! For a request of cost `c`: `c > L` → Never { reset } (`reset` as below). Otherwise admit iff
 //! `prev*(W - e) + (cur + c)*W <= L*W` (i.e. estimate `prev*(W-e)/W + cur + c <= L`, exact).
 //! - Allow: `cur += c`; `remaining = floor((L*W - prev*(W-e)) / W) - cur` (saturating);
 //!   `reset = rest + W` if `cur > 0`, else `rest` if `prev > 0`, else 0.

@@ -26,7 +26,8 @@
 //! and the same cost (a larger one may need longer) locally until then, with the same
 //! `retry_after` and `reset` Redis would give: a denial changes no state. The only difference:
 //! a refund by another instance in between is noticed late (under-admission, never over).
-//! Bounded by `memo_keys`.
+//! Bounded by `memo_keys`. A [`Decision::Never`] (a cost above what the limit admits at once)
+//! is decided without a call and not remembered: no wait changes it.
 
 mod breaker;
 mod client;
@@ -279,7 +280,9 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let m = self.client.metrics();
         if cost > self.max_cost {
-            return Ok(Decision::Deny { retry_after: Span::MAX, reset: Span::ZERO });
+            // Decided here, without a call: the scripts are never asked about a cost that no
+            // state admits. The key's reset is not known without one, hence zero.
+            return Ok(Decision::Never { reset: Span::ZERO });
         }
         if let Some(d) = self.remembered_denial(key, now, cost) {
             return Ok(d);

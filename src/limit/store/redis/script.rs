@@ -74,7 +74,9 @@ impl AlgScript {
 }
 
 /// A decision reply `{kind, wait_or_retry_after, remaining, reset, granted}` → the decision and
-/// the units granted (more than the cost only for a lease). `None` if malformed.
+/// the units granted (more than the cost only for a lease). `None` if malformed. No kind says
+/// "never": the store answers a cost above `max_cost` with `Decision::Never` itself, without
+/// calling a script.
 pub fn decode(reply: &[i64]) -> Option<(Decision, u64)> {
     let &[kind, a, remaining, reset, granted] = reply else {
         return None;
