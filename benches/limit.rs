@@ -14,12 +14,16 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::limit::{Algorithm, Clock, KeyCtx, KeyHash, KeySpec, LocalStore, SystemClock};
+use tollgate::limit::{Algorithm, Clock, KeyCtx, KeyHash, KeySpec, LocalStore, NonZeroSpan, Span, SystemClock};
 
 const MANY: usize = 1_000_000;
 
 fn nz(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n).expect("non-zero")
+}
+
+fn us(n: u64) -> NonZeroSpan {
+    NonZeroSpan::from_micros(n).expect("non-zero")
 }
 
 fn nz32(n: u32) -> NonZeroU32 {
@@ -35,11 +39,11 @@ fn keys(n: usize) -> Vec<KeyHash> {
 fn hot_algorithms() -> Vec<(&'static str, Algorithm)> {
     let (sec, limit) = (1_000_000, nz(1_000));
     vec![
-        ("token_bucket", Algorithm::TokenBucket { interval: nz(1_000), burst: nz(100), warmup: 0 }),
-        ("leaky_bucket", Algorithm::LeakyBucket { interval: nz(1_000), max_delay: 100_000 }),
-        ("fixed_window", Algorithm::FixedWindow { window: nz(sec), limit }),
-        ("sliding_window", Algorithm::SlidingWindow { window: nz(sec), limit }),
-        ("sliding_log", Algorithm::SlidingLog { window: nz(sec), limit: nz(100) }),
+        ("token_bucket", Algorithm::TokenBucket { interval: us(1_000), burst: nz(100), warmup: Span::ZERO }),
+        ("leaky_bucket", Algorithm::LeakyBucket { interval: us(1_000), max_delay: Span::from_micros(100_000) }),
+        ("fixed_window", Algorithm::FixedWindow { window: us(sec), limit }),
+        ("sliding_window", Algorithm::SlidingWindow { window: us(sec), limit }),
+        ("sliding_log", Algorithm::SlidingLog { window: us(sec), limit: nz(100) }),
     ]
 }
 
@@ -48,11 +52,11 @@ fn hot_algorithms() -> Vec<(&'static str, Algorithm)> {
 fn many_algorithms() -> Vec<(&'static str, Algorithm)> {
     let (min, limit) = (60_000_000, nz(1_000));
     vec![
-        ("token_bucket", Algorithm::TokenBucket { interval: nz(min), burst: limit, warmup: 0 }),
-        ("leaky_bucket", Algorithm::LeakyBucket { interval: nz(1_000), max_delay: 10_000_000 }),
-        ("fixed_window", Algorithm::FixedWindow { window: nz(10 * min), limit }),
-        ("sliding_window", Algorithm::SlidingWindow { window: nz(10 * min), limit }),
-        ("sliding_log", Algorithm::SlidingLog { window: nz(10 * min), limit }),
+        ("token_bucket", Algorithm::TokenBucket { interval: us(min), burst: limit, warmup: Span::ZERO }),
+        ("leaky_bucket", Algorithm::LeakyBucket { interval: us(1_000), max_delay: Span::from_micros(10_000_000) }),
+        ("fixed_window", Algorithm::FixedWindow { window: us(10 * min), limit }),
+        ("sliding_window", Algorithm::SlidingWindow { window: us(10 * min), limit }),
+        ("sliding_log", Algorithm::SlidingLog { window: us(10 * min), limit }),
     ]
 }
 

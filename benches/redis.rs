@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::limit::{Algorithm, KeyHash, LocalStore, RedisClient, RedisConfig, RedisStore};
+use tollgate::limit::{
+    Algorithm, KeyHash, LocalStore, NonZeroSpan, RedisClient, RedisConfig, RedisStore, Span, Timestamp,
+};
 
 const KEYS: u64 = 100_000;
 
@@ -25,7 +27,8 @@ fn env(name: &str, default: u64) -> u64 {
 /// A bucket that never runs dry during the run, so every decision writes (the expensive path).
 fn alg() -> Algorithm {
     let nz = |n| NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN);
-    Algorithm::TokenBucket { interval: nz(1_000), burst: nz(1_000_000_000), warmup: 0 }
+    let interval = NonZeroSpan::from_micros(1_000).unwrap_or(NonZeroSpan::MIN);
+    Algorithm::TokenBucket { interval, burst: nz(1_000_000_000), warmup: Span::ZERO }
 }
 
 /// `inflight` tasks deciding back to back for `secs`; returns decisions per second.
@@ -44,7 +47,7 @@ async fn run(store: Arc<RedisStore>, inflight: u64, secs: u64, spread: bool) -> 
                     } else {
                         KeyHash(t.into())
                     };
-                    if store.decide(key, 0, 1).await.is_err() {
+                    if store.decide(key, Timestamp::ZERO, 1).await.is_err() {
                         return;
                     }
                     done.fetch_add(1, Ordering::Relaxed);

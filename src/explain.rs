@@ -7,11 +7,11 @@ use std::time::Duration;
 use crate::config::units::Dur;
 use crate::config::{Config, LimitConfig, Mode, StoreKind};
 use crate::limit::algo::{fixed, gcra, leaky, log, sliding};
-use crate::limit::{self, Algorithm, Decision, KeyPart, State};
+use crate::limit::{self, Algorithm, Decision, KeyPart, NonZeroSpan, Span, State, Timestamp};
 use crate::ratelimit::retry_after_secs;
 
-fn dur(us: u64) -> String {
-    Dur(Duration::from_micros(us)).to_string()
+fn dur(d: Span) -> String {
+    Dur(Duration::from_micros(d.as_micros())).to_string()
 }
 
 fn who(limit: &LimitConfig) -> String {
@@ -46,38 +46,44 @@ fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
         Algorithm::TokenBucket { interval, burst, warmup } => {
             let (t, fits) = (interval.get(), burst.get() / cost);
             // Warming up, unit i is charged 3T but checked at T: c·(3k + 1) <= B.
-            let (charge, admitted) = if *warmup == 0 { (t, fits) } else { (3 * t, fits.div_ceil(3)) };
+            let (charge, admitted) = if warmup.is_zero() { (t, fits) } else { (t * 3, fits.div_ceil(3)) };
             let k = n.min(admitted);
-            let tat = k.saturating_mul(cost).saturating_mul(charge);
-            State::TokenBucket(gcra::Gcra { tat, start: 0 })
+            let tat = Timestamp::ZERO + charge * k.saturating_mul(cost);
+            State::TokenBucket(gcra::Gcra { tat, start: Timestamp::ZERO })
         }
         Algorithm::LeakyBucket { interval, max_delay } => {
             // Request k + 1 waits k · cost · T, admitted while that is at most max_delay.
-            let step = cost.saturating_mul(interval.get());
-            let k = n.min(max_delay / step + 1);
-            State::LeakyBucket(leaky::Meter { tat: k.saturating_mul(step) })
+            // A cost is at least 1, so a step is at least the interval.
+            let step = NonZeroSpan::new(interval.get() * cost).unwrap_or(*interval);
+            let k = n.min(*max_delay / step + 1);
+            State::LeakyBucket(leaky::Meter { tat: Timestamp::ZERO + step.get() * k })
         }
         Algorithm::FixedWindow { limit, .. } => {
             let k = n.min(limit.get() / cost);
-            State::FixedWindow(fixed::Window { start: 0, count: k * cost })
+            State::FixedWindow(fixed::Window { start: Timestamp::ZERO, count: k * cost })
         }
         Algorithm::SlidingWindow { limit, .. } => {
             let k = n.min(limit.get() / cost);
-            State::SlidingWindow(sliding::Counter { start: 0, prev: 0, cur: k * cost })
+            State::SlidingWindow(sliding::Counter { start: Timestamp::ZERO, prev: 0, cur: k * cost })
         }
         Algorithm::SlidingLog { limit, .. } => {
             let k = n.min(limit.get() / cost);
-            let log =
-                if k == 0 { log::Log::default() } else { log::Log { entries: [(0, k * cost)].into(), sum: k * cost } };
+            let log = if k == 0 {
+                log::Log::default()
+            } else {
+                log::Log { entries: [(Timestamp::ZERO, k * cost)].into(), sum: k * cost }
+            };
             State::SlidingLog(Box::new(log))
         }
     };
-    limit::decide(alg, Some(&state), 0, cost).0
+    limit::decide(alg, Some(&state), Timestamp::ZERO, cost).0
 }
 
 fn retry_note(d: Decision) -> String {
     match d {
         Decision::Deny { retry_after, .. } => format!("gets 429 with Retry-After: {}", retry_after_secs(retry_after)),
+        // Not for a configured cost: config validation refuses one the limit never admits.
+        Decision::Never { .. } => "is never admitted (its cost is above what the limit admits at once)".to_owned(),
         Decision::Delay { wait, .. } => format!("waits {}", dur(wait)),
         Decision::Allow { .. } => "is admitted".to_owned(),
     }
@@ -93,12 +99,12 @@ pub fn describe(limit: &LimitConfig) -> String {
             let fits = b / c;
             let mut s = format!(
                 "bursts of {b}{per_request}, then {} requests/s (one every {}); request {} of a burst {}",
-                per_second(interval.get()),
+                per_second(*interval),
                 dur(interval.get()),
                 fits.saturating_add(1),
                 retry_note(overrun(&limit.algorithm, fits, c))
             );
-            if *warmup > 0 {
+            if !warmup.is_zero() {
                 let _ = write!(
                     s,
                     "; after idling (bucket full again) it starts at a third of that rate and burst and ramps up over {}",
@@ -108,19 +114,19 @@ pub fn describe(limit: &LimitConfig) -> String {
             s
         }
         Algorithm::LeakyBucket { interval, max_delay } => {
-            let t = interval.get();
-            if *max_delay == 0 {
+            let t = *interval;
+            if max_delay.is_zero() {
                 format!(
                     "a strict meter of one request every {} ({} requests/s){per_request}: a request sooner than that {}",
-                    dur(t),
+                    dur(t.get()),
                     per_second(t),
                     retry_note(overrun(&limit.algorithm, 1, c))
                 )
             } else {
-                let queue = (max_delay / t).saturating_add(1);
+                let queue = (*max_delay / t).saturating_add(1);
                 format!(
                     "smoothed to one request every {} ({} requests/s){per_request}: up to {queue} waiting requests are delayed (at most {}), request {} {}",
-                    dur(t),
+                    dur(t.get()),
                     per_second(t),
                     dur(*max_delay),
                     (queue / c).saturating_add(1),
@@ -158,8 +164,8 @@ pub fn describe(limit: &LimitConfig) -> String {
     line
 }
 
-fn per_second(interval_us: u64) -> String {
-    let per_sec = 1_000_000.0 / interval_us as f64;
+fn per_second(interval: NonZeroSpan) -> String {
+    let per_sec = 1_000_000.0 / interval.as_micros() as f64;
     if (per_sec - per_sec.round()).abs() < 1e-9 {
         format!("{}", per_sec.round() as u64)
     } else {
@@ -209,26 +215,27 @@ mod tests {
     fn simulated(alg: &Algorithm, n: u64, cost: u64) -> Decision {
         let mut state: Option<State> = None;
         for _ in 0..n {
-            state = limit::decide(alg, state.as_ref(), 0, cost).1;
+            state = limit::decide(alg, state.as_ref(), Timestamp::ZERO, cost).1;
         }
-        limit::decide(alg, state.as_ref(), 0, cost).0
+        limit::decide(alg, state.as_ref(), Timestamp::ZERO, cost).0
     }
 
     #[test]
     fn closed_form_decides_as_the_simulation_does() {
         use std::num::NonZeroU64;
         let nz = |n: u64| NonZeroU64::new(n).unwrap();
+        let nzs = |us: u64| NonZeroSpan::from_micros(us).unwrap();
         let mut algs = Vec::new();
         for (a, b) in [(1, 1), (3, 7), (10, 20), (333_333, 5), (7, 100)] {
-            for warmup in [0, 1, 5_000_000] {
-                algs.push(Algorithm::TokenBucket { interval: nz(a), burst: nz(b), warmup });
+            for warmup in [0, 1, 5_000_000].map(Span::from_micros) {
+                algs.push(Algorithm::TokenBucket { interval: nzs(a), burst: nz(b), warmup });
             }
-            for max_delay in [0, a, 3 * a + 1, 50 * a] {
-                algs.push(Algorithm::LeakyBucket { interval: nz(a), max_delay });
+            for max_delay in [0, a, 3 * a + 1, 50 * a].map(Span::from_micros) {
+                algs.push(Algorithm::LeakyBucket { interval: nzs(a), max_delay });
             }
-            algs.push(Algorithm::FixedWindow { window: nz(a * 1000), limit: nz(b) });
-            algs.push(Algorithm::SlidingWindow { window: nz(a * 1000), limit: nz(b) });
-            algs.push(Algorithm::SlidingLog { window: nz(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::FixedWindow { window: nzs(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::SlidingWindow { window: nzs(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::SlidingLog { window: nzs(a * 1000), limit: nz(b) });
         }
         for alg in &algs {
             for cost in 1..=limit::max_cost(alg).min(8) {

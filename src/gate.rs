@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::answer::{Denied, Error};
 use crate::body::Body;
 use crate::config::{LimitConfig, Mode, Route};
-use crate::limit::{Decision, KeyCtx, KeyHash, LocalStore, Micros, Store, StoreError};
+use crate::limit::{Decision, KeyCtx, KeyHash, LocalStore, Span, Store, StoreError, Timestamp};
 use crate::metrics::{LimitMetrics, Metrics};
 use crate::ratelimit::{self, RATELIMIT, RATELIMIT_POLICY};
 
@@ -103,7 +103,7 @@ impl Limit {
 
     /// The local store answers at once; Redis applies its `on_error` policy itself and fails
     /// only with `on_error: deny`.
-    async fn decide(&self, key: KeyHash, now: Micros) -> Result<Decision, StoreError> {
+    async fn decide(&self, key: KeyHash, now: Timestamp) -> Result<Decision, StoreError> {
         match &*self.store {
             Store::Local(s) => Ok(s.decide(key, now, self.config.cost)),
             // Boxed: the Redis future is large, and an unboxed one would make every local
@@ -112,7 +112,7 @@ impl Limit {
         }
     }
 
-    async fn refund(&self, key: KeyHash, now: Micros) {
+    async fn refund(&self, key: KeyHash, now: Timestamp) {
         match &*self.store {
             Store::Local(s) => s.refund(key, now, self.config.cost),
             Store::Redis(s) => Box::pin(s.refund(key, now, self.config.cost)).await,
@@ -121,16 +121,26 @@ impl Limit {
 
     /// Retry-After seconds of a denial: rounded up, and never longer than the limit's period
     /// (no request of an allowed cost ever waits longer than that for a fresh quota).
-    fn retry_after_secs(&self, retry_after: Micros) -> u64 {
+    fn retry_after_secs(&self, retry_after: Span) -> u64 {
         ratelimit::retry_after_secs(retry_after).min(self.window_secs.max(1))
     }
 
-    fn log_shadow(&self, route: &str, now: Micros, retry_after: Micros) {
+    /// Retry-After seconds of a [`Decision::Never`]: the longest a denial of this limit sends,
+    /// its period. Config validation keeps every configured cost within what the limit (and
+    /// its Redis fallback) admits, so this answers only a store that disagrees with it.
+    fn never_secs(&self) -> u64 {
+        self.window_secs.max(1)
+    }
+
+    /// `retry_after`: `None` for a [`Decision::Never`].
+    fn log_shadow(&self, route: &str, now: Timestamp, retry_after: Option<Span>) {
+        let now = now.as_micros();
         let last = self.shadow_logged.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= MICROS_PER_SEC
             && self.shadow_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
-            tracing::info!(route, limit = %self.config.name, retry_after_ms = retry_after / 1000, "shadow limit would reject");
+            let retry_after_ms = retry_after.map(|r| r.as_micros() / 1000);
+            tracing::info!(route, limit = %self.config.name, retry_after_ms, "shadow limit would reject");
         }
     }
 }
@@ -176,7 +186,7 @@ impl Gate {
     /// # Errors
     /// [`Error::Throttled`] when an enforced limit denies, [`Error::OverCapacity`] when the
     /// cap is full, [`Error::StoreUnavailable`] when a store cannot decide and refuses.
-    pub async fn check(&self, ctx: &KeyCtx<'_>, now: Micros) -> Result<Admission, Error> {
+    pub async fn check(&self, ctx: &KeyCtx<'_>, now: Timestamp) -> Result<Admission, Error> {
         let mut decided: SmallVec<[Decided; 4]> = SmallVec::new();
         let mut denied = false;
         for (i, limit) in self.limits.iter().enumerate() {
@@ -203,9 +213,13 @@ impl Gate {
                 }
                 Decision::Deny { retry_after, .. } if !limit.enforced() => {
                     limit.metrics.shadow_throttled.inc();
-                    limit.log_shadow(&self.route, now, retry_after);
+                    limit.log_shadow(&self.route, now, Some(retry_after));
                 }
-                Decision::Deny { .. } => {
+                Decision::Never { .. } if !limit.enforced() => {
+                    limit.metrics.shadow_throttled.inc();
+                    limit.log_shadow(&self.route, now, None);
+                }
+                Decision::Deny { .. } | Decision::Never { .. } => {
                     limit.metrics.throttled.inc();
                     denied = true;
                 }
@@ -230,11 +244,11 @@ impl Gate {
         let mut note = Note::default();
         for d in decided.iter().filter(|d| self.limits[d.limit].enforced()) {
             let (remaining, wait) = match d.decision {
-                Decision::Allow { remaining, .. } => (remaining, 0),
+                Decision::Allow { remaining, .. } => (remaining, Span::ZERO),
                 Decision::Delay { wait, remaining, .. } => (remaining, wait),
-                Decision::Deny { .. } => (0, 0),
+                Decision::Deny { .. } | Decision::Never { .. } => (0, Span::ZERO),
             };
-            note.delayed_us = note.delayed_us.max(wait);
+            note.delayed_us = note.delayed_us.max(wait.as_micros());
             if note.remaining.is_none_or(|r| remaining < r) {
                 note.remaining = Some(remaining);
                 note.limit = Some(d.limit);
@@ -257,7 +271,7 @@ impl Gate {
     }
 
     /// Gives back every admission of a request that is refused, shadow limits' included.
-    async fn refund_admitted(&self, decided: &[Decided], now: Micros) {
+    async fn refund_admitted(&self, decided: &[Decided], now: Timestamp) {
         for d in decided.iter().filter(|d| d.decision.is_admitted()) {
             self.limits[d.limit].refund(d.key, now).await;
         }
@@ -267,11 +281,14 @@ impl Gate {
     fn denied(&self, decided: &[Decided]) -> Denied {
         let limits: SmallVec<[(usize, u64); 2]> = decided
             .iter()
-            .filter_map(|d| match d.decision {
-                Decision::Deny { retry_after, .. } if self.limits[d.limit].enforced() => {
-                    Some((d.limit, self.limits[d.limit].retry_after_secs(retry_after)))
-                }
-                _ => None,
+            .filter_map(|d| {
+                let limit = &self.limits[d.limit];
+                let secs = match d.decision {
+                    Decision::Deny { retry_after, .. } => limit.retry_after_secs(retry_after),
+                    Decision::Never { .. } => limit.never_secs(),
+                    Decision::Allow { .. } | Decision::Delay { .. } => return None,
+                };
+                limit.enforced().then_some((d.limit, secs))
             })
             .collect();
         let retry_after_secs = limits.iter().map(|l| l.1).max().unwrap_or(1);
@@ -284,7 +301,7 @@ impl Gate {
         for d in decided.iter().filter(|d| self.limits[d.limit].enforced()) {
             let (remaining, reset) = match d.decision {
                 Decision::Allow { remaining, reset } | Decision::Delay { remaining, reset, .. } => (remaining, reset),
-                Decision::Deny { reset, .. } => (0, reset),
+                Decision::Deny { reset, .. } | Decision::Never { reset } => (0, reset),
             };
             ratelimit::state(&mut out, &self.limits[d.limit].config.name, remaining, reset);
         }
@@ -314,10 +331,11 @@ mod tests {
         (config, gate)
     }
 
-    async fn check(gate: &Gate, now: Micros) -> Result<Admission, Error> {
+    /// The gate's decision at `now` µs.
+    async fn check(gate: &Gate, now: u64) -> Result<Admission, Error> {
         let parts = http::Request::new(()).into_parts().0;
         let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts };
-        gate.check(&ctx, now).await
+        gate.check(&ctx, Timestamp::from_micros(now)).await
     }
 
     #[tokio::test]
@@ -342,8 +360,36 @@ mod tests {
         let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
         assert_eq!(d.retry_after_secs, 10);
         // A window's wait is measured from now; it is never longer than a window.
-        assert_eq!(g.limits[0].retry_after_secs(u64::MAX), 10);
-        assert_eq!(g.limits[0].retry_after_secs(3_000_001), 4);
+        assert_eq!(g.limits[0].retry_after_secs(Span::MAX), 10);
+        assert_eq!(g.limits[0].retry_after_secs(Span::from_micros(3_000_001)), 4);
+    }
+
+    #[tokio::test]
+    async fn a_never_admissible_cost_is_denied_with_the_limit_period() {
+        // Config validation refuses a cost above what a limit admits, so here the store holds a
+        // smaller bucket (2) than the configured one (4, cost 3): as a divided fallback might.
+        for mode in ["enforce", "shadow"] {
+            let yaml = format!(
+                "listen: 127.0.0.1:1\nupstreams:\n  up: {{ respond: {{ status: 200 }} }}\nroutes:\n  - name: r\n    upstream: up\n    limits:\n      - {{ name: big, algorithm: token_bucket, rate: 1/10s, burst: 4, cost: 3, mode: {mode} }}\n"
+            );
+            let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), &yaml).unwrap();
+            let g = Gate::new(&config.routes[0], &Metrics::new(), &mut |l| {
+                let crate::limit::Algorithm::TokenBucket { interval, warmup, .. } = l.algorithm else { unreachable!() };
+                let small = crate::limit::Algorithm::TokenBucket { interval, burst: 2.try_into().unwrap(), warmup };
+                Arc::new(Store::Local(LocalStore::new(small, l.max_keys)))
+            });
+            let limit = &g.limits[0];
+            if mode == "shadow" {
+                assert!(check(&g, 0).await.is_ok());
+                assert_eq!(limit.metrics.shadow_throttled.get(), 1);
+                continue;
+            }
+            let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
+            // The bucket's period: 4 × 10 s, the longest Retry-After it sends.
+            assert_eq!((&d.limits[..], d.retry_after_secs), (&[(0, 40)][..], 40));
+            assert_eq!(limit.never_secs(), 40);
+            assert_eq!(limit.metrics.throttled.get(), 1);
+        }
     }
 
     #[tokio::test]

@@ -1,9 +1,11 @@
 //! Rate-limit decisions: the algorithms as pure functions of (params, state, now, cost), the
-//! clock, request keys and the stores that keep per-key state. Time is integer microseconds and
-//! all arithmetic saturates; a rejected request never consumes quota.
+//! clock, request keys and the stores that keep per-key state. Time is integer microseconds,
+//! typed: a [`Timestamp`] is a point in time, a [`Span`] a length of time, and all arithmetic
+//! on them saturates; a rejected request never consumes quota.
 //!
 //! # Layout
 //! - [`algo`]: the five algorithms ([`Algorithm`], [`State`], [`decide`], [`refund`]).
+//! - [`time`]: [`Timestamp`], [`Span`], [`NonZeroSpan`].
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - [`key`]: [`KeySpec`] → [`KeyHash`], and [`TrustedProxies`] for the client IP.
 //! - [`store`]: [`Store`]: [`LocalStore`] (a sharded in-process map) or [`RedisStore`] (shared).
@@ -12,31 +14,33 @@ pub mod algo;
 pub mod clock;
 pub mod key;
 pub mod store;
+pub mod time;
 
 pub use algo::{decide, max_cost, refund, Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
 pub use store::{LocalStore, RedisClient, RedisConfig, RedisStore, Store, StoreError};
-
-/// Microseconds; for [`SystemClock`] since the unix epoch.
-pub type Micros = u64;
+pub use time::{NonZeroSpan, Span, Timestamp};
 
 /// The outcome of one decision. A value, not an error: only a store failure is an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Admitted now. `remaining`: units still admissible now; `reset`: µs until quota fully restored.
-    Allow { remaining: u64, reset: Micros },
-    /// Admitted after waiting `wait` µs (leaky bucket). The slot is already taken.
-    Delay { wait: Micros, remaining: u64, reset: Micros },
-    /// Rejected, nothing consumed. The same request retried after `retry_after` µs with no other
+    /// Admitted now. `remaining`: units still admissible now; `reset`: time until the quota is
+    /// fully restored.
+    Allow { remaining: u64, reset: Span },
+    /// Admitted after waiting `wait` (leaky bucket). The slot is already taken.
+    Delay { wait: Span, remaining: u64, reset: Span },
+    /// Rejected, nothing consumed. The same request retried after `retry_after` with no other
     /// traffic in between IS admitted (this is the contract behind an honest Retry-After).
-    /// `retry_after == Micros::MAX` means never: the cost exceeds [`max_cost`].
-    Deny { retry_after: Micros, reset: Micros },
+    Deny { retry_after: Span, reset: Span },
+    /// Rejected, nothing consumed, and no wait helps: the cost exceeds [`max_cost`], what the
+    /// limit can admit at once. Config validation keeps configured costs below that.
+    Never { reset: Span },
 }
 
 impl Decision {
     /// True for `Allow` and `Delay` (the request goes through, possibly later).
     pub fn is_admitted(&self) -> bool {
-        !matches!(self, Decision::Deny { .. })
+        matches!(self, Decision::Allow { .. } | Decision::Delay { .. })
     }
 }

@@ -202,7 +202,7 @@ impl Proxy {
     }
 
     fn wall_now(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_micros(self.clock.now())
+        UNIX_EPOCH + Duration::from_micros(self.clock.now().as_micros())
     }
 
     /// Serves one request. Never fails: every problem is an answer from [`answer`].

@@ -4,42 +4,37 @@
 
 use http::header::{HeaderName, HeaderValue};
 
-use crate::limit::{Algorithm, Micros};
+use crate::limit::{Algorithm, Span};
 
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
-const MICROS_PER_SEC: u64 = 1_000_000;
-
 /// Whole seconds, rounded up, at least 1: a client that waits this long is admitted.
-pub fn retry_after_secs(us: Micros) -> u64 {
-    us.div_ceil(MICROS_PER_SEC).max(1)
-}
-
-fn ceil_secs(us: Micros) -> u64 {
-    us.div_ceil(MICROS_PER_SEC)
+pub fn retry_after_secs(wait: Span) -> u64 {
+    wait.as_secs_ceil().max(1)
 }
 
 /// `q` and `w` of an algorithm's RateLimit-Policy item. `w` is also the longest
-/// `Retry-After` the limit ever sends: no single request waits longer than a whole period.
+/// `Retry-After` the limit ever sends: no single request waits longer than a whole period,
+/// and a `Decision::Never` (a cost no wait makes fit) is answered with `w`.
 pub fn policy_numbers(alg: &Algorithm) -> (u64, u64) {
     match alg {
         // A full bucket refills in burst × interval: "burst per that many seconds".
         Algorithm::TokenBucket { interval, burst, .. } => {
-            (burst.get(), ceil_secs(burst.get().saturating_mul(interval.get())).max(1))
+            (burst.get(), (interval.get() * burst.get()).as_secs_ceil().max(1))
         }
         // One per interval; the queue is not quota. Expressed per second when it can be.
         Algorithm::LeakyBucket { interval, .. } => {
-            let per_sec = MICROS_PER_SEC / interval.get();
+            let per_sec = Span::from_secs(1) / *interval;
             if per_sec >= 1 {
                 (per_sec, 1)
             } else {
-                (1, ceil_secs(interval.get()))
+                (1, interval.get().as_secs_ceil())
             }
         }
         Algorithm::FixedWindow { window, limit }
         | Algorithm::SlidingWindow { window, limit }
-        | Algorithm::SlidingLog { window, limit } => (limit.get(), ceil_secs(window.get()).max(1)),
+        | Algorithm::SlidingLog { window, limit } => (limit.get(), window.get().as_secs_ceil().max(1)),
     }
 }
 
@@ -75,36 +70,39 @@ pub fn policy<'a>(limits: impl Iterator<Item = (&'a str, &'a Algorithm)>) -> Opt
 }
 
 /// Appends the `RateLimit` member of one limit: `r` remaining now, `t` seconds until full.
-pub fn state(out: &mut String, name: &str, remaining: u64, reset: Micros) {
+pub fn state(out: &mut String, name: &str, remaining: u64, reset: Span) {
     item(out, name);
     param(out, "r", remaining);
-    param(out, "t", ceil_secs(reset));
+    param(out, "t", reset.as_secs_ceil());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::NonZeroSpan;
     use std::num::NonZeroU64;
 
     #[test]
     fn retry_after_rounds_up_and_is_at_least_one() {
-        assert_eq!(retry_after_secs(0), 1);
-        assert_eq!(retry_after_secs(1), 1);
-        assert_eq!(retry_after_secs(1_000_000), 1);
-        assert_eq!(retry_after_secs(1_000_001), 2);
-        assert_eq!(retry_after_secs(2_500_000), 3);
+        let secs = |us| retry_after_secs(Span::from_micros(us));
+        assert_eq!(secs(0), 1);
+        assert_eq!(secs(1), 1);
+        assert_eq!(secs(1_000_000), 1);
+        assert_eq!(secs(1_000_001), 2);
+        assert_eq!(secs(2_500_000), 3);
     }
 
     #[test]
     fn policy_lists_quota_and_window() {
         let nz = |n| NonZeroU64::new(n).unwrap();
-        let tb = Algorithm::TokenBucket { interval: nz(100_000), burst: nz(20), warmup: 0 };
-        let fw = Algorithm::FixedWindow { window: nz(60_000_000), limit: nz(100) };
+        let nzs = |us| NonZeroSpan::from_micros(us).unwrap();
+        let tb = Algorithm::TokenBucket { interval: nzs(100_000), burst: nz(20), warmup: Span::ZERO };
+        let fw = Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(100) };
         let v = policy([("a", &tb), ("b", &fw)].into_iter()).unwrap();
         assert_eq!(v, "\"a\";q=20;w=2, \"b\";q=100;w=60");
         assert!(policy(std::iter::empty()).is_none());
         let mut s = String::new();
-        state(&mut s, "a", 3, 1_500_000);
+        state(&mut s, "a", 3, Span::from_micros(1_500_000));
         assert_eq!(s, "\"a\";r=3;t=2");
     }
 }

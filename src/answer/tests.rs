@@ -2,7 +2,7 @@ use http_body_util::BodyExt;
 
 use super::*;
 use crate::gate::Gate;
-use crate::limit::KeyCtx;
+use crate::limit::{KeyCtx, Timestamp};
 
 fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
     let yaml = format!(
@@ -25,7 +25,7 @@ fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
 async fn denied(gate: &Gate, now: u64) -> Error {
     let parts = http::Request::new(()).into_parts().0;
     let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts };
-    gate.check(&ctx, now).await.err().unwrap_or_else(|| panic!("admitted at {now}"))
+    gate.check(&ctx, Timestamp::from_micros(now)).await.err().unwrap_or_else(|| panic!("admitted at {now}"))
 }
 
 async fn text(resp: Response<Body>) -> (http::response::Parts, serde_json::Value) {
@@ -41,7 +41,7 @@ async fn cached_429s_follow_the_retry_after() {
     let get = http::Method::GET;
     let parts = http::Request::new(()).into_parts().0;
     let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts };
-    assert!(g.check(&ctx, 0).await.is_ok());
+    assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     for round in 0..2 {
         for (now, secs) in [(1, 10), (4_500_000, 6), (9_200_000, 1)] {
             let (head, doc) = text(a.respond(&denied(&g, now).await, &get, "/", http::Version::HTTP_11)).await;
@@ -63,7 +63,7 @@ async fn two_denying_limits_are_both_named() {
     );
     let parts = http::Request::new(()).into_parts().0;
     let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts };
-    assert!(g.check(&ctx, 0).await.is_ok());
+    assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     let (head, doc) = text(a.respond(&denied(&g, 1).await, &http::Method::GET, "/", http::Version::HTTP_11)).await;
     assert_eq!(head.headers[ratelimit::RATELIMIT], "\"a\";r=0;t=10, \"b\";r=0;t=60");
     assert_eq!(head.headers[RETRY_AFTER], "60");

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::units::{Dur, Rate};
 use super::{key, Invalid, Seg};
-use crate::limit::{self, Algorithm, KeyPart, KeySpec};
+use crate::limit::{self, Algorithm, KeyPart, KeySpec, NonZeroSpan, Span};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -193,18 +193,19 @@ pub(crate) fn check_exact(alg: &Algorithm) -> Result<(), String> {
     let m = |a: u64, b: u64| u128::from(a) * u128::from(b);
     match alg {
         Algorithm::TokenBucket { interval, burst, warmup } => {
-            let span = m(burst.get(), interval.get()).saturating_mul(3).saturating_add(u128::from(*warmup));
+            let span =
+                m(burst.get(), interval.as_micros()).saturating_mul(3).saturating_add(u128::from(warmup.as_micros()));
             if span >= EXACT_SPAN {
                 return Err(format!(
                     "burst {} × {} µs per token is too long to compute exactly (3 × burst × interval plus \
                      warmup must stay below 2^63 µs, about 97,000 years of refill); lower the burst or raise the rate",
                     burst.get(),
-                    interval.get()
+                    interval.as_micros()
                 ));
             }
         }
         Algorithm::LeakyBucket { interval, max_delay } => {
-            if 2 * u128::from(*max_delay) + u128::from(interval.get()) >= EXACT_SPAN {
+            if 2 * u128::from(max_delay.as_micros()) + u128::from(interval.as_micros()) >= EXACT_SPAN {
                 return Err("max_delay is too long to compute exactly (2 × max_delay plus the interval must stay \
                             below 2^63 µs)"
                     .to_owned());
@@ -213,7 +214,7 @@ pub(crate) fn check_exact(alg: &Algorithm) -> Result<(), String> {
         Algorithm::FixedWindow { window, .. }
         | Algorithm::SlidingWindow { window, .. }
         | Algorithm::SlidingLog { window, .. } => {
-            if 2 * u128::from(window.get()) >= EXACT_SPAN {
+            if 2 * u128::from(window.as_micros()) >= EXACT_SPAN {
                 return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
             }
         }
@@ -221,8 +222,8 @@ pub(crate) fn check_exact(alg: &Algorithm) -> Result<(), String> {
     Ok(())
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+fn span(d: Dur) -> Span {
+    Span::from_duration(d.0)
 }
 
 impl RawLimit {
@@ -246,20 +247,20 @@ impl RawLimit {
         let per_unit = period / self.rate.quantity;
         let algorithm = match self.algorithm {
             A::TokenBucket | A::LeakyBucket => {
-                let interval = NonZeroU64::new(per_unit).ok_or_else(|| {
+                let interval = NonZeroSpan::from_micros(per_unit).ok_or_else(|| {
                     (at("rate"), format!("{} is faster than one per microsecond; use a lower rate", self.rate))
                 })?;
                 if self.algorithm == A::TokenBucket {
                     let burst = self.burst.unwrap_or(self.rate.quantity);
                     let burst =
                         NonZeroU64::new(burst).ok_or_else(|| (at("burst"), "burst must be at least 1".to_owned()))?;
-                    Algorithm::TokenBucket { interval, burst, warmup: self.warmup.map_or(0, |d| micros(d.0)) }
+                    Algorithm::TokenBucket { interval, burst, warmup: self.warmup.map_or(Span::ZERO, span) }
                 } else {
-                    Algorithm::LeakyBucket { interval, max_delay: self.max_delay.map_or(0, |d| micros(d.0)) }
+                    Algorithm::LeakyBucket { interval, max_delay: self.max_delay.map_or(Span::ZERO, span) }
                 }
             }
             A::FixedWindow | A::SlidingWindow | A::SlidingLog => {
-                let window = NonZeroU64::new(period)
+                let window = NonZeroSpan::from_micros(period)
                     .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?;
                 let limit = NonZeroU64::new(self.rate.quantity)
                     .ok_or_else(|| (at("rate"), "the limit must be at least 1".to_owned()))?;

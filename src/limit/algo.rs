@@ -1,7 +1,8 @@
 //! The five algorithms as pure functions: `(params, state, now, cost) -> (Decision, state)`.
-//! No I/O, no clock: both stores run this same math. Invariants: integer µs, saturating
-//! arithmetic (u128 for products), a denial never changes the quota, and a state that is back to
-//! its initial value is reported as `None` so stores can forget it (a full bucket = no entry).
+//! No I/O, no clock: both stores run this same math. Invariants: integer µs ([`Timestamp`]s for
+//! points in time, [`Span`]s for lengths), saturating arithmetic (u128 for products), a denial
+//! never changes the quota, and a state that is back to its initial value is reported as `None`
+//! so stores can forget it (a full bucket = no entry).
 //!
 //! Each submodule opens with the exact state, formulas and rounding, written for the author of
 //! the Redis Lua port, which must reproduce them bit for bit.
@@ -17,22 +18,22 @@ mod props;
 
 use std::num::NonZeroU64;
 
-use super::{Decision, Micros};
+use super::{Decision, NonZeroSpan, Span, Timestamp};
 
 /// Algorithm with validated parameters (constructed from config; invalid ones cannot exist).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
-    /// GCRA. `interval` = µs per token (period / quantity, rounded down, >= 1), `burst` = capacity.
-    /// `warmup` = 0 disables warm-up.
-    TokenBucket { interval: NonZeroU64, burst: NonZeroU64, warmup: Micros },
+    /// GCRA. `interval` = time per token (period / quantity, rounded down to whole µs, >= 1 µs),
+    /// `burst` = capacity. A zero `warmup` disables warm-up.
+    TokenBucket { interval: NonZeroSpan, burst: NonZeroU64, warmup: Span },
     /// Constant outflow of one unit per `interval`; wait at most `max_delay` (0 = strict meter).
-    LeakyBucket { interval: NonZeroU64, max_delay: Micros },
+    LeakyBucket { interval: NonZeroSpan, max_delay: Span },
     /// `limit` units per `window` aligned to the clock (window start = now - now % window).
-    FixedWindow { window: NonZeroU64, limit: NonZeroU64 },
+    FixedWindow { window: NonZeroSpan, limit: NonZeroU64 },
     /// Counter approximation: prev * (window - elapsed) / window + cur.
-    SlidingWindow { window: NonZeroU64, limit: NonZeroU64 },
+    SlidingWindow { window: NonZeroSpan, limit: NonZeroU64 },
     /// Exact log of admitted (timestamp, cost) within the last `window`.
-    SlidingLog { window: NonZeroU64, limit: NonZeroU64 },
+    SlidingLog { window: NonZeroSpan, limit: NonZeroU64 },
 }
 
 /// Per-key state of one algorithm. Small and `Clone`; the sliding log is boxed so that the
@@ -71,34 +72,34 @@ impl State {
     }
 
     /// True if at `now` this state is equivalent to the initial one (it may be forgotten).
-    pub fn is_idle(&self, alg: &Algorithm, now: Micros) -> bool {
+    pub fn is_idle(&self, alg: &Algorithm, now: Timestamp) -> bool {
         match (self, alg) {
             (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.is_idle(*warmup, now),
             (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.is_idle(now),
-            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.is_idle(window.get(), now),
-            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.is_idle(window.get(), now),
-            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.is_idle(window.get(), now),
+            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.is_idle(*window, now),
+            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.is_idle(*window, now),
+            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.is_idle(*window, now),
             // A state of another algorithm's shape is treated as initial everywhere.
             _ => true,
         }
     }
 
     /// Earliest time at which this state is idle, absent further traffic (for sweeps).
-    pub fn idle_at(&self, alg: &Algorithm) -> Micros {
+    pub fn idle_at(&self, alg: &Algorithm) -> Timestamp {
         match (self, alg) {
             (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.idle_at(*warmup),
             (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.tat,
-            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.idle_at(window.get()),
-            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.idle_at(window.get()),
-            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.idle_at(window.get()),
-            _ => 0,
+            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.idle_at(*window),
+            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.idle_at(*window),
+            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.idle_at(*window),
+            _ => Timestamp::ZERO,
         }
     }
 }
 
 /// Pure: no I/O, no clock. `state = None` means "never seen / back to initial".
 /// Returns the decision and the new state (None = back to initial value, may be evicted).
-pub fn decide(alg: &Algorithm, state: Option<&State>, now: Micros, cost: u64) -> (Decision, Option<State>) {
+pub fn decide(alg: &Algorithm, state: Option<&State>, now: Timestamp, cost: u64) -> (Decision, Option<State>) {
     let mut st = match state {
         Some(s) if s.fits(alg) => s.clone(),
         _ => State::initial(alg),
@@ -111,7 +112,7 @@ pub fn decide(alg: &Algorithm, state: Option<&State>, now: Micros, cost: u64) ->
 /// Undo an admission of `cost` made at or before `now` (used when a later limit of the same
 /// request denies: "a rejected request consumes no quota anywhere" — the gate uses refunds).
 /// Exact when called at the same `now` as the admission; later, it never refunds more than that.
-pub fn refund(alg: &Algorithm, state: Option<&State>, now: Micros, cost: u64) -> Option<State> {
+pub fn refund(alg: &Algorithm, state: Option<&State>, now: Timestamp, cost: u64) -> Option<State> {
     let mut st = match state {
         Some(s) if s.fits(alg) => s.clone(),
         // Nothing recorded: nothing to give back.
@@ -122,11 +123,11 @@ pub fn refund(alg: &Algorithm, state: Option<&State>, now: Micros, cost: u64) ->
 }
 
 /// Largest cost this algorithm can ever admit at once (config validation: cost <= this).
-/// A larger cost is always denied with `retry_after == Micros::MAX`.
+/// A larger cost is always [`Decision::Never`].
 pub fn max_cost(alg: &Algorithm) -> u64 {
     match alg {
         Algorithm::TokenBucket { burst, .. } => burst.get(),
-        Algorithm::LeakyBucket { interval, max_delay } => leaky::max_cost(interval.get(), *max_delay),
+        Algorithm::LeakyBucket { interval, max_delay } => leaky::max_cost(*interval, *max_delay),
         Algorithm::FixedWindow { limit, .. }
         | Algorithm::SlidingWindow { limit, .. }
         | Algorithm::SlidingLog { limit, .. } => limit.get(),
@@ -135,55 +136,49 @@ pub fn max_cost(alg: &Algorithm) -> u64 {
 
 /// [`decide`] on a mutable state, without cloning (the store's hot path). A state of another
 /// algorithm's shape is first reset to `alg`'s initial state.
-pub fn decide_in_place(alg: &Algorithm, st: &mut State, now: Micros, cost: u64) -> Decision {
+pub fn decide_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u64) -> Decision {
     if !st.fits(alg) {
         *st = State::initial(alg);
     }
     match (alg, st) {
         (Algorithm::TokenBucket { interval, burst, warmup }, State::TokenBucket(s)) => {
-            gcra::decide(interval.get(), burst.get(), *warmup, s, now, cost)
+            gcra::decide(*interval, burst.get(), *warmup, s, now, cost)
         }
         (Algorithm::LeakyBucket { interval, max_delay }, State::LeakyBucket(s)) => {
-            leaky::decide(interval.get(), *max_delay, s, now, cost)
+            leaky::decide(*interval, *max_delay, s, now, cost)
         }
         (Algorithm::FixedWindow { window, limit }, State::FixedWindow(s)) => {
-            fixed::decide(window.get(), limit.get(), s, now, cost)
+            fixed::decide(*window, limit.get(), s, now, cost)
         }
         (Algorithm::SlidingWindow { window, limit }, State::SlidingWindow(s)) => {
-            sliding::decide(window.get(), limit.get(), s, now, cost)
+            sliding::decide(*window, limit.get(), s, now, cost)
         }
         (Algorithm::SlidingLog { window, limit }, State::SlidingLog(s)) => {
-            log::decide(window.get(), limit.get(), s, now, cost)
+            log::decide(*window, limit.get(), s, now, cost)
         }
         // Unreachable after the reset above; deny rather than panic.
-        _ => Decision::Deny { retry_after: Micros::MAX, reset: 0 },
+        _ => never(Span::ZERO),
     }
 }
 
 /// [`refund`] on a mutable state, without cloning. A mismatched state is left alone.
-pub fn refund_in_place(alg: &Algorithm, st: &mut State, now: Micros, cost: u64) {
+pub fn refund_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u64) {
     match (alg, st) {
         (Algorithm::TokenBucket { interval, warmup, .. }, State::TokenBucket(s)) => {
-            gcra::refund(interval.get(), *warmup, s, now, cost)
+            gcra::refund(*interval, *warmup, s, now, cost)
         }
-        (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => leaky::refund(interval.get(), s, now, cost),
-        (Algorithm::FixedWindow { window, .. }, State::FixedWindow(s)) => fixed::refund(window.get(), s, now, cost),
-        (Algorithm::SlidingWindow { window, .. }, State::SlidingWindow(s)) => {
-            sliding::refund(window.get(), s, now, cost)
-        }
-        (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => log::refund(window.get(), s, now, cost),
+        (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => leaky::refund(*interval, s, now, cost),
+        (Algorithm::FixedWindow { window, .. }, State::FixedWindow(s)) => fixed::refund(*window, s, now, cost),
+        (Algorithm::SlidingWindow { window, .. }, State::SlidingWindow(s)) => sliding::refund(*window, s, now, cost),
+        (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => log::refund(*window, s, now, cost),
         _ => {}
     }
 }
 
-/// `a * b`, saturating at `u64::MAX`.
-pub(crate) fn mul(a: u64, b: u64) -> u64 {
-    a.saturating_mul(b)
-}
-
-/// The decision for a cost larger than [`max_cost`]: never admissible.
-pub(crate) fn never(reset: Micros) -> Decision {
-    Decision::Deny { retry_after: Micros::MAX, reset }
+/// The decision for a cost larger than [`max_cost`]: never admissible. `reset` is the state's
+/// own, as a denial at `now` would report it.
+pub(crate) fn never(reset: Span) -> Decision {
+    Decision::Never { reset }
 }
 
 #[cfg(test)]
@@ -194,6 +189,18 @@ mod tests {
         NonZeroU64::new(n).expect("non-zero")
     }
 
+    fn nzs(us: u64) -> NonZeroSpan {
+        NonZeroSpan::from_micros(us).expect("non-zero")
+    }
+
+    fn us(n: u64) -> Span {
+        Span::from_micros(n)
+    }
+
+    fn at(n: u64) -> Timestamp {
+        Timestamp::from_micros(n)
+    }
+
     #[test]
     fn state_stays_small() {
         assert!(std::mem::size_of::<State>() <= 32);
@@ -201,38 +208,38 @@ mod tests {
 
     #[test]
     fn pure_decide_reports_initial_as_none() {
-        let alg = Algorithm::TokenBucket { interval: nz(10), burst: nz(2), warmup: 0 };
-        let (d, s) = decide(&alg, None, 100, 1);
-        assert_eq!(d, Decision::Allow { remaining: 1, reset: 10 });
+        let alg = Algorithm::TokenBucket { interval: nzs(10), burst: nz(2), warmup: Span::ZERO };
+        let (d, s) = decide(&alg, None, at(100), 1);
+        assert_eq!(d, Decision::Allow { remaining: 1, reset: us(10) });
         let s = s.expect("state after admission");
         // Once the bucket has refilled the state is initial again.
-        let (_, again) = decide(&alg, Some(&s), 110, 0);
+        let (_, again) = decide(&alg, Some(&s), at(110), 0);
         assert_eq!(again, None);
-        assert_eq!(refund(&alg, Some(&s), 100, 1), None);
+        assert_eq!(refund(&alg, Some(&s), at(100), 1), None);
     }
 
     #[test]
     fn mismatched_state_is_treated_as_initial() {
-        let tb = Algorithm::TokenBucket { interval: nz(10), burst: nz(1), warmup: 0 };
-        let fw = Algorithm::FixedWindow { window: nz(100), limit: nz(1) };
-        let (_, s) = decide(&fw, None, 5, 1);
-        let (d, _) = decide(&tb, s.as_ref(), 5, 1);
+        let tb = Algorithm::TokenBucket { interval: nzs(10), burst: nz(1), warmup: Span::ZERO };
+        let fw = Algorithm::FixedWindow { window: nzs(100), limit: nz(1) };
+        let (_, s) = decide(&fw, None, at(5), 1);
+        let (d, _) = decide(&tb, s.as_ref(), at(5), 1);
         assert!(d.is_admitted());
     }
 
     #[test]
     fn cost_above_max_is_never_admitted() {
         for alg in [
-            Algorithm::TokenBucket { interval: nz(10), burst: nz(3), warmup: 50 },
-            Algorithm::LeakyBucket { interval: nz(10), max_delay: 25 },
-            Algorithm::FixedWindow { window: nz(10), limit: nz(3) },
-            Algorithm::SlidingWindow { window: nz(10), limit: nz(3) },
-            Algorithm::SlidingLog { window: nz(10), limit: nz(3) },
+            Algorithm::TokenBucket { interval: nzs(10), burst: nz(3), warmup: us(50) },
+            Algorithm::LeakyBucket { interval: nzs(10), max_delay: us(25) },
+            Algorithm::FixedWindow { window: nzs(10), limit: nz(3) },
+            Algorithm::SlidingWindow { window: nzs(10), limit: nz(3) },
+            Algorithm::SlidingLog { window: nzs(10), limit: nz(3) },
         ] {
             let m = max_cost(&alg);
-            assert!(decide(&alg, None, 1000, m).0.is_admitted(), "{alg:?}");
-            let (d, s) = decide(&alg, None, 1000, m + 1);
-            assert!(matches!(d, Decision::Deny { retry_after, .. } if retry_after == Micros::MAX), "{alg:?}");
+            assert!(decide(&alg, None, at(1000), m).0.is_admitted(), "{alg:?}");
+            let (d, s) = decide(&alg, None, at(1000), m + 1);
+            assert!(matches!(d, Decision::Never { .. }), "{alg:?}: {d:?}");
             assert_eq!(s, None);
         }
     }

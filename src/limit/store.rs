@@ -13,7 +13,7 @@ use std::time::Duration;
 pub use local::LocalStore;
 pub use redis::{RedisClient, RedisConfig, RedisStore};
 
-use super::{Algorithm, Decision, KeyHash, Micros};
+use super::{Algorithm, Decision, KeyHash, Timestamp};
 
 /// A store failure. The local store never fails; the Redis store fails only with
 /// `on_error: deny` (the gate answers 503 with `Retry-After: retry_after`).
@@ -39,7 +39,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] only from a remote store; the local store never fails.
-    pub async fn decide(&self, key: KeyHash, now: Micros, cost: u64) -> Result<Decision, StoreError> {
+    pub async fn decide(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<Decision, StoreError> {
         match self {
             Store::Local(s) => Ok(s.decide(key, now, cost)),
             Store::Redis(s) => s.decide(key, now, cost).await,
@@ -50,7 +50,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] only from a remote store.
-    pub async fn refund(&self, key: KeyHash, now: Micros, cost: u64) -> Result<(), StoreError> {
+    pub async fn refund(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<(), StoreError> {
         match self {
             Store::Local(s) => {
                 s.refund(key, now, cost);

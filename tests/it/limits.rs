@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
-use tollgate::limit::ManualClock;
+use tollgate::limit::{ManualClock, Span, Timestamp};
 
 use crate::support::{full, get, get_with, proxy_yaml, Tollgate, Upstream};
 
-const T0: u64 = 1_700_000_000_000_000;
+const T0: Timestamp = Timestamp::from_micros(1_700_000_000_000_000);
 
 fn respond_yaml(route_extra: &str) -> String {
     format!("upstreams:\n  d: {{ respond: {{ body: ok }} }}\nroutes:\n  - name: api\n    upstream: d\n{route_extra}")
@@ -38,7 +38,7 @@ async fn burst_then_429_with_retry_after_ratelimit_headers_and_problem_body() {
     assert_eq!(doc["violated-policies"], serde_json::json!(["per-client"]));
 
     // One token comes back every 100 ms; waiting exactly that long is enough.
-    clock.advance(100_000);
+    clock.advance(Span::from_micros(100_000));
     assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK);
     assert_eq!(get(tg.addr, "/").await.0, StatusCode::TOO_MANY_REQUESTS);
 }
@@ -55,7 +55,7 @@ async fn waiting_retry_after_is_admitted() {
             rejected += 1;
             let secs: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
             assert!((1..=10).contains(&secs));
-            clock.advance(secs * 1_000_000);
+            clock.advance(Span::from_secs(secs));
             assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK, "waited Retry-After: {secs} and was still refused");
         }
     }

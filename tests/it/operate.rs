@@ -4,12 +4,12 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
-use tollgate::limit::ManualClock;
+use tollgate::limit::{ManualClock, Timestamp};
 use tollgate::reload::Reloader;
 
 use crate::support::{get, get_with, Tollgate};
 
-const T0: u64 = 1_700_000_000_000_000;
+const T0: Timestamp = Timestamp::from_micros(1_700_000_000_000_000);
 
 const LIMITED: &str = "
 upstreams:

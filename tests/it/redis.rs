@@ -8,13 +8,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tollgate::limit::store::redis::{BreakerState, OnError, Target};
-use tollgate::limit::{decide, refund, Algorithm, Decision, KeyHash, LocalStore, RedisClient, RedisConfig, RedisStore};
+use tollgate::limit::{
+    decide, max_cost, refund, Algorithm, Decision, KeyHash, LocalStore, NonZeroSpan, RedisClient, RedisConfig,
+    RedisStore, Span, Timestamp,
+};
 
 use crate::support::redis::{RedisCluster, RedisNode};
-use crate::support::vectors::{vectors, Step, BASE};
+use crate::support::vectors::{stamp, vectors, Step};
 
 fn nz(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n).unwrap()
+}
+
+fn nzs(us: u64) -> NonZeroSpan {
+    NonZeroSpan::from_micros(us).unwrap()
+}
+
+/// The time `us` µs after the clock's origin (the local `now` of a decision).
+fn at_us(us: u64) -> Timestamp {
+    Timestamp::from_micros(us)
 }
 
 fn client_with(target: Target, f: impl FnOnce(&mut RedisConfig)) -> Arc<RedisClient> {
@@ -31,7 +43,7 @@ fn store(client: &Arc<RedisClient>, name: &str, alg: Algorithm, lease: Option<u6
 }
 
 fn tb(interval: u64, burst: u64) -> Algorithm {
-    Algorithm::TokenBucket { interval: nz(interval), burst: nz(burst), warmup: 0 }
+    Algorithm::TokenBucket { interval: nzs(interval), burst: nz(burst), warmup: Span::ZERO }
 }
 
 #[test]
@@ -42,14 +54,14 @@ fn vectors_agree_with_pure_math_and_local_store() {
         for (i, step) in v.steps.iter().enumerate() {
             match *step {
                 Step::Decide { at, cost, expect } => {
-                    let (got, next) = decide(&v.alg, st.as_ref(), BASE + at, cost);
+                    let (got, next) = decide(&v.alg, st.as_ref(), stamp(at), cost);
                     st = next;
                     assert_eq!(got, expect, "{} step {i} (pure)", v.name);
-                    assert_eq!(local.decide(KeyHash(1), BASE + at, cost), expect, "{} step {i} (local)", v.name);
+                    assert_eq!(local.decide(KeyHash(1), stamp(at), cost), expect, "{} step {i} (local)", v.name);
                 }
                 Step::Refund { at, cost } => {
-                    st = refund(&v.alg, st.as_ref(), BASE + at, cost);
-                    local.refund(KeyHash(1), BASE + at, cost);
+                    st = refund(&v.alg, st.as_ref(), stamp(at), cost);
+                    local.refund(KeyHash(1), stamp(at), cost);
                 }
             }
         }
@@ -67,10 +79,10 @@ async fn vectors_on(target: Target) {
             for (i, step) in v.steps.iter().enumerate() {
                 match *step {
                     Step::Decide { at, cost, expect } => {
-                        let got = s.decide_at(key, BASE + at, cost).await.unwrap();
+                        let got = s.decide_at(key, stamp(at), cost).await.unwrap();
                         assert_eq!(got, expect, "{} step {i} (redis, memo {memo_keys})", v.name);
                     }
-                    Step::Refund { at, cost } => s.refund_at(key, BASE + at, cost).await,
+                    Step::Refund { at, cost } => s.refund_at(key, stamp(at), cost).await,
                 }
             }
         }
@@ -105,27 +117,19 @@ async fn vectors_agree_on_a_cluster() {
 async fn production_decisions_use_redis_time_and_set_ttls() {
     let node = RedisNode::start();
     let client = client_with(Target::Single(node.url()), |_| {});
-    let algs = [
-        tb(1_000_000, 3),
-        Algorithm::TokenBucket { interval: nz(1_000_000), burst: nz(3), warmup: 10_000_000 },
-        Algorithm::LeakyBucket { interval: nz(1_000_000), max_delay: 2_000_000 },
-        Algorithm::FixedWindow { window: nz(60_000_000), limit: nz(3) },
-        Algorithm::SlidingWindow { window: nz(60_000_000), limit: nz(3) },
-        Algorithm::SlidingLog { window: nz(60_000_000), limit: nz(3) },
-    ];
-    for (i, alg) in algs.into_iter().enumerate() {
+    for (i, alg) in every_algorithm().into_iter().enumerate() {
         let s = store(&client, &format!("prod{i}"), alg, None);
         let mut admitted = 0;
         for _ in 0..10 {
             // The local `now` is deliberately nonsense: Redis decides on its own clock.
-            if s.decide(KeyHash(42), 7, 1).await.unwrap().is_admitted() {
+            if s.decide(KeyHash(42), at_us(7), 1).await.unwrap().is_admitted() {
                 admitted += 1;
             }
         }
         // A cold warm-up bucket charges 3 intervals per unit: a third of the burst.
         let want = if i == 1 { 1 } else { 3 };
         assert_eq!(admitted, want, "alg {i}");
-        s.refund(KeyHash(42), 7, 1).await;
+        s.refund(KeyHash(42), at_us(7), 1).await;
     }
     let keys = node.tollgate_keys();
     assert_eq!(keys.len(), 6, "{keys:?}");
@@ -152,10 +156,10 @@ async fn script_flush_is_survived_by_reloading() {
     let node = RedisNode::start();
     let client = client_with(Target::Single(node.url()), |_| {});
     let s = store(&client, "flush", tb(1_000_000, 2), None);
-    assert!(s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
+    assert!(s.decide(KeyHash(1), at_us(0), 1).await.unwrap().is_admitted());
     node.cli(&["SCRIPT", "FLUSH"]);
-    assert!(s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
-    assert!(!s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
+    assert!(s.decide(KeyHash(1), at_us(0), 1).await.unwrap().is_admitted());
+    assert!(!s.decide(KeyHash(1), at_us(0), 1).await.unwrap().is_admitted());
     assert_eq!(client.metrics().snapshot().fallbacks, 0);
 }
 
@@ -168,7 +172,7 @@ async fn concurrent_decisions_are_pipelined_and_exact() {
     let tasks: Vec<_> = (0..400)
         .map(|_| {
             let s = s.clone();
-            tokio::spawn(async move { s.decide(KeyHash(9), 0, 1).await.unwrap().is_admitted() })
+            tokio::spawn(async move { s.decide(KeyHash(9), at_us(0), 1).await.unwrap().is_admitted() })
         })
         .collect();
     let mut admitted = 0;
@@ -184,21 +188,21 @@ async fn a_remembered_denial_does_not_ask_redis_again() {
     let node = RedisNode::start();
     let client = client_with(Target::Single(node.url()), |_| {});
     let s = store(&client, "memo", tb(60_000_000, 1), None);
-    assert!(s.decide(KeyHash(3), 1_000, 1).await.unwrap().is_admitted());
-    let Decision::Deny { retry_after, .. } = s.decide(KeyHash(3), 1_000, 1).await.unwrap() else {
+    assert!(s.decide(KeyHash(3), at_us(1_000), 1).await.unwrap().is_admitted());
+    let Decision::Deny { retry_after, .. } = s.decide(KeyHash(3), at_us(1_000), 1).await.unwrap() else {
         panic!("expected deny");
     };
     let calls = client.metrics().snapshot().calls;
     for i in 1..=100 {
-        let d = s.decide(KeyHash(3), 1_000 + i, 1).await.unwrap();
-        assert!(matches!(d, Decision::Deny { retry_after: r, .. } if r == retry_after - i), "{d:?}");
+        let d = s.decide(KeyHash(3), at_us(1_000 + i), 1).await.unwrap();
+        assert!(matches!(d, Decision::Deny { retry_after: r, .. } if r == retry_after - Span::from_micros(i)), "{d:?}");
     }
     let m = client.metrics().snapshot();
     assert_eq!(m.calls, calls, "no call to Redis while the denial lasts");
     assert_eq!(m.denial_hits, 100);
     // Another key and the end of the remembered denial go to Redis again.
-    assert!(s.decide(KeyHash(4), 1_000, 1).await.unwrap().is_admitted());
-    let _ = s.decide(KeyHash(3), 1_000 + retry_after, 1).await.unwrap();
+    assert!(s.decide(KeyHash(4), at_us(1_000), 1).await.unwrap().is_admitted());
+    let _ = s.decide(KeyHash(3), at_us(1_000) + retry_after, 1).await.unwrap();
     assert_eq!(client.metrics().snapshot().calls, calls + 2);
 }
 
@@ -209,7 +213,7 @@ async fn lease_needs_about_one_call_per_n_requests() {
     let s = store(&client, "lease", tb(1_000, 10_000), Some(20));
     let before = node.calls("evalsha");
     for i in 0..400 {
-        assert!(s.decide(KeyHash(5), i, 1).await.unwrap().is_admitted());
+        assert!(s.decide(KeyHash(5), at_us(i), 1).await.unwrap().is_admitted());
     }
     let calls = node.calls("evalsha") - before;
     let m = client.metrics().snapshot();
@@ -232,7 +236,7 @@ async fn concurrent_decisions_share_one_lease_call() {
     let tasks: Vec<_> = (0..400)
         .map(|_| {
             let s = s.clone();
-            tokio::spawn(async move { s.decide(KeyHash(12), 0, 1).await.unwrap().is_admitted() })
+            tokio::spawn(async move { s.decide(KeyHash(12), at_us(0), 1).await.unwrap().is_admitted() })
         })
         .collect();
     let mut admitted = 0;
@@ -258,14 +262,14 @@ async fn a_dropped_lease_call_does_not_hold_up_the_key() {
     let s = store(&client, "dropped", tb(1_000, 100_000), Some(20));
     // Start a lease call and abandon it before Redis answers (a client that went away).
     {
-        let mut first = Box::pin(s.decide(KeyHash(13), 0, 1));
+        let mut first = Box::pin(s.decide(KeyHash(13), at_us(0), 1));
         let waker = futures_util::task::noop_waker();
         let _ = first.as_mut().poll(&mut std::task::Context::from_waker(&waker));
     }
     // The next decision takes its own lease at once instead of waiting on the abandoned one.
-    let d = tokio::time::timeout(Duration::from_secs(5), s.decide(KeyHash(13), 1, 1)).await;
+    let d = tokio::time::timeout(Duration::from_secs(5), s.decide(KeyHash(13), at_us(1), 1)).await;
     assert!(d.expect("not held up").unwrap().is_admitted());
-    assert!(s.decide(KeyHash(13), 2, 1).await.unwrap().is_admitted());
+    assert!(s.decide(KeyHash(13), at_us(2), 1).await.unwrap().is_admitted());
     let calls = client.metrics().snapshot().calls;
     assert!((1..=2).contains(&calls), "the abandoned call, if it was sent, and one lease: {calls}");
 }
@@ -289,7 +293,7 @@ async fn leases_never_admit_more_than_the_bucket_and_lapse() {
     let mut admitted = 0;
     for round in 0..20 {
         for s in &stores {
-            if s.decide(KeyHash(6), round, 1).await.unwrap().is_admitted() {
+            if s.decide(KeyHash(6), at_us(round), 1).await.unwrap().is_admitted() {
                 admitted += 1;
             }
         }
@@ -297,10 +301,10 @@ async fn leases_never_admit_more_than_the_bucket_and_lapse() {
     assert_eq!(admitted, 30, "leases hand out exactly the bucket when all of it is spent");
     // Units left in a lease lapse: after lease_ttl nothing more is admitted locally.
     let s = &stores[0];
-    let _ = s.decide(KeyHash(7), 0, 1).await.unwrap(); // takes a lease of 8, spends 1
-    assert!(s.decide(KeyHash(7), 1, 1).await.unwrap().is_admitted(), "spent from the lease");
+    let _ = s.decide(KeyHash(7), at_us(0), 1).await.unwrap(); // takes a lease of 8, spends 1
+    assert!(s.decide(KeyHash(7), at_us(1), 1).await.unwrap().is_admitted(), "spent from the lease");
     let lapsed = 1 + 100_000;
-    assert!(s.decide(KeyHash(7), lapsed, 1).await.unwrap().is_admitted(), "fresh lease from Redis");
+    assert!(s.decide(KeyHash(7), at_us(lapsed), 1).await.unwrap().is_admitted(), "fresh lease from Redis");
 }
 
 #[tokio::test]
@@ -315,18 +319,77 @@ async fn on_error_policies_when_redis_is_unreachable() {
             c.timeout = Duration::from_millis(50);
         });
         let s = store(&client, "down", tb(60_000_000, 1), None);
-        let first = s.decide(KeyHash(1), 0, 1).await;
+        let first = s.decide(KeyHash(1), at_us(0), 1).await;
         match want {
             Some(admit) => assert_eq!(first.unwrap().is_admitted(), admit, "{policy:?}"),
             None => assert!(first.is_err(), "{policy:?}"),
         }
         if policy == OnError::Local {
             // The fallback has the same parameters: a burst of 1.
-            assert!(!s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted());
+            assert!(!s.decide(KeyHash(1), at_us(0), 1).await.unwrap().is_admitted());
         }
         assert!(client.ping().await.is_err());
         assert!(client.metrics().snapshot().fallbacks >= 1);
     }
+}
+
+/// One of each algorithm, with room for costs above 1.
+fn every_algorithm() -> [Algorithm; 6] {
+    [
+        tb(1_000_000, 3),
+        Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(3), warmup: Span::from_secs(10) },
+        Algorithm::LeakyBucket { interval: nzs(1_000_000), max_delay: Span::from_secs(2) },
+        Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(3) },
+        Algorithm::SlidingWindow { window: nzs(60_000_000), limit: nz(3) },
+        Algorithm::SlidingLog { window: nzs(60_000_000), limit: nz(3) },
+    ]
+}
+
+#[tokio::test]
+async fn a_cost_above_the_limit_is_never_admissible_in_either_store() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |_| {});
+    client.connect().await.unwrap();
+    for (i, alg) in every_algorithm().into_iter().enumerate() {
+        let (max, now) = (max_cost(&alg), stamp(0));
+        let local = LocalStore::new(alg.clone(), 16);
+        let shared = store(&client, &format!("never{i}"), alg.clone(), None);
+        for over in [max + 1, u64::MAX] {
+            let d = local.decide(KeyHash(1), now, over);
+            assert!(matches!(d, Decision::Never { .. }), "{alg:?} cost {over} (local): {d:?}");
+            let d = shared.decide_at(KeyHash(1), now, over).await.unwrap();
+            assert!(matches!(d, Decision::Never { .. }), "{alg:?} cost {over} (redis): {d:?}");
+        }
+        // The largest cost that fits is admitted by both: a `Never` consumed nothing.
+        assert!(local.decide(KeyHash(1), now, max).is_admitted(), "{alg:?} (local)");
+        assert!(shared.decide_at(KeyHash(1), now, max).await.unwrap().is_admitted(), "{alg:?} (redis)");
+        // Spent, a cost that fits is a plain denial with a wait, not `Never`.
+        let d = shared.decide_at(KeyHash(1), now, max).await.unwrap();
+        assert!(matches!(d, Decision::Deny { .. }), "{alg:?}: {d:?}");
+    }
+    // With a lease, and on Redis' own clock.
+    let leased = store(&client, "never-lease", tb(1_000, 10), Some(5));
+    assert!(matches!(leased.decide(KeyHash(2), at_us(0), 11).await.unwrap(), Decision::Never { .. }));
+    assert!(leased.decide(KeyHash(2), at_us(0), 10).await.unwrap().is_admitted());
+    let m = client.metrics().snapshot();
+    assert_eq!(m.fallbacks, 0, "{m:?}");
+    // Two calls per algorithm and the lease: a `Never` is decided without asking Redis.
+    assert_eq!(m.calls, 6 * 2 + 1, "{m:?}");
+}
+
+#[tokio::test]
+async fn the_local_fallback_answers_never_for_a_cost_above_its_divided_limit() {
+    // Config validation refuses such a cost (issue 13, defect 2); if one got through, the
+    // fallback says `Never` rather than a denial with a wait of ~2^64 µs.
+    let dead = RedisNode::start();
+    let url = dead.url();
+    drop(dead);
+    let client = client_with(Target::Single(url), |c| c.timeout = Duration::from_millis(50));
+    let fallback = LocalStore::new(tb(2_000_000, 2), 16);
+    let s = RedisStore::new(client.clone(), "divided", tb(1_000_000, 4), None, fallback);
+    let d = s.decide(KeyHash(1), at_us(0), 3).await.unwrap();
+    assert!(matches!(d, Decision::Never { .. }), "{d:?}");
+    assert!(client.metrics().snapshot().fallbacks >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,7 +408,7 @@ async fn outage_falls_back_within_the_deadline_and_recovers_without_restart() {
         let mut worst = Duration::ZERO;
         for i in 0..n {
             let t = Instant::now();
-            let d = s.decide(KeyHash(i as u128 % 7), 0, 1).await.expect("on_error: local never fails");
+            let d = s.decide(KeyHash(i as u128 % 7), at_us(0), 1).await.expect("on_error: local never fails");
             assert!(d.is_admitted());
             worst = worst.max(t.elapsed());
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -370,7 +433,7 @@ async fn outage_falls_back_within_the_deadline_and_recovers_without_restart() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let before = client.metrics().snapshot().fallbacks;
-        let _ = s.decide(KeyHash(99), 0, 1).await.unwrap();
+        let _ = s.decide(KeyHash(99), at_us(0), 1).await.unwrap();
         if client.metrics().snapshot().fallbacks == before && !node.tollgate_keys().is_empty() {
             break;
         }
@@ -398,7 +461,7 @@ async fn password_and_acl_user_in_the_url() {
         let client = client_with(Target::Single(url.clone()), |c| c.on_error = OnError::Deny);
         client.ping().await.unwrap_or_else(|e| panic!("{url}: {e}"));
         let s = store(&client, "auth", tb(60_000_000, 5), None);
-        assert!(s.decide(KeyHash(1), 0, 1).await.unwrap().is_admitted(), "{url}");
+        assert!(s.decide(KeyHash(1), at_us(0), 1).await.unwrap().is_admitted(), "{url}");
     }
     let wrong = client_with(Target::Single(format!("redis://:nope@127.0.0.1:{}", node.port)), |_| {});
     assert!(wrong.ping().await.is_err());

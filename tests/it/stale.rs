@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tollgate::limit::ManualClock;
+use tollgate::limit::{ManualClock, Span, Timestamp};
 
 use crate::support::{full, get, get_with, h1, proxy_yaml, Tollgate, Upstream};
 
-const T0: u64 = 1_700_000_000_000_000;
-const SEC: u64 = 1_000_000;
+const T0: Timestamp = Timestamp::from_micros(1_700_000_000_000_000);
+const SEC: Span = Span::from_secs(1);
 
 /// One request per hour per route, then stale copies up to 5 minutes old.
 fn throttled_route(upstream: std::net::SocketAddr, extra: &str) -> String {
@@ -48,7 +48,7 @@ async fn throttled_get_gets_the_stale_copy_with_age_and_cache_status() {
     let (s, _, b) = get(tg.addr, "/a").await;
     assert_eq!((s, &b[..]), (StatusCode::OK, &b"copy of /a"[..]));
 
-    clock.advance(120 * SEC);
+    clock.advance(SEC * 120);
     let (s, h, b) = get(tg.addr, "/a").await;
     assert_eq!(s, StatusCode::OK, "served stale instead of 429");
     assert_eq!(&b[..], b"copy of /a");
@@ -57,7 +57,7 @@ async fn throttled_get_gets_the_stale_copy_with_age_and_cache_status() {
     assert!(h.get("ratelimit").is_none(), "admitted-request RateLimit headers are not replayed");
 
     // Older than max_age: the normal 429.
-    clock.advance(300 * SEC);
+    clock.advance(SEC * 300);
     let (s, h, _) = get(tg.addr, "/a").await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
     assert!(h.contains_key("retry-after"));
@@ -155,7 +155,7 @@ async fn upstream_failure_serves_the_stale_copy_marked_upstream_error() {
     let tg = Tollgate::start_with_clock(&yaml, clock.clone()).await;
     assert_eq!(get(tg.addr, "/d").await.2, "status 200");
 
-    clock.advance(412 * SEC);
+    clock.advance(SEC * 412);
     status.store(503, Ordering::SeqCst);
     let (s, h, b) = get(tg.addr, "/d").await;
     assert_eq!((s, &b[..]), (StatusCode::OK, &b"status 200"[..]));
@@ -172,7 +172,7 @@ async fn upstream_failure_serves_the_stale_copy_marked_upstream_error() {
     // Nothing stored for this path: the normal 502.
     assert_eq!(get(tg.addr, "/never").await.0, StatusCode::BAD_GATEWAY);
     // Too old: the normal error.
-    clock.advance(3_600 * SEC);
+    clock.advance(SEC * 3_600);
     assert_eq!(get(tg.addr, "/d").await.0, StatusCode::BAD_GATEWAY);
 }
 

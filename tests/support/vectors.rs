@@ -1,13 +1,19 @@
 //! The shared table of decision vectors: parameters, then a sequence of (now, cost) → expected
 //! decision (and refunds). The same table runs against the pure math, the local store and the
-//! Redis scripts, which must agree exactly. Times are µs after [`BASE`].
+//! Redis scripts, which must agree exactly. Times and spans in the table are µs; times are
+//! after [`BASE`].
 
 use std::num::NonZeroU64;
 
-use tollgate::limit::{Algorithm, Decision};
+use tollgate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// A realistic epoch time (µs), aligned to every window used below.
-pub const BASE: u64 = 1_700_000_000_000_000;
+const BASE: u64 = 1_700_000_000_000_000;
+
+/// The time `offset` µs after [`BASE`].
+pub fn stamp(offset: u64) -> Timestamp {
+    Timestamp::from_micros(BASE + offset)
+}
 
 pub struct Vector {
     pub name: &'static str,
@@ -23,20 +29,26 @@ pub enum Step {
 fn nz(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n).unwrap()
 }
+fn nzs(us: u64) -> NonZeroSpan {
+    NonZeroSpan::from_micros(us).unwrap()
+}
+fn us(n: u64) -> Span {
+    Span::from_micros(n)
+}
 fn tb(interval: u64, burst: u64, warmup: u64) -> Algorithm {
-    Algorithm::TokenBucket { interval: nz(interval), burst: nz(burst), warmup }
+    Algorithm::TokenBucket { interval: nzs(interval), burst: nz(burst), warmup: us(warmup) }
 }
 fn lb(interval: u64, max_delay: u64) -> Algorithm {
-    Algorithm::LeakyBucket { interval: nz(interval), max_delay }
+    Algorithm::LeakyBucket { interval: nzs(interval), max_delay: us(max_delay) }
 }
 fn fw(window: u64, limit: u64) -> Algorithm {
-    Algorithm::FixedWindow { window: nz(window), limit: nz(limit) }
+    Algorithm::FixedWindow { window: nzs(window), limit: nz(limit) }
 }
 fn sw(window: u64, limit: u64) -> Algorithm {
-    Algorithm::SlidingWindow { window: nz(window), limit: nz(limit) }
+    Algorithm::SlidingWindow { window: nzs(window), limit: nz(limit) }
 }
 fn sl(window: u64, limit: u64) -> Algorithm {
-    Algorithm::SlidingLog { window: nz(window), limit: nz(limit) }
+    Algorithm::SlidingLog { window: nzs(window), limit: nz(limit) }
 }
 fn d(at: u64, cost: u64, expect: Decision) -> Step {
     Step::Decide { at, cost, expect }
@@ -45,13 +57,13 @@ fn r(at: u64, cost: u64) -> Step {
     Step::Refund { at, cost }
 }
 fn allow(remaining: u64, reset: u64) -> Decision {
-    Decision::Allow { remaining, reset }
+    Decision::Allow { remaining, reset: us(reset) }
 }
 fn delay(wait: u64, remaining: u64, reset: u64) -> Decision {
-    Decision::Delay { wait, remaining, reset }
+    Decision::Delay { wait: us(wait), remaining, reset: us(reset) }
 }
 fn deny(retry_after: u64, reset: u64) -> Decision {
-    Decision::Deny { retry_after, reset }
+    Decision::Deny { retry_after: us(retry_after), reset: us(reset) }
 }
 
 pub fn vectors() -> Vec<Vector> {

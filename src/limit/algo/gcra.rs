@@ -11,7 +11,8 @@
 //! initial and may be forgotten (Redis TTL = `tat + W - now`).
 //!
 //! For a request of cost `c` at `now`:
-//! 1. `c > B` → Deny { retry_after = u64::MAX } (never admissible; config validation forbids it).
+//! 1. `c > B` → Never { reset = max(tat - now, 0) } (no wait makes it fit; config validation
+//!    forbids such a cost).
 //! 2. `tat0 = max(tat, now)`; `start' = now if cold(now) else start`.
 //! 3. Admission check at the warm rate: `late = tat0 + c*T - now`. Admit iff `late <= tau`.
 //!    Deny: `retry_after = late - tau`, `reset = max(tat - now, 0)`, state unchanged.
@@ -36,74 +37,75 @@
 //! and `retry_after` stays exact. "Idle" (back to cold) means: the bucket refilled and then `W`
 //! more passed without a request — so a steady client below the full rate stays warm.
 
-use super::{mul, never};
-use crate::limit::{Decision, Micros};
+use super::never;
+use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
 
 /// GCRA state: theoretical arrival time and warm-up start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Gcra {
-    pub tat: Micros,
-    pub start: Micros,
+    pub tat: Timestamp,
+    pub start: Timestamp,
 }
 
 impl Gcra {
     /// Back to initial (cold, full bucket) at `now` for warm-up `w`.
-    pub fn is_idle(&self, w: Micros, now: Micros) -> bool {
-        self.tat == 0 || self.tat.saturating_add(w) <= now
+    pub fn is_idle(&self, w: Span, now: Timestamp) -> bool {
+        self.tat == Timestamp::ZERO || self.tat + w <= now
     }
 
     /// Earliest time this state is idle without further traffic.
-    pub fn idle_at(&self, w: Micros) -> Micros {
-        self.tat.saturating_add(w)
+    pub fn idle_at(&self, w: Span) -> Timestamp {
+        self.tat + w
     }
 }
 
-/// The µs charged per unit at `now` for a key warming up since `start` (step 4).
-fn charge(t: u64, w: Micros, start: Micros, now: Micros) -> u64 {
-    if w == 0 {
-        return t;
+/// The time charged per unit at `now` for a key warming up since `start` (step 4).
+fn charge(t: NonZeroSpan, w: Span, start: Timestamp, now: Timestamp) -> Span {
+    if w.is_zero() {
+        return t.get();
     }
-    let warm = now.saturating_sub(start).min(w);
-    let num = 3u128 * u128::from(t) * u128::from(w);
-    let den = u128::from(w) + 2 * u128::from(warm);
-    u64::try_from(num / den).unwrap_or(u64::MAX)
+    let warm = (now - start).min(w);
+    // A ratio of spans times a span: in u128 µs, back to a span at the end.
+    let num = 3u128 * u128::from(t.as_micros()) * u128::from(w.as_micros());
+    let den = u128::from(w.as_micros()) + 2 * u128::from(warm.as_micros());
+    Span::from_micros(u64::try_from(num / den).unwrap_or(u64::MAX))
 }
 
 /// One decision; see the module docs.
-pub fn decide(t: u64, b: u64, w: Micros, st: &mut Gcra, now: Micros, cost: u64) -> Decision {
-    let tau = mul(b, t);
+pub fn decide(t: NonZeroSpan, b: u64, w: Span, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {
+    let tau = t.get() * b;
     if cost > b {
-        return never(st.tat.saturating_sub(now));
+        return never(st.tat - now);
     }
     let tat0 = st.tat.max(now);
     let start = if st.is_idle(w, now) { now } else { st.start };
-    let late = tat0.saturating_add(mul(cost, t)) - now;
+    let late = (tat0 + t.get() * cost) - now;
     if late > tau {
-        return Decision::Deny { retry_after: late - tau, reset: st.tat.saturating_sub(now) };
+        return Decision::Deny { retry_after: late - tau, reset: st.tat - now };
     }
-    st.tat = tat0.saturating_add(mul(cost, charge(t, w, start, now)));
+    st.tat = tat0 + charge(t, w, start, now) * cost;
     st.start = start;
-    Decision::Allow { remaining: remaining(t, tau, w, st, now), reset: st.tat.saturating_sub(now) }
+    Decision::Allow { remaining: remaining(t, tau, w, st, now), reset: st.tat - now }
 }
 
 /// Unit requests admissible now after the state `st` (step 5).
-fn remaining(t: u64, tau: u64, w: Micros, st: &Gcra, now: Micros) -> u64 {
-    let slack = now.saturating_add(tau).saturating_sub(st.tat.max(now));
-    if slack < t {
+fn remaining(t: NonZeroSpan, tau: Span, w: Span, st: &Gcra, now: Timestamp) -> u64 {
+    let slack = (now + tau) - st.tat.max(now);
+    if slack < t.get() {
         return 0;
     }
     let start = if st.is_idle(w, now) { now } else { st.start };
-    1 + (slack - t) / charge(t, w, start, now).max(1)
+    1 + (slack - t.get()) / NonZeroSpan::new(charge(t, w, start, now)).unwrap_or(NonZeroSpan::MIN)
 }
 
 /// Gives back `cost` units charged at `now` (same `Ti` as the admission when `now` is equal).
-pub fn refund(t: u64, w: Micros, st: &mut Gcra, now: Micros, cost: u64) {
+pub fn refund(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64) {
     if st.tat <= now {
         return;
     }
-    let back = mul(cost, charge(t, w, st.start, now));
+    let back = charge(t, w, st.start, now) * cost;
     // Never below `now`: a bucket cannot be fuller than full.
-    st.tat = st.tat.saturating_sub(back).max(now);
+    st.tat = (st.tat - back).max(now);
     if st.tat <= now && st.start == now {
         // The refunded admission was this key's cold start: it is cold again.
         *st = Gcra::default();
@@ -114,17 +116,46 @@ pub fn refund(t: u64, w: Micros, st: &mut Gcra, now: Micros, cost: u64) {
 mod tests {
     use super::*;
 
+    fn us(n: u64) -> Span {
+        Span::from_micros(n)
+    }
+
+    fn at(n: u64) -> Timestamp {
+        Timestamp::from_micros(n)
+    }
+
     fn run(t: u64, b: u64, w: u64, st: &mut Gcra, now: u64, c: u64) -> Decision {
-        decide(t, b, w, st, now, c)
+        decide(NonZeroSpan::from_micros(t).expect("non-zero"), b, us(w), st, at(now), c)
+    }
+
+    fn allow(remaining: u64, reset: u64) -> Decision {
+        Decision::Allow { remaining, reset: us(reset) }
+    }
+
+    fn deny(retry_after: u64, reset: u64) -> Decision {
+        Decision::Deny { retry_after: us(retry_after), reset: us(reset) }
+    }
+
+    fn charge_us(t: u64, w: u64, start: u64, now: u64) -> u64 {
+        charge(NonZeroSpan::from_micros(t).expect("non-zero"), us(w), at(start), at(now)).as_micros()
+    }
+
+    fn refund_us(t: u64, w: u64, st: &mut Gcra, now: u64, c: u64) {
+        refund(NonZeroSpan::from_micros(t).expect("non-zero"), us(w), st, at(now), c)
+    }
+
+    /// (tat, start) in µs.
+    fn us_of(s: &Gcra) -> (u64, u64) {
+        (s.tat.as_micros(), s.start.as_micros())
     }
 
     #[test]
     fn admits_burst_then_denies_when_bucket_empty() {
         let mut s = Gcra::default();
         for left in (0..3).rev() {
-            assert_eq!(run(100, 3, 0, &mut s, 1_000, 1), Decision::Allow { remaining: left, reset: 100 * (3 - left) });
+            assert_eq!(run(100, 3, 0, &mut s, 1_000, 1), allow(left, 100 * (3 - left)));
         }
-        assert_eq!(run(100, 3, 0, &mut s, 1_000, 1), Decision::Deny { retry_after: 100, reset: 300 });
+        assert_eq!(run(100, 3, 0, &mut s, 1_000, 1), deny(100, 300));
     }
 
     #[test]
@@ -134,6 +165,7 @@ mod tests {
         let Decision::Deny { retry_after, .. } = run(100, 3, 0, &mut s, 10, 2) else {
             panic!("expected deny");
         };
+        let retry_after = retry_after.as_micros();
         assert_eq!(retry_after, 190);
         assert!(!run(100, 3, 0, &mut s, 10 + retry_after - 1, 2).is_admitted());
         assert!(run(100, 3, 0, &mut s, 10 + retry_after, 2).is_admitted());
@@ -158,10 +190,10 @@ mod tests {
         let mut s = Gcra::default();
         run(100, 2, 0, &mut s, 0, 2);
         assert!(!run(100, 2, 0, &mut s, 0, 1).is_admitted());
-        refund(100, 0, &mut s, 0, 1);
+        refund_us(100, 0, &mut s, 0, 1);
         assert!(run(100, 2, 0, &mut s, 0, 1).is_admitted());
-        refund(100, 0, &mut s, 0, 2);
-        assert!(s.is_idle(0, 0));
+        refund_us(100, 0, &mut s, 0, 2);
+        assert!(s.is_idle(Span::ZERO, Timestamp::ZERO));
     }
 
     #[test]
@@ -170,19 +202,19 @@ mod tests {
         let (t, b, w) = (100, 3, 10_000);
         let mut s = Gcra::default();
         assert!(run(t, b, w, &mut s, 0, 1).is_admitted()); // tat = 300
-        assert_eq!(run(t, b, w, &mut s, 0, 1), Decision::Deny { retry_after: 100, reset: 300 });
+        assert_eq!(run(t, b, w, &mut s, 0, 1), deny(100, 300));
         // Fully warm after W of continuous activity: the charge is back to T.
-        assert_eq!(charge(t, w, 0, w), t);
-        assert_eq!(charge(t, w, 0, 5 * w), t);
-        assert_eq!(charge(t, w, 0, 0), 3 * t);
-        assert_eq!(charge(t, w, 0, w / 2), 150);
+        assert_eq!(charge_us(t, w, 0, w), t);
+        assert_eq!(charge_us(t, w, 0, 5 * w), t);
+        assert_eq!(charge_us(t, w, 0, 0), 3 * t);
+        assert_eq!(charge_us(t, w, 0, w / 2), 150);
     }
 
     #[test]
     fn warmup_cold_key_still_fits_a_full_burst_request() {
         let mut s = Gcra::default();
         assert!(run(100, 3, 10_000, &mut s, 0, 3).is_admitted());
-        assert_eq!(s.tat, 900);
+        assert_eq!(s.tat, at(900));
     }
 
     #[test]
@@ -197,16 +229,16 @@ mod tests {
                 denied_after_warm += 1;
             }
         }
-        assert_eq!(s.start, 0, "never went cold");
+        assert_eq!(s.start, Timestamp::ZERO, "never went cold");
         assert_eq!(denied_after_warm, 0);
         // Bucket refilled, but not yet idle for W: still warm, charged T.
-        let now = s.tat + w - 1;
+        let now = s.tat.as_micros() + w - 1;
         assert!(run(t, b, w, &mut s, now, 1).is_admitted());
-        assert_eq!((s.start, s.tat), (0, now + t));
+        assert_eq!(us_of(&s), (now + t, 0));
         // Idle for W after refilling: the next admission restarts warm-up at 3T.
-        let now = s.tat + w;
+        let now = s.tat.as_micros() + w;
         assert!(run(t, b, w, &mut s, now, 1).is_admitted());
-        assert_eq!((s.start, s.tat), (now, now + 3 * t));
+        assert_eq!(us_of(&s), (now + 3 * t, now));
     }
 
     #[test]
@@ -230,7 +262,7 @@ mod tests {
     fn refund_of_a_cold_start_makes_the_key_cold_again() {
         let mut s = Gcra::default();
         assert!(run(100, 3, 1_000, &mut s, 5_000, 1).is_admitted());
-        refund(100, 1_000, &mut s, 5_000, 1);
+        refund_us(100, 1_000, &mut s, 5_000, 1);
         assert_eq!(s, Gcra::default());
     }
 
@@ -239,6 +271,6 @@ mod tests {
         let mut s = Gcra::default();
         let d = run(u64::MAX / 2, u64::MAX, 0, &mut s, u64::MAX - 5, 3);
         assert!(d.is_admitted());
-        assert_eq!(s.tat, u64::MAX);
+        assert_eq!(s.tat, Timestamp::MAX);
     }
 }

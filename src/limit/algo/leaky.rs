@@ -7,7 +7,7 @@
 //! Parameters: `T = interval` (>= 1), `D = max_delay` (0 = strict meter, never delays).
 //! State: `tat` = time the next slot is free. Initial: `tat = 0`; idle iff `tat <= now`.
 //! `max_cost = D / T + 1` (one slot now plus the queue; a bigger cost would hold the meter
-//! longer than the whole queue and is denied with `retry_after = u64::MAX`).
+//! longer than the whole queue and is `Never { reset = max(tat - now, 0) }`).
 //!
 //! For a request of cost `c` at `now`:
 //! - `slot = max(tat, now)`, `wait = slot - now`.
@@ -20,44 +20,44 @@
 //!
 //! Refund of `c` at `now`: if `tat > now`, `tat = max(tat - c*T, now)`.
 
-use super::{mul, never};
-use crate::limit::{Decision, Micros};
+use super::never;
+use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
 
 /// Meter state: the time the next slot is free.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Meter {
-    pub tat: Micros,
+    pub tat: Timestamp,
 }
 
 impl Meter {
     /// Back to initial: the queue is empty.
-    pub fn is_idle(&self, now: Micros) -> bool {
+    pub fn is_idle(&self, now: Timestamp) -> bool {
         self.tat <= now
     }
 }
 
 /// Largest admissible cost: one slot now plus `D / T` queued.
-pub fn max_cost(t: u64, d: Micros) -> u64 {
-    (d / t.max(1)).saturating_add(1)
+pub fn max_cost(t: NonZeroSpan, d: Span) -> u64 {
+    (d / t).saturating_add(1)
 }
 
 /// One decision; see the module docs.
-pub fn decide(t: u64, d: Micros, st: &mut Meter, now: Micros, cost: u64) -> Decision {
+pub fn decide(t: NonZeroSpan, d: Span, st: &mut Meter, now: Timestamp, cost: u64) -> Decision {
     if cost > max_cost(t, d) {
-        return never(st.tat.saturating_sub(now));
+        return never(st.tat - now);
     }
     let slot = st.tat.max(now);
     let wait = slot - now;
     if wait > d {
         return Decision::Deny { retry_after: wait - d, reset: wait };
     }
-    st.tat = slot.saturating_add(mul(cost, t));
+    st.tat = slot + t.get() * cost;
     let reset = st.tat - now;
     let remaining = match d.checked_sub(reset) {
         Some(room) => room / t + 1,
         None => 0,
     };
-    if wait == 0 {
+    if wait.is_zero() {
         Decision::Allow { remaining, reset }
     } else {
         Decision::Delay { wait, remaining, reset }
@@ -65,9 +65,9 @@ pub fn decide(t: u64, d: Micros, st: &mut Meter, now: Micros, cost: u64) -> Deci
 }
 
 /// Gives back `cost` slots (exact at the admission's `now`).
-pub fn refund(t: u64, st: &mut Meter, now: Micros, cost: u64) {
+pub fn refund(t: NonZeroSpan, st: &mut Meter, now: Timestamp, cost: u64) {
     if st.tat > now {
-        st.tat = st.tat.saturating_sub(mul(cost, t)).max(now);
+        st.tat = (st.tat - t.get() * cost).max(now);
     }
 }
 
@@ -75,33 +75,63 @@ pub fn refund(t: u64, st: &mut Meter, now: Micros, cost: u64) {
 mod tests {
     use super::*;
 
+    const T: NonZeroSpan = match NonZeroSpan::from_micros(100) {
+        Some(t) => t,
+        None => NonZeroSpan::MIN,
+    };
+
+    fn us(n: u64) -> Span {
+        Span::from_micros(n)
+    }
+
+    fn at(n: u64) -> Timestamp {
+        Timestamp::from_micros(n)
+    }
+
+    /// A decision with T = 100 µs, max_delay `d`, at `now`, in µs.
+    fn run(d: u64, s: &mut Meter, now: u64, cost: u64) -> Decision {
+        decide(T, us(d), s, at(now), cost)
+    }
+
+    fn allow(remaining: u64, reset: u64) -> Decision {
+        Decision::Allow { remaining, reset: us(reset) }
+    }
+
+    fn delay(wait: u64, remaining: u64, reset: u64) -> Decision {
+        Decision::Delay { wait: us(wait), remaining, reset: us(reset) }
+    }
+
+    fn deny(retry_after: u64, reset: u64) -> Decision {
+        Decision::Deny { retry_after: us(retry_after), reset: us(reset) }
+    }
+
     #[test]
     fn queues_up_to_max_delay_then_denies() {
         // One unit per 100 µs, wait at most 250 µs: slots at 0, 100, 200 (wait 200), not 300.
         let mut s = Meter::default();
-        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Allow { remaining: 2, reset: 100 });
-        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Delay { wait: 100, remaining: 1, reset: 200 });
-        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Delay { wait: 200, remaining: 0, reset: 300 });
-        assert_eq!(decide(100, 250, &mut s, 1_000, 1), Decision::Deny { retry_after: 50, reset: 300 });
-        assert_eq!(decide(100, 250, &mut s, 1_050, 1), Decision::Delay { wait: 250, remaining: 0, reset: 350 });
+        assert_eq!(run(250, &mut s, 1_000, 1), allow(2, 100));
+        assert_eq!(run(250, &mut s, 1_000, 1), delay(100, 1, 200));
+        assert_eq!(run(250, &mut s, 1_000, 1), delay(200, 0, 300));
+        assert_eq!(run(250, &mut s, 1_000, 1), deny(50, 300));
+        assert_eq!(run(250, &mut s, 1_050, 1), delay(250, 0, 350));
     }
 
     #[test]
     fn strict_meter_never_delays() {
         let mut s = Meter::default();
-        assert!(matches!(decide(100, 0, &mut s, 0, 1), Decision::Allow { remaining: 0, .. }));
-        assert_eq!(decide(100, 0, &mut s, 40, 1), Decision::Deny { retry_after: 60, reset: 60 });
-        assert!(matches!(decide(100, 0, &mut s, 100, 1), Decision::Allow { .. }));
+        assert!(matches!(run(0, &mut s, 0, 1), Decision::Allow { remaining: 0, .. }));
+        assert_eq!(run(0, &mut s, 40, 1), deny(60, 60));
+        assert!(matches!(run(0, &mut s, 100, 1), Decision::Allow { .. }));
     }
 
     #[test]
     fn refund_restores_admission() {
         let mut s = Meter::default();
-        decide(100, 0, &mut s, 0, 1);
-        assert!(!decide(100, 0, &mut s, 0, 1).is_admitted());
-        refund(100, &mut s, 0, 1);
-        assert!(s.is_idle(0));
-        assert!(decide(100, 0, &mut s, 0, 1).is_admitted());
+        run(0, &mut s, 0, 1);
+        assert!(!run(0, &mut s, 0, 1).is_admitted());
+        refund(T, &mut s, Timestamp::ZERO, 1);
+        assert!(s.is_idle(Timestamp::ZERO));
+        assert!(run(0, &mut s, 0, 1).is_admitted());
     }
 
     #[test]
@@ -110,14 +140,14 @@ mod tests {
         let mut s = Meter::default();
         let mut slots = Vec::new();
         for now in (0..5_000).step_by(7) {
-            let at = match decide(100, 300, &mut s, now, 1) {
-                Decision::Allow { .. } => now,
-                Decision::Delay { wait, .. } => now + wait,
-                Decision::Deny { .. } => continue,
+            let slot = match run(300, &mut s, now, 1) {
+                Decision::Allow { .. } => at(now),
+                Decision::Delay { wait, .. } => at(now) + wait,
+                Decision::Deny { .. } | Decision::Never { .. } => continue,
             };
-            slots.push(at);
+            slots.push(slot);
         }
-        assert!(slots.windows(2).all(|p| p[1] - p[0] >= 100));
+        assert!(slots.windows(2).all(|p| p[1] - p[0] >= T.get()));
         assert_eq!(slots.len(), 50 + 3);
     }
 }

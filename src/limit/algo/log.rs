@@ -9,7 +9,7 @@
 //!
 //! For a request of cost `c` at `now`:
 //! - Prune: drop entries from the front while `ts + W <= now` (saturating add).
-//! - `c > L` → Deny { retry_after = u64::MAX }.
+//! - `c > L` → Never { reset = newest ts + W - now } (no wait makes it fit).
 //! - Admit iff `sum + c <= L`: append `(max(now, newest ts), c)` (merged into the newest entry
 //!   when the timestamp is equal; the `max` keeps the queue sorted if the clock steps back);
 //!   `remaining = L - sum`; `reset = newest ts + W - now`.
@@ -28,19 +28,19 @@
 use std::collections::VecDeque;
 
 use super::never;
-use crate::limit::{Decision, Micros};
+use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
 
 /// Sliding log state: admitted `(timestamp, cost)`, oldest first, and their total.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Log {
-    pub entries: VecDeque<(Micros, u64)>,
+    pub entries: VecDeque<(Timestamp, u64)>,
     pub sum: u64,
 }
 
 impl Log {
-    fn prune(&mut self, w: u64, now: Micros) {
+    fn prune(&mut self, w: NonZeroSpan, now: Timestamp) {
         while let Some(&(ts, cost)) = self.entries.front() {
-            if ts.saturating_add(w) > now {
+            if ts + w.get() > now {
                 break;
             }
             self.sum = self.sum.saturating_sub(cost);
@@ -54,22 +54,22 @@ impl Log {
     }
 
     /// Back to initial: no entry left in the window.
-    pub fn is_idle(&self, w: u64, now: Micros) -> bool {
+    pub fn is_idle(&self, w: NonZeroSpan, now: Timestamp) -> bool {
         self.idle_at(w) <= now
     }
 
     /// Earliest time this state is idle without further traffic.
-    pub fn idle_at(&self, w: u64) -> Micros {
-        self.entries.back().map_or(0, |&(ts, _)| ts.saturating_add(w))
+    pub fn idle_at(&self, w: NonZeroSpan) -> Timestamp {
+        self.entries.back().map_or(Timestamp::ZERO, |&(ts, _)| ts + w.get())
     }
 
-    fn reset(&self, w: u64, now: Micros) -> Micros {
-        self.idle_at(w).saturating_sub(now)
+    fn reset(&self, w: NonZeroSpan, now: Timestamp) -> Span {
+        self.idle_at(w) - now
     }
 }
 
 /// One decision; see the module docs.
-pub fn decide(w: u64, l: u64, st: &mut Log, now: Micros, cost: u64) -> Decision {
+pub fn decide(w: NonZeroSpan, l: u64, st: &mut Log, now: Timestamp, cost: u64) -> Decision {
     st.prune(w, now);
     if cost > l {
         return never(st.reset(w, now));
@@ -86,19 +86,18 @@ pub fn decide(w: u64, l: u64, st: &mut Log, now: Micros, cost: u64) -> Decision 
         return Decision::Allow { remaining: l.saturating_sub(st.sum), reset: st.reset(w, now) };
     };
     let mut freed = 0u64;
-    let mut retry_after = Micros::MAX;
     for &(ts, c) in &st.entries {
         freed = freed.saturating_add(c);
         if freed >= need {
-            retry_after = ts.saturating_add(w).saturating_sub(now);
-            break;
+            return Decision::Deny { retry_after: (ts + w.get()) - now, reset: st.reset(w, now) };
         }
     }
-    Decision::Deny { retry_after, reset: st.reset(w, now) }
+    // Unreachable: with `cost <= L` the entries hold at least `need`. No wait would help.
+    never(st.reset(w, now))
 }
 
 /// Takes `cost` units off the newest entries.
-pub fn refund(w: u64, st: &mut Log, now: Micros, cost: u64) {
+pub fn refund(w: NonZeroSpan, st: &mut Log, now: Timestamp, cost: u64) {
     st.prune(w, now);
     let mut left = cost;
     while left > 0 {
@@ -120,38 +119,52 @@ pub fn refund(w: u64, st: &mut Log, now: Micros, cost: u64) {
 mod tests {
     use super::*;
 
+    fn nzs(us: u64) -> NonZeroSpan {
+        NonZeroSpan::from_micros(us).expect("non-zero")
+    }
+
+    fn at(n: u64) -> Timestamp {
+        Timestamp::from_micros(n)
+    }
+
+    /// A decision with window `w` and limit `l` at `now`, in µs.
+    fn run(w: u64, l: u64, s: &mut Log, now: u64, cost: u64) -> Decision {
+        decide(nzs(w), l, s, at(now), cost)
+    }
+
     #[test]
     fn retry_after_is_when_enough_old_entries_leave() {
         let (w, l) = (1_000, 3);
         let mut s = Log::default();
         for now in [100, 200, 300] {
-            assert!(decide(w, l, &mut s, now, 1).is_admitted());
+            assert!(run(w, l, &mut s, now, 1).is_admitted());
         }
-        assert_eq!(decide(w, l, &mut s, 400, 2), Decision::Deny { retry_after: 800, reset: 900 });
-        assert!(!decide(w, l, &mut s, 1_199, 2).is_admitted());
-        assert_eq!(decide(w, l, &mut s, 1_200, 2), Decision::Allow { remaining: 0, reset: 1_000 });
+        let us = Span::from_micros;
+        assert_eq!(run(w, l, &mut s, 400, 2), Decision::Deny { retry_after: us(800), reset: us(900) });
+        assert!(!run(w, l, &mut s, 1_199, 2).is_admitted());
+        assert_eq!(run(w, l, &mut s, 1_200, 2), Decision::Allow { remaining: 0, reset: us(1_000) });
     }
 
     #[test]
     fn merges_equal_timestamps_and_forgets_old_entries() {
         let mut s = Log::default();
         for _ in 0..5 {
-            decide(1_000, 10, &mut s, 7, 1);
+            run(1_000, 10, &mut s, 7, 1);
         }
-        assert_eq!(s.entries, VecDeque::from([(7, 5)]));
-        assert!(s.is_idle(1_000, 1_007));
-        decide(1_000, 10, &mut s, 1_007, 1);
+        assert_eq!(s.entries, VecDeque::from([(at(7), 5)]));
+        assert!(s.is_idle(nzs(1_000), at(1_007)));
+        run(1_000, 10, &mut s, 1_007, 1);
         assert_eq!((s.entries.len(), s.sum), (1, 1));
     }
 
     #[test]
     fn refund_restores_admission() {
         let mut s = Log::default();
-        decide(100, 2, &mut s, 10, 1);
-        decide(100, 2, &mut s, 20, 1);
-        assert!(!decide(100, 2, &mut s, 20, 1).is_admitted());
-        refund(100, &mut s, 20, 1);
-        assert_eq!(s.entries, VecDeque::from([(10, 1)]));
-        assert!(decide(100, 2, &mut s, 20, 1).is_admitted());
+        run(100, 2, &mut s, 10, 1);
+        run(100, 2, &mut s, 20, 1);
+        assert!(!run(100, 2, &mut s, 20, 1).is_admitted());
+        refund(nzs(100), &mut s, at(20), 1);
+        assert_eq!(s.entries, VecDeque::from([(at(10), 1)]));
+        assert!(run(100, 2, &mut s, 20, 1).is_admitted());
     }
 }

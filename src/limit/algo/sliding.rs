@@ -12,7 +12,7 @@
 //! then `prev = 0, cur = 0`; `start = ws`; `e = n - ws` (elapsed, `0 <= e < W`); `rest = W - e`;
 //! `lag = n - now` (0 unless the clock stepped back; added to every duration below).
 //!
-//! For a request of cost `c`: `c > L` → Deny { retry_after = u64::MAX }. Otherwise admit iff
+//! For a request of cost `c`: `c > L` → Never { reset } (`reset` as below). Otherwise admit iff
 //! `prev*(W - e) + (cur + c)*W <= L*W` (i.e. estimate `prev*(W-e)/W + cur + c <= L`, exact).
 //! - Allow: `cur += c`; `remaining = floor((L*W - prev*(W-e)) / W) - cur` (saturating);
 //!   `reset = rest + W` if `cur > 0`, else `rest` if `prev > 0`, else 0.
@@ -38,28 +38,28 @@
 //! Refund of `c` at `now`: roll, then `cur = cur - c` (saturating).
 
 use super::never;
-use crate::limit::{Decision, Micros};
+use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
 
 /// Sliding window counter state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counter {
-    pub start: Micros,
+    pub start: Timestamp,
     pub prev: u64,
     pub cur: u64,
 }
 
 /// The state rolled to `now`, with the elapsed time `e` and the clock lag.
 struct Rolled {
-    e: u64,
-    lag: u64,
+    e: Span,
+    lag: Span,
 }
 
 impl Counter {
-    fn roll(&mut self, w: u64, now: Micros) -> Rolled {
+    fn roll(&mut self, w: NonZeroSpan, now: Timestamp) -> Rolled {
         let n = now.max(self.start);
-        let ws = n - n % w;
+        let ws = n.floor(w);
         if ws != self.start {
-            let next = self.start.checked_add(w) == Some(ws);
+            let next = self.start.checked_add(w.get()) == Some(ws);
             self.prev = if next { self.cur } else { 0 };
             self.cur = 0;
             self.start = ws;
@@ -68,81 +68,84 @@ impl Counter {
     }
 
     /// Back to initial: nothing that still weighs on the estimate.
-    pub fn is_idle(&self, w: u64, now: Micros) -> bool {
+    pub fn is_idle(&self, w: NonZeroSpan, now: Timestamp) -> bool {
         let mut c = *self;
         c.roll(w, now);
         c.prev == 0 && c.cur == 0
     }
 
     /// Earliest time this state is idle without further traffic.
-    pub fn idle_at(&self, w: u64) -> Micros {
+    pub fn idle_at(&self, w: NonZeroSpan) -> Timestamp {
         if self.cur > 0 {
-            self.start.saturating_add(w.saturating_mul(2))
+            self.start + w.get() * 2
         } else if self.prev > 0 {
-            self.start.saturating_add(w)
+            self.start + w.get()
         } else {
-            0
+            Timestamp::ZERO
         }
     }
 
-    fn reset(&self, rest: u64, w: u64) -> Micros {
+    fn reset(&self, rest: Span, w: NonZeroSpan) -> Span {
         if self.cur > 0 {
-            rest.saturating_add(w)
+            rest + w.get()
         } else if self.prev > 0 {
             rest
         } else {
-            0
+            Span::ZERO
         }
     }
 }
 
+/// `units × d` in µs·units, exact (the weighted comparisons below).
+fn weigh(units: u64, d: Span) -> u128 {
+    u128::from(units) * u128::from(d.as_micros())
+}
+
 /// One decision; see the module docs.
-pub fn decide(w: u64, l: u64, st: &mut Counter, now: Micros, cost: u64) -> Decision {
+pub fn decide(w: NonZeroSpan, l: u64, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
     let Rolled { e, lag } = st.roll(w, now);
-    let rest = w - e;
-    let (w128, l128) = (u128::from(w), u128::from(l));
-    let weighted = u128::from(st.prev) * u128::from(rest);
+    let rest = w.get() - e;
+    let w128 = u128::from(w.as_micros());
+    let weighted = weigh(st.prev, rest);
     if cost > l {
-        return never(st.reset(rest, w).saturating_add(lag));
+        return never(st.reset(rest, w) + lag);
     }
     let cur = u128::from(st.cur) + u128::from(cost);
-    if weighted + cur * w128 <= l128 * w128 {
+    if weighted + cur * w128 <= weigh(l, w.get()) {
         // cur + cost <= L here, so it fits in u64.
         st.cur = st.cur.saturating_add(cost);
-        let room = (l128 * w128 - weighted) / w128;
+        let room = (weigh(l, w.get()) - weighted) / w128;
         let remaining = u64::try_from(room).unwrap_or(u64::MAX).saturating_sub(st.cur);
-        return Decision::Allow { remaining, reset: st.reset(rest, w).saturating_add(lag) };
+        return Decision::Allow { remaining, reset: st.reset(rest, w) + lag };
     }
-    Decision::Deny {
-        retry_after: retry_after(w, l, st, rest, cost).saturating_add(lag),
-        reset: st.reset(rest, w).saturating_add(lag),
-    }
+    Decision::Deny { retry_after: retry_after(w, l, st, rest, cost) + lag, reset: st.reset(rest, w) + lag }
 }
 
 /// Smallest wait after which `cost` fits (steps 1 and 2 of the module docs); `cost <= l`.
-fn retry_after(w: u64, l: u64, st: &Counter, rest: u64, cost: u64) -> Micros {
-    let w128 = u128::from(w);
+fn retry_after(w: NonZeroSpan, l: u64, st: &Counter, rest: Span, cost: u64) -> Span {
+    // `units × W / by`, a span: the part of a window over which `by` units weigh `units`.
+    let part = |units: u64, by: u64| weigh(units, w.get()) / u128::from(by);
     if let Some(spare) = l.checked_sub(st.cur).and_then(|s| s.checked_sub(cost)) {
         if st.prev > 0 {
-            let fit = u128::from(spare) * w128 / u128::from(st.prev);
+            let fit = part(spare, st.prev);
             if fit > 0 {
                 // fit < rest, otherwise the request would have been admitted.
-                let fit = u64::try_from(fit).unwrap_or(u64::MAX).min(rest);
+                let fit = Span::from_micros(u64::try_from(fit).unwrap_or(u64::MAX)).min(rest);
                 return rest - fit;
             }
         }
     }
     let e2 = if st.cur == 0 {
-        0
+        Span::ZERO
     } else {
-        let fit = u128::from(l - cost) * w128 / u128::from(st.cur);
-        w - u64::try_from(fit.min(w128)).unwrap_or(w)
+        let fit = part(l - cost, st.cur).min(u128::from(w.as_micros()));
+        w.get() - Span::from_micros(u64::try_from(fit).unwrap_or(w.as_micros()))
     };
-    rest.saturating_add(e2)
+    rest + e2
 }
 
 /// Gives back `cost` units in the current window.
-pub fn refund(w: u64, st: &mut Counter, now: Micros, cost: u64) {
+pub fn refund(w: NonZeroSpan, st: &mut Counter, now: Timestamp, cost: u64) {
     st.roll(w, now);
     st.cur = st.cur.saturating_sub(cost);
 }
@@ -151,38 +154,53 @@ pub fn refund(w: u64, st: &mut Counter, now: Micros, cost: u64) {
 mod tests {
     use super::*;
 
+    /// A decision with window `w` and limit `l` at `now`, in µs.
+    fn run(w: u64, l: u64, s: &mut Counter, now: u64, cost: u64) -> Decision {
+        decide(NonZeroSpan::from_micros(w).expect("non-zero"), l, s, Timestamp::from_micros(now), cost)
+    }
+
+    fn allow(remaining: u64, reset: u64) -> Decision {
+        Decision::Allow { remaining, reset: Span::from_micros(reset) }
+    }
+
+    fn deny(retry_after: u64, reset: u64) -> Decision {
+        Decision::Deny { retry_after: Span::from_micros(retry_after), reset: Span::from_micros(reset) }
+    }
+
+    /// The `retry_after` of a denial, in µs.
+    fn retry_after_us(d: Decision) -> u64 {
+        let Decision::Deny { retry_after, .. } = d else {
+            panic!("expected deny, got {d:?}");
+        };
+        retry_after.as_micros()
+    }
+
     #[test]
     fn weights_the_previous_window_by_its_overlap() {
         // W=1000, L=10: 10 in [0,1000). At 1250, prev weighs 10*750/1000 = 7.5, so 2 fit.
         let (w, l) = (1_000, 10);
         let mut s = Counter::default();
-        assert!(decide(w, l, &mut s, 500, 10).is_admitted());
-        assert_eq!(decide(w, l, &mut s, 1_250, 2), Decision::Allow { remaining: 0, reset: 1_750 });
+        assert!(run(w, l, &mut s, 500, 10).is_admitted());
+        assert_eq!(run(w, l, &mut s, 1_250, 2), allow(0, 1_750));
         // Next unit needs 10*(1000-e) + 3*1000 <= 10_000 → e >= 300 → wait 50.
-        assert_eq!(decide(w, l, &mut s, 1_250, 1), Decision::Deny { retry_after: 50, reset: 1_750 });
-        assert!(!decide(w, l, &mut s, 1_299, 1).is_admitted());
-        assert!(decide(w, l, &mut s, 1_300, 1).is_admitted());
+        assert_eq!(run(w, l, &mut s, 1_250, 1), deny(50, 1_750));
+        assert!(!run(w, l, &mut s, 1_299, 1).is_admitted());
+        assert!(run(w, l, &mut s, 1_300, 1).is_admitted());
     }
 
     #[test]
     fn retry_after_crosses_into_the_next_window_when_needed() {
         let (w, l) = (1_000, 4);
         let mut s = Counter::default();
-        assert!(decide(w, l, &mut s, 100, 2).is_admitted()); // prev-to-be
-        assert!(decide(w, l, &mut s, 1_100, 1).is_admitted()); // prev weighs 2*0.9 → 1.8
-                                                               // cur=1, c=2: 1 + 2 + 2*(1000-e)/1000 > 4 until... spare = 4-1-2 = 1, fit = 500.
-        let Decision::Deny { retry_after, .. } = decide(w, l, &mut s, 1_100, 2) else {
-            panic!("expected deny");
-        };
-        assert_eq!(retry_after, 400);
+        assert!(run(w, l, &mut s, 100, 2).is_admitted()); // prev-to-be
+        assert!(run(w, l, &mut s, 1_100, 1).is_admitted()); // prev weighs 2*0.9 → 1.8
+                                                            // cur=1, c=2: 1 + 2 + 2*(1000-e)/1000 > 4 until... spare = 4-1-2 = 1, fit = 500.
+        assert_eq!(retry_after_us(run(w, l, &mut s, 1_100, 2)), 400);
         // cur=1, c=4: never in this window; next window prev'=1: 1*(1000-e2) + 4000 <= 4000
         // → e2 = 1000 → the window after.
-        let Decision::Deny { retry_after, .. } = decide(w, l, &mut s, 1_100, 4) else {
-            panic!("expected deny");
-        };
-        assert_eq!(retry_after, 900 + 1_000);
-        assert!(!decide(w, l, &mut s, 2_999, 4).is_admitted());
-        assert!(decide(w, l, &mut s, 3_000, 4).is_admitted());
+        assert_eq!(retry_after_us(run(w, l, &mut s, 1_100, 4)), 900 + 1_000);
+        assert!(!run(w, l, &mut s, 2_999, 4).is_admitted());
+        assert!(run(w, l, &mut s, 3_000, 4).is_admitted());
     }
 
     #[test]
@@ -193,7 +211,7 @@ mod tests {
         let mut s = Counter::default();
         let mut times = Vec::new();
         for now in 1_990..3_000 {
-            while decide(w, l, &mut s, now, 1).is_admitted() {
+            while run(w, l, &mut s, now, 1).is_admitted() {
                 times.push(now);
             }
         }
@@ -204,10 +222,11 @@ mod tests {
     #[test]
     fn refund_restores_admission() {
         let mut s = Counter::default();
-        decide(100, 1, &mut s, 10, 1);
-        assert!(!decide(100, 1, &mut s, 10, 1).is_admitted());
-        refund(100, &mut s, 10, 1);
-        assert!(s.is_idle(100, 10));
-        assert!(decide(100, 1, &mut s, 10, 1).is_admitted());
+        let (w, ten) = (NonZeroSpan::from_micros(100).expect("non-zero"), Timestamp::from_micros(10));
+        run(100, 1, &mut s, 10, 1);
+        assert!(!run(100, 1, &mut s, 10, 1).is_admitted());
+        refund(w, &mut s, ten, 1);
+        assert!(s.is_idle(w, ten));
+        assert!(run(100, 1, &mut s, 10, 1).is_admitted());
     }
 }

@@ -22,14 +22,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::limit::algo::{decide_in_place, refund_in_place};
 use crate::limit::store::DigestHasher;
-use crate::limit::{Algorithm, Decision, KeyHash, Micros, State};
+use crate::limit::{Algorithm, Decision, KeyHash, Span, State, Timestamp};
 
 /// Number of shards; a power of two, picked by the hash's top bits.
 pub const SHARDS: usize = 64;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 
-/// Minimum µs between two sweeps of one shard.
-const SWEEP_GAP: Micros = 50_000;
+/// Minimum time between two sweeps of one shard.
+const SWEEP_GAP: Span = Span::from_micros(50_000);
 
 /// The sharded, bounded map of per-key states for one limit.
 #[derive(Debug)]
@@ -51,7 +51,7 @@ struct Shard {
     /// Shared by new keys that found the shard full; `None` = initial.
     overflow: Option<State>,
     /// No sweep before this time: nothing can have become idle earlier.
-    next_sweep: Micros,
+    next_sweep: Timestamp,
 }
 
 impl LocalStore {
@@ -60,20 +60,20 @@ impl LocalStore {
         let shards = (0..SHARDS)
             .map(|i| {
                 let cap = max_keys / SHARDS + usize::from(i < max_keys % SHARDS);
-                Padded(Mutex::new(Shard { map: HashMap::default(), cap, overflow: None, next_sweep: 0 }))
+                Padded(Mutex::new(Shard { map: HashMap::default(), cap, overflow: None, next_sweep: Timestamp::ZERO }))
             })
             .collect();
         Self { alg, max_keys, shards }
     }
 
     /// Decides one request of `cost` for `key` at `now`.
-    pub fn decide(&self, key: KeyHash, now: Micros, cost: u64) -> Decision {
+    pub fn decide(&self, key: KeyHash, now: Timestamp, cost: u64) -> Decision {
         self.lock(key).decide(&self.alg, key.0, now, cost)
     }
 
     /// Undoes an admission of `cost` for `key` made at `now` (see [`crate::limit::refund`]).
     /// A key without an entry was decided against its shard's overflow state: refund that.
-    pub fn refund(&self, key: KeyHash, now: Micros, cost: u64) {
+    pub fn refund(&self, key: KeyHash, now: Timestamp, cost: u64) {
         self.lock(key).refund(&self.alg, key.0, now, cost);
     }
 
@@ -97,7 +97,7 @@ impl LocalStore {
 
     /// Drops every entry that is back to initial at `now` (for an optional periodic task, so
     /// that `len()` follows live traffic); returns how many were dropped.
-    pub fn sweep(&self, now: Micros) -> usize {
+    pub fn sweep(&self, now: Timestamp) -> usize {
         self.shards.iter().map(|s| lock(&s.0).sweep(&self.alg, now)).sum()
     }
 
@@ -114,7 +114,7 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Shard {
-    fn decide(&mut self, alg: &Algorithm, key: u128, now: Micros, cost: u64) -> Decision {
+    fn decide(&mut self, alg: &Algorithm, key: u128, now: Timestamp, cost: u64) -> Decision {
         if let Some(st) = self.map.get_mut(&key) {
             let d = decide_in_place(alg, st, now, cost);
             if st.is_idle(alg, now) {
@@ -148,7 +148,7 @@ impl Shard {
         d
     }
 
-    fn refund(&mut self, alg: &Algorithm, key: u128, now: Micros, cost: u64) {
+    fn refund(&mut self, alg: &Algorithm, key: u128, now: Timestamp, cost: u64) {
         let slot = match self.map.get_mut(&key) {
             Some(st) => st,
             None => match self.overflow.as_mut() {
@@ -163,9 +163,9 @@ impl Shard {
     }
 
     /// Drops idle entries; schedules the next sweep at the earliest time one can be idle.
-    fn sweep(&mut self, alg: &Algorithm, now: Micros) -> usize {
+    fn sweep(&mut self, alg: &Algorithm, now: Timestamp) -> usize {
         let before = self.map.len();
-        let mut earliest = Micros::MAX;
+        let mut earliest = Timestamp::MAX;
         self.map.retain(|_, st| {
             let idle = st.is_idle(alg, now);
             if !idle {
@@ -173,7 +173,7 @@ impl Shard {
             }
             !idle
         });
-        self.next_sweep = earliest.max(now.saturating_add(SWEEP_GAP));
+        self.next_sweep = earliest.max(now + SWEEP_GAP);
         before - self.map.len()
     }
 }
@@ -183,14 +183,23 @@ mod tests {
     use std::num::NonZeroU64;
 
     use super::*;
+    use crate::limit::NonZeroSpan;
 
     fn nz(n: u64) -> NonZeroU64 {
         NonZeroU64::new(n).expect("non-zero")
     }
 
+    fn nzs(us: u64) -> NonZeroSpan {
+        NonZeroSpan::from_micros(us).expect("non-zero")
+    }
+
+    fn at(us: u64) -> Timestamp {
+        Timestamp::from_micros(us)
+    }
+
     /// One token per 1 000 µs, burst 1: any admitted key stays live for 1 ms.
     fn tb() -> Algorithm {
-        Algorithm::TokenBucket { interval: nz(1_000), burst: nz(1), warmup: 0 }
+        Algorithm::TokenBucket { interval: nzs(1_000), burst: nz(1), warmup: Span::ZERO }
     }
 
     /// Key `n` in shard `shard`.
@@ -201,14 +210,14 @@ mod tests {
     #[test]
     fn forgets_states_back_to_initial() {
         let s = LocalStore::new(tb(), 1_000);
-        assert!(s.decide(key(3, 1), 0, 1).is_admitted());
+        assert!(s.decide(key(3, 1), at(0), 1).is_admitted());
         assert_eq!(s.len(), 1);
         // Refilled: the next decision finds a full bucket and leaves no entry behind.
-        assert!(s.decide(key(3, 1), 1_000, 0).is_admitted());
+        assert!(s.decide(key(3, 1), at(1_000), 0).is_admitted());
         assert_eq!(s.len(), 0);
-        assert!(s.decide(key(3, 2), 5, 1).is_admitted());
-        assert_eq!(s.sweep(999), 0);
-        assert_eq!(s.sweep(1_005), 1);
+        assert!(s.decide(key(3, 2), at(5), 1).is_admitted());
+        assert_eq!(s.sweep(at(999)), 0);
+        assert_eq!(s.sweep(at(1_005)), 1);
         assert!(s.is_empty());
     }
 
@@ -216,7 +225,7 @@ mod tests {
     fn never_holds_more_than_max_keys() {
         let s = LocalStore::new(tb(), 130);
         for n in 0..10_000u64 {
-            s.decide(KeyHash(u128::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)), 0, 1);
+            s.decide(KeyHash(u128::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)), at(0), 1);
         }
         assert_eq!(s.len(), 130);
     }
@@ -225,45 +234,45 @@ mod tests {
     fn new_keys_beyond_the_bound_share_the_overflow_state() {
         // 64 keys: one per shard. Shard 0 holds one key.
         let s = LocalStore::new(tb(), 64);
-        assert!(s.decide(key(0, 1), 0, 1).is_admitted());
-        assert!(s.decide(key(0, 2), 0, 1).is_admitted(), "first overflow user");
-        assert!(!s.decide(key(0, 3), 0, 1).is_admitted(), "overflow is shared");
-        assert!(s.decide(key(1, 3), 0, 1).is_admitted(), "other shards unaffected");
+        assert!(s.decide(key(0, 1), at(0), 1).is_admitted());
+        assert!(s.decide(key(0, 2), at(0), 1).is_admitted(), "first overflow user");
+        assert!(!s.decide(key(0, 3), at(0), 1).is_admitted(), "overflow is shared");
+        assert!(s.decide(key(1, 3), at(0), 1).is_admitted(), "other shards unaffected");
         assert_eq!(s.len(), 2);
         // Refund of a key without an entry goes to the overflow, where it was admitted.
-        s.refund(key(0, 2), 0, 1);
-        assert!(s.decide(key(0, 3), 0, 1).is_admitted());
+        s.refund(key(0, 2), at(0), 1);
+        assert!(s.decide(key(0, 3), at(0), 1).is_admitted());
     }
 
     #[test]
     fn throttled_client_never_comes_back_with_a_full_bucket() {
         let sec = 1_000_000;
-        let alg = Algorithm::TokenBucket { interval: nz(sec), burst: nz(1), warmup: 0 };
+        let alg = Algorithm::TokenBucket { interval: nzs(sec), burst: nz(1), warmup: Span::ZERO };
         let s = LocalStore::new(alg, 64);
         // A is throttled and holds shard 0's only slot; a flood of new keys cannot evict it.
-        assert!(s.decide(key(0, 1), 0, 1).is_admitted());
+        assert!(s.decide(key(0, 1), at(0), 1).is_admitted());
         for n in 2..1_000 {
-            s.decide(key(0, n), 10, 1);
+            s.decide(key(0, n), at(10), 1);
         }
-        assert!(!s.decide(key(0, 1), sec / 2, 1).is_admitted());
-        assert_eq!(s.sweep(sec / 2), 0, "a throttled key is never dropped");
+        assert!(!s.decide(key(0, 1), at(sec / 2), 1).is_admitted());
+        assert_eq!(s.sweep(at(sec / 2)), 0, "a throttled key is never dropped");
         // B (key 2) was admitted through the overflow at t=10. Once A is idle B gets A's slot,
         // but starts from the overflow's state, not a full bucket.
-        assert!(!s.decide(key(0, 2), sec + 5, 1).is_admitted());
+        assert!(!s.decide(key(0, 2), at(sec + 5), 1).is_admitted());
         assert_eq!(s.len(), 1);
-        assert!(s.decide(key(0, 2), sec + 10, 1).is_admitted());
+        assert!(s.decide(key(0, 2), at(sec + 10), 1).is_admitted());
     }
 
     #[test]
     fn sweeps_are_rate_limited_and_scheduled() {
         let s = LocalStore::new(tb(), 64);
-        assert!(s.decide(key(0, 1), 0, 1).is_admitted());
+        assert!(s.decide(key(0, 1), at(0), 1).is_admitted());
         // Full at t=10: the sweep finds nothing and schedules the next one at >= 1_000.
-        assert!(s.decide(key(0, 2), 10, 1).is_admitted()); // overflow
+        assert!(s.decide(key(0, 2), at(10), 1).is_admitted()); // overflow
         let next = lock(&s.shards[0].0).next_sweep;
-        assert_eq!(next, SWEEP_GAP + 10);
+        assert_eq!(next, at(10) + SWEEP_GAP);
         // Before that, a new key goes to the overflow even though key 1 became idle.
-        assert!(!s.decide(key(0, 3), 1_005, 1).is_admitted());
+        assert!(!s.decide(key(0, 3), at(1_005), 1).is_admitted());
         assert_eq!(s.len(), 1);
         assert!(s.decide(key(0, 4), next, 1).is_admitted());
         assert_eq!(s.len(), 1);
@@ -274,7 +283,7 @@ mod tests {
         let s = LocalStore::new(tb(), 64 * 100);
         for shard in 0..SHARDS {
             for n in 0..50 {
-                s.decide(key(shard, n), 0, 1);
+                s.decide(key(shard, n), at(0), 1);
             }
         }
         for shard in s.shards.iter() {
@@ -284,11 +293,11 @@ mod tests {
 
     #[test]
     fn concurrent_decisions_on_one_key_never_over_admit() {
-        let alg = Algorithm::TokenBucket { interval: nz(1_000_000), burst: nz(1_000), warmup: 0 };
+        let alg = Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(1_000), warmup: Span::ZERO };
         let s = LocalStore::new(alg, 10);
         let admitted: usize = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..2)
-                .map(|_| sc.spawn(|| (0..5_000).filter(|_| s.decide(key(7, 7), 0, 1).is_admitted()).count()))
+                .map(|_| sc.spawn(|| (0..5_000).filter(|_| s.decide(key(7, 7), at(0), 1).is_admitted()).count()))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
         });
@@ -298,8 +307,8 @@ mod tests {
     #[test]
     fn zero_max_keys_puts_everyone_in_the_overflow() {
         let s = LocalStore::new(tb(), 0);
-        assert!(s.decide(key(5, 1), 0, 1).is_admitted());
-        assert!(!s.decide(key(5, 2), 0, 1).is_admitted());
+        assert!(s.decide(key(5, 1), at(0), 1).is_admitted());
+        assert!(!s.decide(key(5, 2), at(0), 1).is_admitted());
         assert!(s.is_empty());
     }
 }

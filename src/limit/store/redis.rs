@@ -26,7 +26,8 @@
 //! and the same cost (a larger one may need longer) locally until then, with the same
 //! `retry_after` and `reset` Redis would give: a denial changes no state. The only difference:
 //! a refund by another instance in between is noticed late (under-admission, never over).
-//! Bounded by `memo_keys`.
+//! Bounded by `memo_keys`. A [`Decision::Never`] (a cost above what the limit admits at once)
+//! is decided without a call and not remembered: no wait changes it.
 
 mod breaker;
 mod client;
@@ -50,7 +51,7 @@ use self::client::Failure;
 use self::memo::Memo;
 use self::script::{decode, AlgScript, Op};
 use super::{LocalStore, StoreError};
-use crate::limit::{max_cost, Algorithm, Decision, KeyHash, Micros};
+use crate::limit::{max_cost, Algorithm, Decision, KeyHash, Span, Timestamp};
 
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,12 +117,13 @@ impl RedisConfig {
 pub fn fallback_algorithm(alg: &Algorithm, instances: NonZeroU64) -> Algorithm {
     let i = instances.get();
     let div = |n: NonZeroU64| NonZeroU64::new(n.get() / i).unwrap_or(NonZeroU64::MIN);
-    let mul = |n: NonZeroU64| n.saturating_mul(instances);
     match alg.clone() {
         Algorithm::TokenBucket { interval, burst, warmup } => {
-            Algorithm::TokenBucket { interval: mul(interval), burst: div(burst), warmup }
+            Algorithm::TokenBucket { interval: interval.saturating_mul(instances), burst: div(burst), warmup }
         }
-        Algorithm::LeakyBucket { interval, max_delay } => Algorithm::LeakyBucket { interval: mul(interval), max_delay },
+        Algorithm::LeakyBucket { interval, max_delay } => {
+            Algorithm::LeakyBucket { interval: interval.saturating_mul(instances), max_delay }
+        }
         Algorithm::FixedWindow { window, limit } => Algorithm::FixedWindow { window, limit: div(limit) },
         Algorithm::SlidingWindow { window, limit } => Algorithm::SlidingWindow { window, limit: div(limit) },
         Algorithm::SlidingLog { window, limit } => Algorithm::SlidingLog { window, limit: div(limit) },
@@ -132,7 +134,7 @@ pub fn fallback_algorithm(alg: &Algorithm, instances: NonZeroU64) -> Algorithm {
 #[derive(Clone, Copy, Debug)]
 struct Denied {
     cost: u64,
-    reset_at: Micros,
+    reset_at: Timestamp,
 }
 
 /// Units leased from Redis, spent locally.
@@ -141,18 +143,18 @@ struct Lease {
     units: u64,
     /// Redis' `remaining` after the lease was taken (for the RateLimit header).
     remaining: u64,
-    reset_at: Micros,
+    reset_at: Timestamp,
     /// Set while one decision takes a fresh lease; the others wait on it.
     refill: Option<Arc<Notify>>,
 }
 
 /// Takes `cost` units from `l` when it holds that many.
-fn spend(l: &mut Lease, now: Micros, cost: u64) -> Option<Decision> {
+fn spend(l: &mut Lease, now: Timestamp, cost: u64) -> Option<Decision> {
     if l.units < cost {
         return None;
     }
     l.units -= cost;
-    Some(Decision::Allow { remaining: l.remaining.saturating_add(l.units), reset: l.reset_at.saturating_sub(now) })
+    Some(Decision::Allow { remaining: l.remaining.saturating_add(l.units), reset: l.reset_at - now })
 }
 
 /// What the local lease of a key says to one decision.
@@ -176,8 +178,8 @@ struct RefillGuard<'a> {
 
 impl Drop for RefillGuard<'_> {
     fn drop(&mut self) {
-        // `now` 0: an expired entry is still cleared rather than judged.
-        self.leases.with(self.key, 0, |l, _| {
+        // `now` zero: an expired entry is still cleared rather than judged.
+        self.leases.with(self.key, Timestamp::ZERO, |l, _| {
             if l.refill.as_ref().is_some_and(|n| Arc::ptr_eq(n, &self.notify)) {
                 l.refill = None;
             }
@@ -258,27 +260,29 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when Redis gives no answer and `on_error: deny` (503). With
     /// `allow` the answer is an admission, with `local` the fallback's decision.
-    pub async fn decide(&self, key: KeyHash, now: Micros, cost: u64) -> Result<Decision, StoreError> {
+    pub async fn decide(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<Decision, StoreError> {
         self.decide_inner(key, now, cost, None).await
     }
 
     /// [`RedisStore::decide`] with the scripts on an explicit clock (tests only: production
     /// decisions read Redis `TIME`).
     #[doc(hidden)]
-    pub async fn decide_at(&self, key: KeyHash, now: Micros, cost: u64) -> Result<Decision, StoreError> {
+    pub async fn decide_at(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<Decision, StoreError> {
         self.decide_inner(key, now, cost, Some(now)).await
     }
 
     async fn decide_inner(
         &self,
         key: KeyHash,
-        now: Micros,
+        now: Timestamp,
         cost: u64,
-        script_now: Option<Micros>,
+        script_now: Option<Timestamp>,
     ) -> Result<Decision, StoreError> {
         let m = self.client.metrics();
         if cost > self.max_cost {
-            return Ok(Decision::Deny { retry_after: Micros::MAX, reset: 0 });
+            // Decided here, without a call: the scripts are never asked about a cost that no
+            // state admits. The key's reset is not known without one, hence zero.
+            return Ok(Decision::Never { reset: Span::ZERO });
         }
         if let Some(d) = self.remembered_denial(key, now, cost) {
             return Ok(d);
@@ -320,9 +324,9 @@ impl RedisStore {
     async fn call(
         &self,
         key: KeyHash,
-        now: Micros,
+        now: Timestamp,
         cost: u64,
-        script_now: Option<Micros>,
+        script_now: Option<Timestamp>,
     ) -> Result<Decision, StoreError> {
         let op = match self.lease {
             Some(n) => Op::Lease(n.get().max(cost)),
@@ -340,17 +344,14 @@ impl RedisStore {
         };
         match decision {
             Decision::Deny { retry_after, reset } => {
-                let until = now.saturating_add(retry_after);
-                self.denials.insert(key, now, until, Denied { cost, reset_at: now.saturating_add(reset) });
+                self.denials.insert(key, now, now + retry_after, Denied { cost, reset_at: now + reset });
             }
             Decision::Allow { remaining, reset } if granted > cost => {
-                let ttl = u64::try_from(self.client.config().lease_ttl.as_micros()).unwrap_or(u64::MAX);
-                let expires = now.saturating_add(ttl);
+                let expires = now + Span::from_duration(self.client.config().lease_ttl);
                 // A fresh lease replaces what was left of the last one, so no unit is spent
                 // later than `lease_ttl` after Redis charged it.
                 self.leases.upsert(key, now, expires, Lease::default, |l, until| {
-                    (l.units, l.remaining, l.reset_at, *until) =
-                        (granted - cost, remaining, now.saturating_add(reset), expires);
+                    (l.units, l.remaining, l.reset_at, *until) = (granted - cost, remaining, now + reset, expires);
                     (true, ())
                 });
                 return Ok(Decision::Allow { remaining: remaining.saturating_add(granted - cost), reset });
@@ -361,17 +362,17 @@ impl RedisStore {
     }
 
     /// A denial of `key` at `cost` remembered from Redis, still standing at `now`.
-    fn remembered_denial(&self, key: KeyHash, now: Micros, cost: u64) -> Option<Decision> {
+    fn remembered_denial(&self, key: KeyHash, now: Timestamp, cost: u64) -> Option<Decision> {
         let (until, reset_at) =
             self.denials.with(key, now, |d, until| (true, (cost == d.cost).then_some((until, d.reset_at))))??;
         self.client.metrics().denial_hit();
-        Some(Decision::Deny { retry_after: until - now, reset: reset_at.saturating_sub(now) })
+        Some(Decision::Deny { retry_after: until - now, reset: reset_at - now })
     }
 
     /// Spends from the key's lease, or finds who takes the next one (under one lock).
-    fn lease_step(&self, key: KeyHash, now: Micros, cost: u64) -> LeaseStep<'_> {
+    fn lease_step(&self, key: KeyHash, now: Timestamp, cost: u64) -> LeaseStep<'_> {
         // A marker made here lives as long as a lease would; the refill ends it sooner.
-        let until = now.saturating_add(u64::try_from(self.client.config().lease_ttl.as_micros()).unwrap_or(u64::MAX));
+        let until = now + Span::from_duration(self.client.config().lease_ttl);
         let step = self.leases.upsert(key, now, until, Lease::default, |l, _| {
             if let Some(d) = spend(l, now, cost) {
                 return (l.units > 0 || l.refill.is_some(), LeaseStep::Spent(d));
@@ -388,10 +389,10 @@ impl RedisStore {
         step.unwrap_or(LeaseStep::Alone)
     }
 
-    fn on_error(&self, key: KeyHash, now: Micros, cost: u64, f: Failure) -> Result<Decision, StoreError> {
+    fn on_error(&self, key: KeyHash, now: Timestamp, cost: u64, f: Failure) -> Result<Decision, StoreError> {
         self.client.metrics().fallback();
         match self.client.config().on_error {
-            OnError::Allow => Ok(Decision::Allow { remaining: 0, reset: 0 }),
+            OnError::Allow => Ok(Decision::Allow { remaining: 0, reset: Span::ZERO }),
             OnError::Local => Ok(self.fallback.decide(key, now, cost)),
             OnError::Deny => Err(StoreError::Unavailable {
                 kind: f.kind,
@@ -405,17 +406,17 @@ impl RedisStore {
     /// Leased units go back to the local lease; otherwise Redis refunds on its own clock (so a
     /// warm-up charge may differ by the µs between the two calls). Never fails: a refund that
     /// cannot reach Redis goes to the fallback (it only under-admits there), and is counted.
-    pub async fn refund(&self, key: KeyHash, now: Micros, cost: u64) {
+    pub async fn refund(&self, key: KeyHash, now: Timestamp, cost: u64) {
         self.refund_inner(key, now, cost, None).await;
     }
 
     /// [`RedisStore::refund`] on an explicit clock (tests only).
     #[doc(hidden)]
-    pub async fn refund_at(&self, key: KeyHash, now: Micros, cost: u64) {
+    pub async fn refund_at(&self, key: KeyHash, now: Timestamp, cost: u64) {
         self.refund_inner(key, now, cost, Some(now)).await;
     }
 
-    async fn refund_inner(&self, key: KeyHash, now: Micros, cost: u64, script_now: Option<Micros>) {
+    async fn refund_inner(&self, key: KeyHash, now: Timestamp, cost: u64, script_now: Option<Timestamp>) {
         if self.lease.is_some()
             && self.leases.with(key, now, |l, _| (true, l.units = l.units.saturating_add(cost))).is_some()
         {

@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::limit::store::DigestHasher;
-use crate::limit::{KeyHash, Micros};
+use crate::limit::{KeyHash, Timestamp};
 
 const SHARDS: usize = 16;
 
-type Map<V> = HashMap<u128, (Micros, V), DigestHasher>;
+type Map<V> = HashMap<u128, (Timestamp, V), DigestHasher>;
 
 pub struct Memo<V> {
     shards: Box<[Mutex<Map<V>>]>,
@@ -39,7 +39,7 @@ impl<V> Memo<V> {
 
     /// Runs `f` on the live entry of `key` at `now` (with its expiry time); `f` returning false
     /// removes it.
-    pub fn with<R>(&self, key: KeyHash, now: Micros, f: impl FnOnce(&mut V, Micros) -> (bool, R)) -> Option<R> {
+    pub fn with<R>(&self, key: KeyHash, now: Timestamp, f: impl FnOnce(&mut V, Timestamp) -> (bool, R)) -> Option<R> {
         let mut map = self.shard(key);
         let entry = map.get_mut(&key.0)?;
         if entry.0 <= now {
@@ -54,7 +54,7 @@ impl<V> Memo<V> {
     }
 
     /// Remembers `v` for `key` until `until`; returns false if there was no room.
-    pub fn insert(&self, key: KeyHash, now: Micros, until: Micros, v: V) -> bool {
+    pub fn insert(&self, key: KeyHash, now: Timestamp, until: Timestamp, v: V) -> bool {
         if until <= now {
             return false;
         }
@@ -72,10 +72,10 @@ impl<V> Memo<V> {
     pub fn upsert<R>(
         &self,
         key: KeyHash,
-        now: Micros,
-        until: Micros,
+        now: Timestamp,
+        until: Timestamp,
         new: impl FnOnce() -> V,
-        f: impl FnOnce(&mut V, &mut Micros) -> (bool, R),
+        f: impl FnOnce(&mut V, &mut Timestamp) -> (bool, R),
     ) -> Option<R> {
         let mut map = self.shard(key);
         if map.get(&key.0).is_none_or(|e| e.0 <= now) {
@@ -93,7 +93,7 @@ impl<V> Memo<V> {
     }
 
     /// Whether `key` fits in its shard, dropping expired entries when it is full.
-    fn make_room(&self, map: &mut Map<V>, key: KeyHash, now: Micros) -> bool {
+    fn make_room(&self, map: &mut Map<V>, key: KeyHash, now: Timestamp) -> bool {
         if map.len() >= self.cap && !map.contains_key(&key.0) {
             map.retain(|_, e| e.0 > now);
         }
@@ -113,48 +113,56 @@ impl<V> Memo<V> {
 mod tests {
     use super::*;
 
+    fn at(us: u64) -> Timestamp {
+        Timestamp::from_micros(us)
+    }
+
     #[test]
     fn entries_expire_and_the_bound_holds() {
         let m: Memo<u32> = Memo::new(SHARDS * 2);
         let k = |i: u128| KeyHash(i << 124 | i);
-        assert!(m.insert(k(1), 0, 100, 7));
-        assert_eq!(m.with(k(1), 50, |v, _| (true, *v)), Some(7));
-        assert_eq!(m.with(k(1), 100, |v, _| (true, *v)), None, "expired at `until`");
+        assert!(m.insert(k(1), at(0), at(100), 7));
+        assert_eq!(m.with(k(1), at(50), |v, _| (true, *v)), Some(7));
+        assert_eq!(m.with(k(1), at(100), |v, _| (true, *v)), None, "expired at `until`");
         // Same shard (top bits 0): room for two.
-        assert!(m.insert(KeyHash(1), 0, 100, 1));
-        assert!(m.insert(KeyHash(2), 0, 100, 2));
-        assert!(!m.insert(KeyHash(3), 0, 100, 3), "full");
-        assert!(m.insert(KeyHash(3), 100, 200, 3), "expired entries make room");
+        assert!(m.insert(KeyHash(1), at(0), at(100), 1));
+        assert!(m.insert(KeyHash(2), at(0), at(100), 2));
+        assert!(!m.insert(KeyHash(3), at(0), at(100), 3), "full");
+        assert!(m.insert(KeyHash(3), at(100), at(200), 3), "expired entries make room");
         assert!(m.len() <= SHARDS * 2);
-        assert_eq!(m.with(KeyHash(3), 150, |v, _| (false, *v)), Some(3));
-        assert_eq!(m.with(KeyHash(3), 150, |v, _| (true, *v)), None, "removed by f");
+        assert_eq!(m.with(KeyHash(3), at(150), |v, _| (false, *v)), Some(3));
+        assert_eq!(m.with(KeyHash(3), at(150), |v, _| (true, *v)), None, "removed by f");
     }
 
     #[test]
     fn upsert_makes_updates_and_respects_the_bound() {
         let m: Memo<u32> = Memo::new(SHARDS);
         let k = KeyHash(9);
-        assert_eq!(m.upsert(k, 0, 100, || 1, |v, _| (true, *v)), Some(1), "made");
+        assert_eq!(m.upsert(k, at(0), at(100), || 1, |v, _| (true, *v)), Some(1), "made");
         assert_eq!(
             m.upsert(
                 k,
-                10,
-                100,
+                at(10),
+                at(100),
                 || 5,
                 |v, until| (true, {
                     *v += 1;
-                    *until = 300;
+                    *until = at(300);
                     *v
                 })
             ),
             Some(2),
             "updated"
         );
-        assert_eq!(m.with(k, 200, |v, _| (true, *v)), Some(2), "expiry moved to 300");
-        assert_eq!(m.upsert(k, 300, 400, || 7, |v, _| (true, *v)), Some(7), "expired: made anew");
-        assert_eq!(m.upsert(KeyHash(10), 300, 400, || 1, |v, _| (true, *v)), None, "shard full");
-        assert_eq!(m.upsert(k, 300, 400, || 7, |v, _| (false, *v)), Some(7));
-        assert_eq!(m.upsert(KeyHash(10), 300, 400, || 1, |v, _| (true, *v)), Some(1), "removed by f: room again");
-        assert_eq!(m.upsert(KeyHash(11), 300, 300, || 1, |v, _| (true, *v)), None, "already expired");
+        assert_eq!(m.with(k, at(200), |v, _| (true, *v)), Some(2), "expiry moved to 300");
+        assert_eq!(m.upsert(k, at(300), at(400), || 7, |v, _| (true, *v)), Some(7), "expired: made anew");
+        assert_eq!(m.upsert(KeyHash(10), at(300), at(400), || 1, |v, _| (true, *v)), None, "shard full");
+        assert_eq!(m.upsert(k, at(300), at(400), || 7, |v, _| (false, *v)), Some(7));
+        assert_eq!(
+            m.upsert(KeyHash(10), at(300), at(400), || 1, |v, _| (true, *v)),
+            Some(1),
+            "removed by f: room again"
+        );
+        assert_eq!(m.upsert(KeyHash(11), at(300), at(300), || 1, |v, _| (true, *v)), None, "already expired");
     }
 }

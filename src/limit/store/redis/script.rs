@@ -4,7 +4,7 @@
 
 use redis::{Script, ScriptInvocation};
 
-use crate::limit::{Algorithm, Decision, Micros};
+use crate::limit::{Algorithm, Decision, Span, Timestamp};
 
 const TOKEN_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("token_bucket.lua"));
 const LEAKY_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("leaky_bucket.lua"));
@@ -32,13 +32,16 @@ pub struct AlgScript {
 impl AlgScript {
     pub fn new(alg: &Algorithm) -> AlgScript {
         let (code, params) = match alg {
+            // ARGV: spans in µs, counts in units.
             Algorithm::TokenBucket { interval, burst, warmup } => {
-                (TOKEN_BUCKET, vec![interval.get(), burst.get(), *warmup])
+                (TOKEN_BUCKET, vec![interval.as_micros(), burst.get(), warmup.as_micros()])
             }
-            Algorithm::LeakyBucket { interval, max_delay } => (LEAKY_BUCKET, vec![interval.get(), *max_delay]),
-            Algorithm::FixedWindow { window, limit } => (FIXED_WINDOW, vec![window.get(), limit.get()]),
-            Algorithm::SlidingWindow { window, limit } => (SLIDING_WINDOW, vec![window.get(), limit.get()]),
-            Algorithm::SlidingLog { window, limit } => (SLIDING_LOG, vec![window.get(), limit.get()]),
+            Algorithm::LeakyBucket { interval, max_delay } => {
+                (LEAKY_BUCKET, vec![interval.as_micros(), max_delay.as_micros()])
+            }
+            Algorithm::FixedWindow { window, limit } => (FIXED_WINDOW, vec![window.as_micros(), limit.get()]),
+            Algorithm::SlidingWindow { window, limit } => (SLIDING_WINDOW, vec![window.as_micros(), limit.get()]),
+            Algorithm::SlidingLog { window, limit } => (SLIDING_LOG, vec![window.as_micros(), limit.get()]),
         };
         AlgScript { script: Script::new(code), params, token_bucket: matches!(alg, Algorithm::TokenBucket { .. }) }
     }
@@ -49,7 +52,7 @@ impl AlgScript {
     }
 
     /// The EVALSHA call for `op` on `key`; `now` only from tests (production: Redis TIME).
-    pub fn invocation(&self, key: &[u8], op: Op, cost: u64, now: Option<Micros>) -> ScriptInvocation<'_> {
+    pub fn invocation(&self, key: &[u8], op: Op, cost: u64, now: Option<Timestamp>) -> ScriptInvocation<'_> {
         let mut inv = self.script.prepare_invoke();
         let (code, lease) = match op {
             Op::Decide => ("d", 0),
@@ -64,20 +67,23 @@ impl AlgScript {
             inv.arg(lease);
         }
         if let Some(now) = now {
-            inv.arg(now);
+            inv.arg(now.as_micros());
         }
         inv
     }
 }
 
 /// A decision reply `{kind, wait_or_retry_after, remaining, reset, granted}` → the decision and
-/// the units granted (more than the cost only for a lease). `None` if malformed.
+/// the units granted (more than the cost only for a lease). `None` if malformed. No kind says
+/// "never": the store answers a cost above `max_cost` with `Decision::Never` itself, without
+/// calling a script.
 pub fn decode(reply: &[i64]) -> Option<(Decision, u64)> {
     let &[kind, a, remaining, reset, granted] = reply else {
         return None;
     };
     let u = |v: i64| u64::try_from(v).ok();
     let (a, remaining, reset, granted) = (u(a)?, u(remaining)?, u(reset)?, u(granted)?);
+    let (a, reset) = (Span::from_micros(a), Span::from_micros(reset));
     let d = match kind {
         0 => Decision::Allow { remaining, reset },
         1 => Decision::Delay { wait: a, remaining, reset },
@@ -115,7 +121,7 @@ pub fn check_precision(alg: &Algorithm) -> Result<(), String> {
     };
     match alg {
         Algorithm::TokenBucket { interval, burst, warmup } => {
-            let (t, b, w) = (interval.get(), burst.get(), *warmup);
+            let (t, b, w) = (interval.as_micros(), burst.get(), warmup.as_micros());
             if 3 * m(b, t) + u128::from(w) >= SPAN {
                 return too_big("burst × interval (×3) plus warmup must stay below 2^52 µs");
             }
@@ -124,19 +130,19 @@ pub fn check_precision(alg: &Algorithm) -> Result<(), String> {
             }
         }
         Algorithm::LeakyBucket { interval, max_delay } => {
-            if 2 * u128::from(*max_delay) + u128::from(interval.get()) >= SPAN {
+            if 2 * u128::from(max_delay.as_micros()) + u128::from(interval.as_micros()) >= SPAN {
                 return too_big("max_delay must stay below 2^51 µs");
             }
         }
         Algorithm::SlidingWindow { window, limit } => {
-            if 3 * m(limit.get(), window.get()) >= exact {
+            if 3 * m(limit.get(), window.as_micros()) >= exact {
                 return too_big(
                     "3 × limit × window (in µs) must stay below 2^53; use a shorter window or a smaller limit",
                 );
             }
         }
         Algorithm::FixedWindow { window, limit } | Algorithm::SlidingLog { window, limit } => {
-            if u128::from(window.get()) >= SPAN || u128::from(limit.get()) >= SPAN {
+            if u128::from(window.as_micros()) >= SPAN || u128::from(limit.get()) >= SPAN {
                 return too_big("window and limit must stay below 2^52");
             }
         }
@@ -149,9 +155,18 @@ mod tests {
     use std::num::NonZeroU64;
 
     use super::*;
+    use crate::limit::NonZeroSpan;
 
     fn nz(n: u64) -> NonZeroU64 {
         NonZeroU64::new(n).expect("non-zero")
+    }
+
+    fn nzs(us: u64) -> NonZeroSpan {
+        NonZeroSpan::from_micros(us).expect("non-zero")
+    }
+
+    fn us(n: u64) -> Span {
+        Span::from_micros(n)
     }
 
     #[test]
@@ -165,9 +180,12 @@ mod tests {
 
     #[test]
     fn decodes_all_three_kinds_and_rejects_garbage() {
-        assert_eq!(decode(&[0, 0, 4, 100, 1]), Some((Decision::Allow { remaining: 4, reset: 100 }, 1)));
-        assert_eq!(decode(&[1, 7, 0, 100, 1]), Some((Decision::Delay { wait: 7, remaining: 0, reset: 100 }, 1)));
-        assert_eq!(decode(&[2, 9, 0, 50, 0]), Some((Decision::Deny { retry_after: 9, reset: 50 }, 0)));
+        assert_eq!(decode(&[0, 0, 4, 100, 1]), Some((Decision::Allow { remaining: 4, reset: us(100) }, 1)));
+        assert_eq!(
+            decode(&[1, 7, 0, 100, 1]),
+            Some((Decision::Delay { wait: us(7), remaining: 0, reset: us(100) }, 1))
+        );
+        assert_eq!(decode(&[2, 9, 0, 50, 0]), Some((Decision::Deny { retry_after: us(9), reset: us(50) }, 0)));
         assert_eq!(decode(&[3, 0, 0, 0, 0]), None);
         assert_eq!(decode(&[0, -1, 0, 0, 0]), None);
         assert_eq!(decode(&[0, 0, 0]), None);
@@ -176,14 +194,14 @@ mod tests {
     #[test]
     fn precision_bound_accepts_realistic_and_rejects_huge_configs() {
         let day = 86_400_000_000;
-        let sw = |limit| Algorithm::SlidingWindow { window: nz(day), limit: nz(limit) };
+        let sw = |limit| Algorithm::SlidingWindow { window: nzs(day), limit: nz(limit) };
         assert!(check_precision(&sw(34_000)).is_ok());
         assert!(check_precision(&sw(35_000)).unwrap_err().contains("limit × window"));
-        let tb = |t, b, w| Algorithm::TokenBucket { interval: nz(t), burst: nz(b), warmup: w };
+        let tb = |t, b, w| Algorithm::TokenBucket { interval: nzs(t), burst: nz(b), warmup: us(w) };
         assert!(check_precision(&tb(10_000, 200, 30_000_000)).is_ok());
         assert!(check_precision(&tb(1_000_000, 10, 3_600_000_000)).is_err());
         assert!(check_precision(&tb(1, u64::MAX / 4, 0)).is_err());
-        let lb = Algorithm::LeakyBucket { interval: nz(1), max_delay: 1 << 51 };
+        let lb = Algorithm::LeakyBucket { interval: nzs(1), max_delay: us(1 << 51) };
         assert!(check_precision(&lb).is_err());
     }
 }
