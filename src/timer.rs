@@ -297,6 +297,9 @@ pub struct Deadline {
 struct DeadlineInner {
     /// On the coarse clock; [`UNARMED`] when no wait is armed.
     at: AtomicU64,
+    /// The data and vtable pointers of the waker in `state`: a poll by the task already
+    /// registered (the usual case: a connection is polled by its one task) takes no lock.
+    registered: [AtomicUsize; 2],
     state: Mutex<DeadlineState>,
 }
 
@@ -322,7 +325,11 @@ impl Default for Deadline {
 impl Deadline {
     /// An unarmed deadline, registered with this thread's shard.
     pub fn new() -> Deadline {
-        let inner = Arc::new(DeadlineInner { at: AtomicU64::new(UNARMED), state: Mutex::default() });
+        let inner = Arc::new(DeadlineInner {
+            at: AtomicU64::new(UNARMED),
+            registered: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            state: Mutex::default(),
+        });
         lock(&wheel().shards[shard_index()]).deadlines.push(Arc::downgrade(&inner));
         Deadline { inner }
     }
@@ -359,8 +366,18 @@ impl Deadline {
         if at <= now {
             return Poll::Ready(());
         }
+        let near = at != UNARMED && at - now < COARSE_FROM_MS;
+        let task = [cx.waker().data() as usize, std::ptr::from_ref(cx.waker().vtable()) as usize];
+        let registered = &self.inner.registered;
+        if !near
+            && task[0] != 0
+            && registered[0].load(Ordering::Acquire) == task[0]
+            && registered[1].load(Ordering::Acquire) == task[1]
+        {
+            return Poll::Pending;
+        }
         let mut state = lock_state(&self.inner.state);
-        if at != UNARMED && at - now < COARSE_FROM_MS {
+        if near {
             let fine = match &mut state.fine {
                 Some((made_for, sleep)) if *made_for == at => sleep,
                 other => {
@@ -374,7 +391,11 @@ impl Deadline {
         }
         match &state.waker {
             Some(w) if w.will_wake(cx.waker()) => {}
-            _ => state.waker = Some(cx.waker().clone()),
+            _ => {
+                state.waker = Some(cx.waker().clone());
+                registered[0].store(task[0], Ordering::Release);
+                registered[1].store(task[1], Ordering::Release);
+            }
         }
         Poll::Pending
     }

@@ -241,4 +241,13 @@ mod tests {
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-a"], "1");
     }
+
+    #[test]
+    fn every_fixed_field_is_found_by_its_length() {
+        for (i, name) in FIXED.iter().enumerate() {
+            let mut h = map(&[("x-other", "1"), ("host", "a")]);
+            h.insert(name.clone(), HeaderValue::from_static("v"));
+            assert_eq!(fixed_present(&h), 1 << i, "{name}");
+        }
+    }
 }
