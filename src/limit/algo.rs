@@ -16,6 +16,24 @@ pub mod sliding;
 #[cfg(test)]
 mod props;
 
+/// Decisions written with plain µs, for the algorithms' tests.
+#[cfg(test)]
+pub(crate) mod expect {
+    use super::super::{Decision, Span};
+
+    pub fn allow(remaining: u64, reset: u64) -> Decision {
+        Decision::Allow { remaining, reset: Span::from_micros(reset) }
+    }
+
+    pub fn delay(wait: u64, remaining: u64, reset: u64) -> Decision {
+        Decision::Delay { wait: Span::from_micros(wait), remaining, reset: Span::from_micros(reset) }
+    }
+
+    pub fn deny(retry_after: u64, reset: u64) -> Decision {
+        Decision::Deny { retry_after: Span::from_micros(retry_after), reset: Span::from_micros(reset) }
+    }
+}
+
 use std::num::NonZeroU64;
 
 use super::{Decision, NonZeroSpan, Span, Timestamp};

@@ -6,8 +6,6 @@
 
 use std::net::SocketAddr;
 
-use futures_util::future::join_all;
-
 use crate::support::raw::{echo_body, get_request, End, Msg, RawClient, RawUpstream};
 use crate::support::Tollgate;
 
@@ -468,11 +466,7 @@ fn seen(up: &RawUpstream) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_framing_corpus() {
-    let corpus = corpus();
-    let results = join_all(corpus.iter().map(|c| async move { (c.name, run(c).await) })).await;
-    let failed: Vec<String> =
-        results.into_iter().filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}"))).collect();
-    assert!(failed.is_empty(), "{} of {} cases failed:\n{}", failed.len(), corpus.len(), failed.join("\n"));
+    crate::support::raw::run_corpus(&corpus(), |c| c.name, run).await;
 }
 
 #[tokio::test]

@@ -6,8 +6,6 @@
 
 use std::net::SocketAddr;
 
-use futures_util::future::join_all;
-
 use crate::support::raw::{get_request, End, RawClient, RawUpstream, Reply, Then};
 use crate::support::Tollgate;
 
@@ -212,11 +210,7 @@ async fn run(case: &Case) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_response_framing_corpus() {
-    let corpus = corpus();
-    let results = join_all(corpus.iter().map(|c| async move { (c.name, run(c).await) })).await;
-    let failed: Vec<String> =
-        results.into_iter().filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}"))).collect();
-    assert!(failed.is_empty(), "{} of {} cases failed:\n{}", failed.len(), corpus.len(), failed.join("\n"));
+    crate::support::raw::run_corpus(&corpus(), |c| c.name, run).await;
 }
 
 /// HTTP/2 clients reject `content-length: 5, 5` as malformed (RFC 9113 §8.1.1) and a

@@ -546,3 +546,19 @@ impl RawClient {
 pub fn get_request(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes()
 }
+
+/// Runs every case of a corpus at once and fails with the list of cases that failed.
+pub async fn run_corpus<'a, C, F, Fut>(cases: &'a [C], name: fn(&C) -> &'static str, run: F)
+where
+    F: Fn(&'a C) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let results = futures_util::future::join_all(cases.iter().map(|c| {
+        let run = &run;
+        async move { (name(c), run(c).await) }
+    }))
+    .await;
+    let failed: Vec<String> =
+        results.into_iter().filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e}"))).collect();
+    assert!(failed.is_empty(), "{} of {} cases failed:\n{}", failed.len(), cases.len(), failed.join("\n"));
+}

@@ -80,18 +80,11 @@ pub fn refund(w: NonZeroSpan, st: &mut Window, now: Timestamp, cost: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::algo::expect::{allow, deny};
 
     /// A decision with window `w` and limit `l` at `now`, in µs.
     fn run(w: u64, l: u64, s: &mut Window, now: u64, cost: u64) -> Decision {
         decide(NonZeroSpan::from_micros(w).expect("non-zero"), l, s, Timestamp::from_micros(now), cost)
-    }
-
-    fn allow(remaining: u64, reset: u64) -> Decision {
-        Decision::Allow { remaining, reset: Span::from_micros(reset) }
-    }
-
-    fn deny(retry_after: u64, reset: u64) -> Decision {
-        Decision::Deny { retry_after: Span::from_micros(retry_after), reset: Span::from_micros(reset) }
     }
 
     #[test]

@@ -115,6 +115,7 @@ pub fn refund(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::algo::expect::{allow, deny};
 
     fn us(n: u64) -> Span {
         Span::from_micros(n)
@@ -126,14 +127,6 @@ mod tests {
 
     fn run(t: u64, b: u64, w: u64, st: &mut Gcra, now: u64, c: u64) -> Decision {
         decide(NonZeroSpan::from_micros(t).expect("non-zero"), b, us(w), st, at(now), c)
-    }
-
-    fn allow(remaining: u64, reset: u64) -> Decision {
-        Decision::Allow { remaining, reset: us(reset) }
-    }
-
-    fn deny(retry_after: u64, reset: u64) -> Decision {
-        Decision::Deny { retry_after: us(retry_after), reset: us(reset) }
     }
 
     fn charge_us(t: u64, w: u64, start: u64, now: u64) -> u64 {

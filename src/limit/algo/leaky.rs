@@ -74,6 +74,7 @@ pub fn refund(t: NonZeroSpan, st: &mut Meter, now: Timestamp, cost: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::algo::expect::{allow, delay, deny};
 
     const T: NonZeroSpan = match NonZeroSpan::from_micros(100) {
         Some(t) => t,
@@ -91,18 +92,6 @@ mod tests {
     /// A decision with T = 100 µs, max_delay `d`, at `now`, in µs.
     fn run(d: u64, s: &mut Meter, now: u64, cost: u64) -> Decision {
         decide(T, us(d), s, at(now), cost)
-    }
-
-    fn allow(remaining: u64, reset: u64) -> Decision {
-        Decision::Allow { remaining, reset: us(reset) }
-    }
-
-    fn delay(wait: u64, remaining: u64, reset: u64) -> Decision {
-        Decision::Delay { wait: us(wait), remaining, reset: us(reset) }
-    }
-
-    fn deny(retry_after: u64, reset: u64) -> Decision {
-        Decision::Deny { retry_after: us(retry_after), reset: us(reset) }
     }
 
     #[test]
