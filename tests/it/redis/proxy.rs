@@ -86,7 +86,9 @@ async fn three_instances_admit_what_one_would(redis_yaml: String, keys: impl Fn(
     assert!(throttled > 0);
     // One bucket: burst + rate·t over the run, whichever instance answered.
     let max = BURST + (outer.as_secs_f64() * RATE as f64) as u64 + 1;
-    let min = BURST + (inner.as_secs_f64() * RATE as f64 * 0.9) as u64;
+    // The floor is loose: on a loaded machine the six clients cannot always keep the bucket
+    // empty (they are starved of CPU, not refused); the ceiling is the property under test.
+    let min = BURST + (inner.as_secs_f64() * RATE as f64 * 0.5) as u64;
     assert!((min..=max).contains(&admitted), "admitted {admitted}, expected {min}..={max} ({inner:?}..{outer:?})");
     let keys = keys();
     assert!(!keys.is_empty());
