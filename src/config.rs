@@ -262,7 +262,7 @@ impl Config {
             // serde_yaml places custom errors at the enclosing mapping; the path is exact.
             let (line, column) = match locate::locate(text, &segs) {
                 Some(pos) if !segs.is_empty() => pos,
-                _ => inner.location().map_or((1, 1), |l| (l.line(), l.column())),
+                _ => inner.location().map_or((1, 1), |l| inside(text, l.line(), l.column())),
             };
             ConfigError { file: file.to_owned(), line, column, message: redact(&clean_message(&inner, &path)), path }
         })?;
@@ -282,6 +282,17 @@ impl Config {
     pub fn upstream(&self, route: &Route) -> &Upstream {
         &self.upstreams[route.upstream]
     }
+}
+
+/// `line`:`column` moved inside `text`: libyaml reports the end of a text without a final
+/// line break on a line after the last, which no editor can jump to.
+fn inside(text: &str, line: usize, column: usize) -> (usize, usize) {
+    let lines = text.split_terminator('\n').count().max(1);
+    if line <= lines {
+        return (line.max(1), column.max(1));
+    }
+    let last = text.split_terminator('\n').last().unwrap_or("");
+    (lines, last.trim_end_matches('\r').chars().count() + 1)
 }
 
 fn segments(path: &serde_path_to_error::Path) -> Vec<Seg> {

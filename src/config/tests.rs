@@ -277,3 +277,16 @@ fn urls_with_credentials_are_redacted_in_every_message() {
     assert_eq!(redact("redis://:pw@h"), "redis://***@h");
     assert_eq!(redact("see http://h:1/x and redis://u:p@h"), "see http://h:1/x and redis://u:***@h");
 }
+
+#[test]
+fn an_error_at_the_end_of_the_text_points_inside_it() {
+    for (text, want) in [("#", (1, 2)), ("listen: 127.0.0.1:8080", (1, 23)), ("routes: []\nupstreams: {}", (1, 1))] {
+        let e = Config::from_yaml(Path::new("t.yaml"), text).expect_err("incomplete config");
+        let lines: Vec<&str> = text.split('\n').collect();
+        assert!(e.line >= 1 && e.line <= lines.len(), "{e} is outside {text:?}");
+        assert!(e.column >= 1 && e.column <= lines[e.line - 1].chars().count() + 1, "{e} is outside {text:?}");
+        if text == "#" {
+            assert_eq!((e.line, e.column), want, "{e}");
+        }
+    }
+}
