@@ -291,7 +291,7 @@ fn inside(text: &str, line: usize, column: usize) -> (usize, usize) {
     if line <= lines {
         return (line.max(1), column.max(1));
     }
-    let last = text.split_terminator('\n').last().unwrap_or("");
+    let last = text.split_terminator('\n').next_back().unwrap_or("");
     (lines, last.trim_end_matches('\r').chars().count() + 1)
 }
 
