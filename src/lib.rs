@@ -26,6 +26,8 @@ pub mod cache;
 pub mod config;
 pub mod explain;
 pub mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gate;
 pub mod limit;
 pub mod metrics;

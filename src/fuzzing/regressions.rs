@@ -1,0 +1,41 @@
+//! Inputs that broke an invariant, replayed exactly as found. An ignored test pins a defect in
+//! a room this branch does not own; it fails until that room is fixed, then loses its ignore.
+
+use super::*;
+
+/// Found by `yaml_shaped_noise_loads_or_points_inside_the_text`: the file `#` (one line) gets
+/// `fuzz.yaml:2:1: missing field upstreams`. serde_yaml's position of an error at the end of a
+/// text without a final line break is on the line after the last (libyaml ends the stream on
+/// a line of its own); `Config::from_yaml` passes it on instead of clamping it into the text.
+#[test]
+#[ignore = "defect in src/config.rs (owned elsewhere): an error at the end of the text points past it"]
+fn config_error_at_the_end_is_inside_the_text() {
+    for text in ["#", "listen: 127.0.0.1:8080", "routes: []\nupstreams: {}"] {
+        let e = Config::from_yaml(Path::new("fuzz.yaml"), text).expect_err("incomplete config");
+        assert!(within(text, e.line, e.column), "{e} is outside {text:?}");
+    }
+}
+
+/// Found by `decided_targets_are_canonical_and_stable` (and the `target` fuzz target): a
+/// segment made only of parameters becomes an empty segment of the matched path, so
+/// `/api/;x/users` is routed as `/api//users`, past a route for `/api/users`, while Tomcat and
+/// Spring strip the parameter, merge the slashes and serve `/api/users`.
+#[test]
+#[ignore = "defect in src/target.rs (owned by the lead): /api/;x/users is matched as /api//users"]
+fn parameter_only_segment_leaves_no_empty_segment() {
+    for (sent, want) in [("/api/;x/users", "/api/users"), ("/api/;/users", "/api/users"), ("/;a/;b/x", "/x")] {
+        let mut parts = Head::parse(format!("GET {sent} HTTP/1.1\nhost: a").as_bytes()).request().expect("valid");
+        let decided = crate::target::decide(&mut parts).expect("accepted");
+        assert_eq!(decided.path(&parts), want, "{sent}");
+    }
+}
+
+/// The allowances in the checks cover exactly these inputs and nothing wider.
+#[test]
+fn known_defects_are_allowed_narrowly() {
+    assert!(known_past_the_end("#", 2, 1));
+    assert!(!known_past_the_end("#", 3, 1));
+    assert!(!known_past_the_end("#", 2, 2));
+    assert!(known_parameter_segment("/api/;x/users"));
+    assert!(!known_parameter_segment("/api;x/users"));
+}
