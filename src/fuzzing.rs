@@ -319,8 +319,10 @@ pub fn check_cache_fields(headers: &HeaderMap, received: u64) {
     let mut no_store = false;
     for line in headers.get_all(CACHE_CONTROL) {
         for item in checked_items(line.as_bytes()) {
+            // Spaces around `=` are not in the grammar; the policy reads `max-age = 5` as
+            // `max-age=5` (for `no-store`, the side of caution).
             let (name, value) = match item.iter().position(|&b| b == b'=') {
-                Some(i) => (&item[..i], Some(&item[i + 1..])),
+                Some(i) => (trim(&item[..i]), Some(&item[i + 1..])),
                 None => (item, None),
             };
             no_store |= name.eq_ignore_ascii_case(b"no-store");
