@@ -393,5 +393,57 @@ fn vary_names(headers: &HeaderMap) -> Option<Box<[HeaderName]>> {
     Some(names.into_boxed_slice())
 }
 
+/// The parsers of response fields, for [`crate::fuzzing`] only: they stay private to this room.
+#[doc(hidden)]
+pub(crate) mod fuzzing {
+    use http::header::{HeaderMap, HeaderName};
+
+    use super::policy::{self, Directives};
+
+    /// What the policy reads from a response's `Cache-Control`, `Expires` and `Date`.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct CacheControl {
+        pub no_store: bool,
+        pub no_cache: bool,
+        pub private: bool,
+        pub must_revalidate: bool,
+        pub proxy_revalidate: bool,
+        pub max_age: Option<u64>,
+        pub s_maxage: Option<u64>,
+        pub stale_if_error: Option<u64>,
+        pub allows_stale: bool,
+        /// Freshness lifetime in seconds of a response received at `received` (unix seconds).
+        pub lifetime: u64,
+    }
+
+    pub fn cache_control(headers: &HeaderMap, received: u64) -> CacheControl {
+        let d = Directives::parse(headers);
+        CacheControl {
+            allows_stale: d.allows_stale(),
+            lifetime: policy::freshness_lifetime(&d, headers, received),
+            no_store: d.no_store,
+            no_cache: d.no_cache,
+            private: d.private,
+            must_revalidate: d.must_revalidate,
+            proxy_revalidate: d.proxy_revalidate,
+            max_age: d.max_age,
+            s_maxage: d.s_maxage,
+            stale_if_error: d.stale_if_error,
+        }
+    }
+
+    pub fn list_items(value: &[u8]) -> Vec<&[u8]> {
+        policy::list_items(value).collect()
+    }
+
+    pub fn http_date(value: &[u8]) -> Option<u64> {
+        policy::http_date(value)
+    }
+
+    pub fn vary_names(headers: &HeaderMap) -> Option<Box<[HeaderName]>> {
+        super::vary_names(headers)
+    }
+}
+
 #[cfg(test)]
 mod tests;

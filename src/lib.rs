@@ -33,6 +33,8 @@ pub mod config;
 pub mod explain;
 pub mod forward;
 pub mod framing;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gate;
 pub mod instance;
 pub mod limit;

@@ -49,6 +49,9 @@ pub use script::{check_precision, LUA_EXACT};
 
 use self::client::Failure;
 use self::memo::Memo;
+/// For [`crate::fuzzing`]: how a script's reply is read.
+#[doc(hidden)]
+pub(crate) use self::script::decode as decode_reply;
 use self::script::{decode, AlgScript, Op};
 use super::{LocalStore, StoreError};
 use crate::limit::{max_cost, Algorithm, Decision, KeyHash, Span, Timestamp};
