@@ -136,17 +136,17 @@ impl HttpForwarder {
             .map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
         parts.version = Version::HTTP_11;
         let h = &mut parts.headers;
-        // The one authority of the request (see `crate::target`), already in `Host`.
-        let client_host = h.get(header::HOST).cloned();
         headers::strip_hop_by_hop(h);
-        headers::add_forwarding(h, down.peer, down.peer_trusted, client_host.as_ref());
+        // The one authority of the request (see `crate::target`) is in `Host`. Kept (the
+        // default), the upstream has it there; replaced by the upstream's own, it goes on in
+        // `X-Forwarded-Host`.
+        let replaced = if self.preserve_host && h.contains_key(header::HOST) {
+            None
+        } else {
+            h.insert(header::HOST, self.authority_value.clone())
+        };
+        headers::add_forwarding(h, down.peer, down.peer_trusted, replaced.as_ref());
         headers::append_via(h, received);
-        match (self.preserve_host, client_host) {
-            (true, Some(_)) => {}
-            _ => {
-                h.insert(header::HOST, self.authority_value.clone());
-            }
-        }
         Ok(Request::from_parts(parts, RequestBody::new(body, self.body_read_timeout)))
     }
 

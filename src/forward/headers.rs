@@ -95,7 +95,9 @@ pub fn append_via(headers: &mut HeaderMap, received: Version) {
 
 /// Appends the peer to `X-Forwarded-For`. Fields from an untrusted peer are kept (the
 /// upstream may log them) but the peer is always the last entry, so the chain's right end
-/// is what we saw. `X-Forwarded-Proto` and `-Host` are ours unless a trusted peer set them.
+/// is what we saw. `X-Forwarded-Proto` and `-Host` are ours unless a trusted peer set them;
+/// `host` is the client's `Host` when the upstream gets another one (`None`: it gets the
+/// client's, so no `X-Forwarded-Host` repeats it, and an untrusted one is removed).
 pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool, host: Option<&HeaderValue>) {
     // Several XFF fields are one list; fold them into one value, ours last.
     let mut chain = String::with_capacity(48);

@@ -72,6 +72,7 @@ async fn rewrites_headers_both_ways() {
         .header("proxy-authorization", "Basic Zm9v")
         .header("x-forwarded-for", "203.0.113.9")
         .header("x-forwarded-proto", "https")
+        .header("x-forwarded-host", "admin.internal")
         .header("x-end-to-end", "keep me")
         .body(full(""))
         .unwrap();
@@ -91,19 +92,20 @@ async fn rewrites_headers_both_ways() {
     assert_eq!(h["host"], "shop.example.com", "the client's Host is kept");
     assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
     assert_eq!(h["x-forwarded-proto"], "http", "an untrusted peer cannot claim https");
-    assert_eq!(h["x-forwarded-host"], "shop.example.com");
+    // The Host is the client's: no X-Forwarded-Host repeats it, and the client's own is gone.
+    assert!(h.get("x-forwarded-host").is_none(), "{h:?}");
     assert_eq!(h["via"], "1.1 tollgate");
 }
 
 #[tokio::test]
 async fn base_path_and_upstream_host() {
-    let seen: Arc<Mutex<Option<(String, String)>>> = Arc::default();
+    let seen: Arc<Mutex<Option<(String, String, String)>>> = Arc::default();
     let record = seen.clone();
     let up = Upstream::start(move |req| {
         let record = record.clone();
         async move {
-            let host = req.headers()["host"].to_str().unwrap().to_owned();
-            *record.lock().unwrap() = Some((req.uri().to_string(), host));
+            let header = |n: &str| req.headers().get(n).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+            *record.lock().unwrap() = Some((req.uri().to_string(), header("host"), header("x-forwarded-host")));
             Response::new(full(""))
         }
     })
@@ -114,9 +116,10 @@ async fn base_path_and_upstream_host() {
     );
     let tg = Tollgate::start(&yaml).await;
     get(tg.addr, "/items").await;
-    let (uri, host) = seen.lock().unwrap().clone().unwrap();
+    let (uri, host, forwarded_host) = seen.lock().unwrap().clone().unwrap();
     assert_eq!(uri, "/v2/items");
     assert_eq!(host, up.addr.to_string());
+    assert_eq!(forwarded_host, "localhost", "the client's Host goes on in X-Forwarded-Host");
 }
 
 const MB: usize = 1 << 20;
