@@ -16,10 +16,18 @@ pub mod sliding;
 #[cfg(test)]
 mod props;
 
-/// Decisions written with plain µs, for the algorithms' tests.
+/// Times and decisions written with plain µs, for the tests of `limit`.
 #[cfg(test)]
 pub(crate) mod expect {
-    use super::super::{Decision, Span};
+    use super::super::{Decision, Span, Timestamp};
+
+    pub fn us(n: u64) -> Span {
+        Span::from_micros(n)
+    }
+
+    pub fn at(n: u64) -> Timestamp {
+        Timestamp::from_micros(n)
+    }
 
     pub fn allow(remaining: u64, reset: u64) -> Decision {
         Decision::Allow { remaining, reset: Span::from_micros(reset) }
@@ -202,6 +210,7 @@ pub(crate) fn never(reset: Span) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::algo::expect::{at, us};
 
     fn nz(n: u64) -> NonZeroU64 {
         NonZeroU64::new(n).expect("non-zero")
@@ -209,14 +218,6 @@ mod tests {
 
     fn nzs(us: u64) -> NonZeroSpan {
         NonZeroSpan::from_micros(us).expect("non-zero")
-    }
-
-    fn us(n: u64) -> Span {
-        Span::from_micros(n)
-    }
-
-    fn at(n: u64) -> Timestamp {
-        Timestamp::from_micros(n)
     }
 
     #[test]

@@ -177,14 +177,7 @@ impl Div<NonZeroSpan> for Span {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn us(n: u64) -> Span {
-        Span::from_micros(n)
-    }
-
-    fn at(n: u64) -> Timestamp {
-        Timestamp::from_micros(n)
-    }
+    use crate::limit::algo::expect::{at, us};
 
     #[test]
     fn every_operation_saturates() {

@@ -115,15 +115,7 @@ pub fn refund(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::algo::expect::{allow, deny};
-
-    fn us(n: u64) -> Span {
-        Span::from_micros(n)
-    }
-
-    fn at(n: u64) -> Timestamp {
-        Timestamp::from_micros(n)
-    }
+    use crate::limit::algo::expect::{allow, at, deny, us};
 
     fn run(t: u64, b: u64, w: u64, st: &mut Gcra, now: u64, c: u64) -> Decision {
         decide(NonZeroSpan::from_micros(t).expect("non-zero"), b, us(w), st, at(now), c)

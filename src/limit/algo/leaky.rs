@@ -74,20 +74,12 @@ pub fn refund(t: NonZeroSpan, st: &mut Meter, now: Timestamp, cost: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::algo::expect::{allow, delay, deny};
+    use crate::limit::algo::expect::{allow, at, delay, deny, us};
 
     const T: NonZeroSpan = match NonZeroSpan::from_micros(100) {
         Some(t) => t,
         None => NonZeroSpan::MIN,
     };
-
-    fn us(n: u64) -> Span {
-        Span::from_micros(n)
-    }
-
-    fn at(n: u64) -> Timestamp {
-        Timestamp::from_micros(n)
-    }
 
     /// A decision with T = 100 µs, max_delay `d`, at `now`, in µs.
     fn run(d: u64, s: &mut Meter, now: u64, cost: u64) -> Decision {

@@ -118,13 +118,10 @@ pub fn refund(w: NonZeroSpan, st: &mut Log, now: Timestamp, cost: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::algo::expect::at;
 
     fn nzs(us: u64) -> NonZeroSpan {
         NonZeroSpan::from_micros(us).expect("non-zero")
-    }
-
-    fn at(n: u64) -> Timestamp {
-        Timestamp::from_micros(n)
     }
 
     /// A decision with window `w` and limit `l` at `now`, in µs.

@@ -155,6 +155,7 @@ mod tests {
     use std::num::NonZeroU64;
 
     use super::*;
+    use crate::limit::algo::expect::us;
     use crate::limit::NonZeroSpan;
 
     fn nz(n: u64) -> NonZeroU64 {
@@ -163,10 +164,6 @@ mod tests {
 
     fn nzs(us: u64) -> NonZeroSpan {
         NonZeroSpan::from_micros(us).expect("non-zero")
-    }
-
-    fn us(n: u64) -> Span {
-        Span::from_micros(n)
     }
 
     #[test]
