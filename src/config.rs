@@ -247,12 +247,9 @@ impl Config {
     /// # Errors
     /// The first problem found, with its position. Passwords in URLs are redacted.
     pub fn from_yaml(file: &Path, text: &str) -> Result<Config, ConfigError> {
-        let shape = guard::check(text).map_err(|r| ConfigError {
-            file: file.to_owned(),
-            line: r.line,
-            column: r.column,
-            path: String::new(),
-            message: redact(&r.message),
+        let shape = guard::check(text).map_err(|r| {
+            let (line, column) = inside(text, r.line, r.column);
+            ConfigError { file: file.to_owned(), line, column, path: String::new(), message: redact(&r.message) }
         })?;
         let de = serde_yaml::Deserializer::from_str(text);
         let raw: raw::Config = serde_path_to_error::deserialize(de).map_err(|e| {
@@ -262,12 +259,13 @@ impl Config {
             // serde_yaml places custom errors at the enclosing mapping; the path is exact.
             let (line, column) = match locate::locate(text, &segs) {
                 Some(pos) if !segs.is_empty() => pos,
-                _ => inner.location().map_or((1, 1), |l| inside(text, l.line(), l.column())),
+                _ => inner.location().map_or((1, 1), |l| (l.line(), l.column())),
             };
+            let (line, column) = inside(text, line, column);
             ConfigError { file: file.to_owned(), line, column, message: redact(&clean_message(&inner, &path)), path }
         })?;
         let mut config = raw.validate().map_err(|(segs, message)| {
-            let (line, column) = locate::locate(text, &segs).unwrap_or((1, 1));
+            let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
             ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
         })?;
         config.shape = shape;
@@ -285,14 +283,25 @@ impl Config {
 }
 
 /// `line`:`column` moved inside `text`: libyaml reports the end of a text without a final
-/// line break on a line after the last, which no editor can jump to.
+/// line break on a line after the last, which no editor can jump to. Lines are counted as
+/// libyaml counts them (CR, LF, CRLF, NEL, LS and PS each end one), the widest reading, so a
+/// position inside by it is inside by any.
 fn inside(text: &str, line: usize, column: usize) -> (usize, usize) {
-    let lines = text.split_terminator('\n').count().max(1);
-    if line <= lines {
-        return (line.max(1), column.max(1));
+    let mut lines = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}']) {
+        lines.push(&rest[..i]);
+        let skip = if rest[i..].starts_with("\r\n") { 2 } else { rest[i..].chars().next().map_or(1, char::len_utf8) };
+        rest = &rest[i + skip..];
     }
-    let last = text.split_terminator('\n').next_back().unwrap_or("");
-    (lines, last.trim_end_matches('\r').chars().count() + 1)
+    lines.push(rest);
+    let last = lines.len();
+    if line > last {
+        // Past the last line: the end of the text.
+        return (last, lines[last - 1].chars().count() + 1);
+    }
+    let line = line.max(1);
+    (line, column.clamp(1, lines[line - 1].chars().count() + 1))
 }
 
 fn segments(path: &serde_path_to_error::Path) -> Vec<Seg> {

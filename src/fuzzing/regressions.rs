@@ -41,3 +41,13 @@ fn directive_with_spaces_before_the_equals_sign() {
     let cc = cache_control(&headers, 0);
     assert_eq!((cc.max_age, cc.no_store), (Some(5), true));
 }
+
+/// Found by `yaml_shaped_noise_loads_or_points_inside_the_text` after the first fix: a field
+/// whose empty value ends the text (`z:`) was placed by the marked re-read on the line after.
+#[test]
+fn config_error_on_an_empty_last_value_is_inside_the_text() {
+    for text in ["z:", "routes:", "upstreams: {}\nroutes:"] {
+        let e = Config::from_yaml(Path::new("fuzz.yaml"), text).expect_err("incomplete config");
+        assert!(within(text, e.line, e.column), "{e} is outside {text:?}");
+    }
+}
