@@ -202,7 +202,11 @@ impl Rendered {
     fn new(status: StatusCode, body: Bytes, retry_after: Option<u64>) -> Rendered {
         let mut headers = HeaderMap::with_capacity(5);
         headers.insert(header::CONTENT_TYPE, CONTENT_TYPE);
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        // Only a 404 may be stored by a cache without being told it is fresh (RFC 9110
+        // §15.1); the other statuses tollgate answers with may not, a 429 never (RFC 6585).
+        if status == StatusCode::NOT_FOUND {
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
         if let Some(secs) = retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }

@@ -139,6 +139,9 @@ async fn every_error_has_one_answer_with_its_source() {
             assert_eq!(head.headers.get(RETRY_AFTER).map(|v| v.to_str().unwrap()), retry, "{err:?}");
             let closes = head.headers.get(header::CONNECTION).is_some_and(|v| v == "close");
             assert_eq!(closes, source == Source::Downstream, "{err:?}");
+            // Only the heuristically cacheable 404 needs telling not to be stored.
+            let no_store = head.headers.get(header::CACHE_CONTROL).is_some_and(|v| v == "no-store");
+            assert_eq!(no_store, status == 404, "{err:?}");
             if source == Source::Upstream {
                 assert_eq!(doc["upstream"], "up");
             }
