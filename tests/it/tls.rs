@@ -361,3 +361,107 @@ async fn limits_can_key_on_the_client_certificate() {
     .unwrap_err();
     assert!(err.message.contains("client_ca"), "{err}");
 }
+
+#[tokio::test]
+async fn a_changed_certificate_file_alone_reloads_it() {
+    let site = Site::new();
+    let file = site.dir.path("proxy.yaml");
+    std::fs::write(
+        &file,
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: { certificates: [{ cert: api.pem, key: api.key }] }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n",
+    )
+    .unwrap();
+    let tg = Tollgate::start_config(Config::load(&file).unwrap()).await;
+    let reloader = tollgate::reload::Reloader::new(file, tg.shared.clone(), Box::new(|_| {}));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(reloader.run(Duration::from_millis(50), async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Only the PEM files change (as certbot renews them); the config file stays as it was.
+    site.ca.issue(&["api.test", "renewed.test"]).write(&site.dir, "api");
+    let mut names = Vec::new();
+    for _ in 0..200 {
+        let tls = connect(tg.addr, "api.test", client_config(&site.ca, &[], None)).await.unwrap();
+        names = names_of(&served_cert(&tls));
+        if names.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(names, ["api.test", "renewed.test"]);
+    let _ = stop.send(());
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn curl_with_the_ca_file_gets_through_on_http1_and_h2() {
+    if std::process::Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("curl is not installed; skipped");
+        return;
+    }
+    let site = Site::new();
+    let ca = site.ca.write(&site.dir, "ca.pem");
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ d: {{ respond: {{ body: hi }} }} }}\nroutes: [{{ upstream: d }}]\n",
+        site.certs()
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let port = tg.addr.port();
+    for proto in ["--http1.1", "--http2"] {
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", proto, "--cacert"])
+            .arg(&ca)
+            .args(["--resolve", &format!("x.wild.test:{port}:127.0.0.1")])
+            .args(["-o", "/dev/null", "-w", "%{http_code} %{http_version}"])
+            .arg(format!("https://x.wild.test:{port}/"))
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let want = if proto == "--http2" { "200 2" } else { "200 1.1" };
+        assert_eq!(text, want, "{proto}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[tokio::test]
+async fn rsa_and_sec1_keys_from_openssl_work_too() {
+    let dir = Dir::new();
+    let openssl = |args: &[&str]| std::process::Command::new("openssl").args(args).current_dir(&dir.0).output();
+    if openssl(&["version"]).is_err() {
+        eprintln!("openssl is not installed; skipped");
+        return;
+    }
+    let make = |alg: &[&str], name: &str| {
+        let mut args = vec!["req", "-x509", "-newkey"];
+        args.extend_from_slice(alg);
+        let (key, cert, san) = (format!("{name}.p8"), format!("{name}.pem"), format!("subjectAltName=DNS:{name}.test"));
+        args.extend_from_slice(&[
+            "-nodes", "-days", "2", "-subj", "/CN=x", "-keyout", &key, "-out", &cert, "-addext", &san,
+        ]);
+        assert!(openssl(&args).unwrap().status.success());
+    };
+    make(&["rsa:2048"], "rsa");
+    make(&["ec", "-pkeyopt", "ec_paramgen_curve:P-256"], "ec");
+    // The traditional encodings: PKCS#1 for RSA, SEC1 for EC.
+    assert!(openssl(&["rsa", "-in", "rsa.p8", "-traditional", "-out", "rsa.key"]).unwrap().status.success());
+    assert!(openssl(&["ec", "-in", "ec.p8", "-out", "ec.key"]).unwrap().status.success());
+    assert!(std::fs::read_to_string(dir.path("rsa.key")).unwrap().contains("BEGIN RSA PRIVATE KEY"));
+    assert!(std::fs::read_to_string(dir.path("ec.key")).unwrap().contains("BEGIN EC PRIVATE KEY"));
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: {}, key: {} }}, {{ cert: {}, key: {} }}] }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
+        y(&dir.path("rsa.pem")),
+        y(&dir.path("rsa.key")),
+        y(&dir.path("ec.pem")),
+        y(&dir.path("ec.key"))
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let mut any = (*client_config(&Ca::new("unused"), &[b"h2"], None)).clone();
+    any.dangerous().set_certificate_verifier(Arc::new(AcceptAny));
+    let any = Arc::new(any);
+    for name in ["rsa.test", "ec.test"] {
+        let tls = connect(tg.addr, name, any.clone()).await.unwrap();
+        assert_eq!(names_of(&served_cert(&tls)), [name]);
+        assert_eq!(Client::over(tls).await.get(name, "/").await.0, StatusCode::OK);
+    }
+}
