@@ -245,6 +245,9 @@ impl Proxy {
 
     /// [`Proxy::handle`] for a client whose connection came through the `listen` room (TLS,
     /// a PROXY header): `peer` says who it is.
+    // Inlined into both callers, as `handle` was into its one: measured, the request path's
+    // framing and target checks otherwise stop being inlined (+1.8 % instructions per 429).
+    #[inline(always)]
     pub fn handle_peer(self: Arc<Proxy>, req: Request<Incoming>, peer: Peer) -> impl Future<Output = Response<Body>> {
         let started = self.config.log.access.then(Instant::now);
         let (mut parts, body) = req.into_parts();

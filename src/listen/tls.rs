@@ -54,8 +54,13 @@ pub struct Served {
     pub not_after: i64,
 }
 
-/// Reads a file of at most [`MAX_PEM_BYTES`].
+/// Reads a regular file of at most [`MAX_PEM_BYTES`] (a FIFO or a device would block or never
+/// end: refused before it is opened).
 pub fn read_file(path: &Path) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: cannot read the file: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file; expected a PEM file", path.display()));
+    }
     let f = std::fs::File::open(path).map_err(|e| format!("{}: cannot read the file: {e}", path.display()))?;
     let mut buf = Vec::new();
     f.take(MAX_PEM_BYTES + 1)

@@ -465,3 +465,14 @@ async fn rsa_and_sec1_keys_from_openssl_work_too() {
         assert_eq!(Client::over(tls).await.get(name, "/").await.0, StatusCode::OK);
     }
 }
+
+#[test]
+fn certificate_paths_that_are_not_files_are_refused_without_reading() {
+    for path in ["/dev/zero", "/dev/stdin", "/tmp"] {
+        let yaml = format!(
+            "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: {path}, key: {path} }}] }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n"
+        );
+        let err = Config::from_yaml(Path::new("test.yaml"), &yaml).unwrap_err();
+        assert!(err.message.contains(path), "{err}");
+    }
+}
