@@ -278,7 +278,8 @@ impl Proxy {
             Err(e) => {
                 if started.is_some() {
                     let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
-                    tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind());
+                    let peer = peer.addr.ip();
+                    tracing::info!(target: "tollgate::access", %peer, %method, path, status, error = e.kind());
                 }
                 return this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
             }
@@ -350,7 +351,7 @@ impl Proxy {
         };
         lane.metrics.response(resp.status().as_u16());
         if let Some(started) = started {
-            log.emit(resp.status().as_u16(), started.elapsed());
+            log.emit(resp.status().as_u16(), started.elapsed(), peer.addr.ip());
         }
         resp
     }
@@ -517,11 +518,13 @@ impl<'a> Access<'a> {
         }
     }
 
-    fn emit(&self, status: u16, took: Duration) {
+    /// `peer`: the client's address (the socket's, or the one a PROXY header carried).
+    fn emit(&self, status: u16, took: Duration, peer: std::net::IpAddr) {
         let limit = self.note.limit.and_then(|i| self.lane.gate.limits().get(i)).map(|l| l.config.name.as_str());
         tracing::info!(
             target: "tollgate::access",
             route = self.route,
+            %peer,
             method = %self.method,
             path = %self.path,
             status,

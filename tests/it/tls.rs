@@ -476,3 +476,30 @@ fn certificate_paths_that_are_not_files_are_refused_without_reading() {
         assert!(err.message.contains(path), "{err}");
     }
 }
+
+#[tokio::test]
+async fn a_proxy_header_comes_before_the_tls_handshake_and_tls12_clients_are_served() {
+    let up = echo_upstream().await;
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    proxy_protocol: v1\n    tls: {{ certificates: {} }}\ntrusted_proxies: [127.0.0.1/32]\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+        site.certs(),
+        up.addr
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let mut tcp = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    tcp.write_all(b"PROXY TCP4 192.0.2.44 127.0.0.1 1234 443\r\n").await.unwrap();
+    let tls12 = {
+        let b = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(site.ca.roots());
+        Arc::new(b.with_no_client_auth())
+    };
+    let name = rustls::pki_types::ServerName::try_from("api.test").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls12).connect(name, tcp).await.unwrap();
+    assert_eq!(tls.get_ref().1.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_2));
+    let (status, _, body, _) = Client::over(tls).await.get("api.test", "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(&body[..], b"proto=https xff=192.0.2.44");
+}
