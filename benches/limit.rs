@@ -168,7 +168,13 @@ fn bench_parts(c: &mut Criterion) {
         .expect("request")
         .into_parts()
         .0;
-    let ctx = KeyCtx { route: "api", client_ip: "203.0.113.9".parse().expect("ip"), path: req.uri.path(), parts: &req };
+    let ctx = KeyCtx {
+        route: "api",
+        client_ip: "203.0.113.9".parse().expect("ip"),
+        path: req.uri.path(),
+        parts: &req,
+        tls_client: None,
+    };
     for spec in ["client_ip", "route, client_ip, header:x-api-key"] {
         let spec_v = KeySpec::parse(spec).expect("spec");
         g.bench_function(BenchmarkId::new("key_hash", spec), |b| b.iter(|| black_box(spec_v.hash(black_box(&ctx)))));

@@ -121,13 +121,19 @@ pub fn effective(c: &Config) -> Value {
         .map(|u| {
             let v = match &u.kind {
                 UpstreamKind::Http(h) => json!({
-                    "url": format!("http://{}{}", h.authority, h.base_path),
+                    "url": format!("{}://{}{}", if h.tls.is_some() { "https" } else { "http" }, h.authority, h.base_path),
                     "connect_timeout": dur(h.connect_timeout),
                     "timeout": dur(h.timeout),
                     "read_timeout": dur(h.read_timeout),
                     "pool_idle_timeout": dur(h.pool_idle_timeout),
                     "pool_max_idle": h.pool_max_idle,
                     "preserve_host": h.preserve_host,
+                    "tls": h.tls.as_ref().map(|t| json!({
+                        "server_name": t.server_name,
+                        "ca_file": t.ca_file.as_ref().map(|p| p.display().to_string()),
+                        "client_cert": t.client_cert.as_ref().map(|c| c.cert.display().to_string()),
+                        "tls_insecure_skip_verify": t.insecure_skip_verify,
+                    })),
                 }),
                 UpstreamKind::Respond(r) => json!({ "respond": {
                     "status": r.status.as_u16(),
@@ -219,7 +225,32 @@ pub fn effective(c: &Config) -> Value {
         }),
         "upstreams": upstreams,
         "routes": routes,
+        "listeners": listeners(c),
     })
+}
+
+/// Every listener with the names its certificates serve (paths and names, never keys).
+fn listeners(c: &Config) -> Value {
+    c.listeners
+        .iter()
+        .map(|l| {
+            json!({
+                "addr": l.addr.to_string(),
+                "tls": l.tls.as_ref().map(|t| json!({
+                    "certificates": t.loaded.as_ref().map(|ld| ld.served.iter().map(|s| json!({
+                        "cert": s.cert.display().to_string(),
+                        "names": s.names,
+                        "not_after": crate::listen::x509::date(s.not_after),
+                    })).collect::<Vec<_>>()),
+                    "client_ca": t.client_ca.as_ref().map(|p| p.display().to_string()),
+                    "client_auth": format!("{:?}", t.client_auth).to_lowercase(),
+                    "handshake_timeout": dur(t.handshake_timeout),
+                })),
+                "proxy_protocol": l.proxy_protocol.map(|p| format!("{p:?}").to_lowercase()),
+                "redirect_https": l.redirect_https,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -443,3 +443,12 @@ fn truncated(path: &str) -> &str {
 
 #[cfg(test)]
 mod tests;
+
+/// A plain listener's `redirect_https: true` answer: `308 Permanent Redirect` to `location`
+/// (the same host, path and query over HTTPS), with no body.
+pub fn redirect(location: HeaderValue) -> Response<Body> {
+    let mut resp = Response::new(Body::full(Bytes::new()));
+    *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;
+    resp.headers_mut().insert(header::LOCATION, location);
+    resp
+}

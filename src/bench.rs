@@ -14,6 +14,8 @@
 //!   peers names the client, so one load generator can be a million clients.
 //! - `BENCH_ADMIN` (optional address): the admin listener of the pass config (`/metrics`
 //!   shows `tollgate_local_store_keys`).
+//! - `BENCH_TLS_CERT` and `BENCH_TLS_KEY` (optional PEM files): the pass listener terminates
+//!   TLS with them (benches/tls.sh).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -89,6 +91,15 @@ pub fn run_from_env() -> anyhow::Result<()> {
     let rate = env("BENCH_RATE").unwrap_or_else(|| "1000000/s".into());
     let burst = env("BENCH_BURST").map(|b| b.parse()).transpose().context("BENCH_BURST")?.unwrap_or(100_000_000);
     let mut pass = bench_yaml(&listen, &upstream, &rate, burst, &store);
+    if let (Some(cert), Some(key)) = (env("BENCH_TLS_CERT"), env("BENCH_TLS_KEY")) {
+        pass = pass.replacen(
+            &format!("listen: {listen}\n"),
+            &format!(
+                "listen:\n  - addr: {listen}\n    tls: {{ certificates: [{{ cert: {cert:?}, key: {key:?} }}] }}\n"
+            ),
+            1,
+        );
+    }
     if let Some(admin) = env("BENCH_ADMIN") {
         pass.push_str(&format!("admin: {admin}\n"));
     }

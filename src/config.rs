@@ -4,6 +4,7 @@
 //! unknown fields, and validation turns it into types that cannot hold an invalid value.
 //! Every error names the file, line, column, field path and what was expected.
 
+pub mod edge;
 mod guard;
 mod limits;
 mod locate;
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
+pub use edge::{CertFiles, ClientAuth, Listener, ProxyProtocol, TlsListener, UpstreamTls};
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
@@ -51,7 +53,10 @@ impl std::error::Error for ConfigError {}
 /// The whole validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The first listener's address (the one `--listen` replaces).
     pub listen: SocketAddr,
+    /// Every listener, the first at `listen`.
+    pub listeners: Vec<Listener>,
     pub admin: Option<SocketAddr>,
     pub trusted_proxies: Vec<IpNet>,
     pub server: ServerConfig,
@@ -171,6 +176,8 @@ pub struct HttpUpstream {
     pub pool_max_idle: usize,
     /// Send the client's Host (default) or the upstream's authority.
     pub preserve_host: bool,
+    /// `https://` upstreams: how to verify and what to present.
+    pub tls: Option<UpstreamTls>,
 }
 
 #[derive(Debug, Clone)]
@@ -269,6 +276,11 @@ impl Config {
             ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
         })?;
         config.shape = shape;
+        let base = file.parent().unwrap_or(Path::new(""));
+        edge::load_files(&mut config, base).map_err(|(segs, message)| {
+            let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
+            ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
+        })?;
         Ok(config)
     }
 
@@ -279,6 +291,19 @@ impl Config {
 
     pub fn upstream(&self, route: &Route) -> &Upstream {
         &self.upstreams[route.upstream]
+    }
+
+    /// Moves the first listener to `addr` (`--listen`).
+    pub fn set_listen(&mut self, addr: SocketAddr) {
+        self.listen = addr;
+        if let Some(l) = self.listeners.first_mut() {
+            l.addr = addr;
+        }
+    }
+
+    /// The files the config reads besides itself (certificates, keys, CAs).
+    pub fn watched_files(&self) -> Vec<PathBuf> {
+        edge::watched_files(self)
     }
 }
 
@@ -387,16 +412,16 @@ pub(crate) fn parse_header(
     Ok((n, v))
 }
 
-/// `http://host[:port][/base]` → the authority with its port made explicit (80 when none is
-/// written, as everywhere else) and the base path. The host must be there, the port a number
-/// 1–65535.
-pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, String), String> {
+/// `http[s]://host[:port][/base]` → the authority with its port made explicit (80, or 443
+/// for https, when none is written, as everywhere else), the base path, and whether it is
+/// https. The host must be there, the port a number 1–65535.
+pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, String, bool), String> {
     let uri: Uri = url.parse().map_err(|e| format!("`{url}` is not a URL ({e}); expected http://host:port"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err("https upstreams are not supported yet; expected an http:// URL".to_owned()),
-        _ => return Err(format!("`{url}` has no http:// scheme; expected http://host:port")),
-    }
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(format!("`{url}` has no http:// scheme; expected http://host:port or https://host:port")),
+    };
     let authority =
         uri.authority().cloned().ok_or_else(|| format!("`{url}` has no host; expected http://host:port"))?;
     if authority.as_str().contains('@') {
@@ -411,6 +436,7 @@ pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, Str
     }
     // `http` keeps an unparsable port in the authority text but reports none: read it here.
     let port = match authority.as_str()[host.len()..].strip_prefix(':') {
+        None if https => 443,
         None => 80,
         Some(p) => p
             .bytes()
@@ -424,7 +450,7 @@ pub(crate) fn parse_upstream_url(url: &str) -> Result<(http::uri::Authority, Str
         .parse()
         .map_err(|e| format!("`{url}` is not a URL ({e}); expected http://host:port"))?;
     let base = uri.path().trim_end_matches('/').to_owned();
-    Ok((authority, base))
+    Ok((authority, base, https))
 }
 
 impl HostMatch {

@@ -25,6 +25,7 @@ fn who(limit: &LimitConfig) -> String {
             KeyPart::Path => "path".to_owned(),
             KeyPart::Header(h) => format!("header {h}"),
             KeyPart::Query(q) => format!("query parameter {q}"),
+            KeyPart::TlsClient => "TLS client certificate".to_owned(),
         })
         .collect();
     if parts.len() == 1 && parts[0] == "the whole route" {
@@ -174,8 +175,60 @@ fn per_second(interval: NonZeroSpan) -> String {
 }
 
 /// The whole explanation of `config`.
+/// Each listener in words: TLS and the names its certificates serve (never key material),
+/// client certificates, PROXY header, redirect.
+pub fn listeners(config: &Config) -> String {
+    use crate::config::{ClientAuth, ProxyProtocol};
+    let mut out = String::new();
+    for l in &config.listeners {
+        let _ = write!(out, "listener {}: ", l.addr);
+        match &l.tls {
+            None if l.redirect_https => out.push_str("HTTP, every request redirected to HTTPS (308)"),
+            None => out.push_str("HTTP/1.1 and h2c"),
+            Some(t) => {
+                let _ = write!(out, "TLS (h2, http/1.1), handshake within {}", Dur(t.handshake_timeout));
+                if let Some(ca) = &t.client_ca {
+                    let how = match t.client_auth {
+                        ClientAuth::Required => "required",
+                        ClientAuth::Optional => "optional",
+                    };
+                    let _ = write!(out, ", client certificates {how} (CA {})", ca.display());
+                }
+            }
+        }
+        match l.proxy_protocol {
+            None => {}
+            Some(p) => {
+                let v = match p {
+                    ProxyProtocol::V1 => "v1",
+                    ProxyProtocol::V2 => "v2",
+                    ProxyProtocol::Optional => "v1 or v2 if present",
+                };
+                let _ = write!(out, "; PROXY protocol {v} from trusted_proxies only");
+            }
+        }
+        out.push('\n');
+        if let Some(loaded) = l.tls.as_ref().and_then(|t| t.loaded.as_ref()) {
+            for (i, s) in loaded.served.iter().enumerate() {
+                let default = if i == 0 { " (also for clients without SNI or with an unknown name)" } else { "" };
+                let _ = writeln!(
+                    out,
+                    "  certificate {}: serves {}{default}; valid until {}",
+                    s.cert.display(),
+                    s.names.join(", "),
+                    crate::listen::x509::date(s.not_after)
+                );
+            }
+        }
+    }
+    out
+}
+
 pub fn explain(config: &Config) -> String {
     let mut out = String::new();
+    if config.listeners.len() > 1 || config.listeners.iter().any(|l| !l.is_plain()) {
+        out.push_str(&listeners(config));
+    }
     for r in &config.routes {
         let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
         if r.limits.is_empty() && r.concurrency.is_none() {

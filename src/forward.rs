@@ -2,6 +2,7 @@
 //! connection, or to the built-in responder. Failures are returned as [`Error`]s with their
 //! source (the client's body, or the upstream); the answer module writes the response.
 
+pub mod connector;
 pub mod framing;
 pub mod headers;
 pub mod pool;
@@ -26,6 +27,8 @@ use crate::config::{HttpUpstream, Responder};
 pub struct Downstream {
     pub peer: IpAddr,
     pub peer_trusted: bool,
+    /// The client came over TLS.
+    pub https: bool,
 }
 
 /// A pooled client for one `http://` upstream.
@@ -48,11 +51,20 @@ impl HttpForwarder {
         body_read_timeout: Duration,
         metrics: &crate::metrics::Metrics,
     ) -> HttpForwarder {
+        if cfg.tls.as_ref().is_some_and(|t| t.insecure_skip_verify) {
+            tracing::warn!(
+                upstream = name,
+                "tls_insecure_skip_verify: the upstream's certificate is not verified (for development only)"
+            );
+        }
         HttpForwarder {
             name: name.to_owned(),
             pool: Arc::new(Pool::new(
-                cfg.authority.as_str().to_owned(),
-                cfg.connect_timeout,
+                connector::Connector::new(
+                    cfg.authority.as_str().to_owned(),
+                    cfg.connect_timeout,
+                    cfg.tls.as_ref().and_then(|t| t.loaded.clone()),
+                ),
                 cfg.pool_idle_timeout,
                 cfg.pool_max_idle,
                 metrics.upstream_read_timeouts(name),
@@ -145,7 +157,7 @@ impl HttpForwarder {
         } else {
             h.insert(header::HOST, self.authority_value.clone())
         };
-        headers::add_forwarding(h, down.peer, down.peer_trusted, replaced.as_ref());
+        headers::add_forwarding_proto(h, down.peer, down.peer_trusted, replaced.as_ref(), down.https);
         headers::append_via(h, received);
         Ok(Request::from_parts(parts, RequestBody::new(body, self.body_read_timeout)))
     }

@@ -25,6 +25,17 @@ pub async fn run(
     reloader: Option<Reloader>,
     shutdown: impl Future<Output = ()>,
 ) {
+    run_all(shared, vec![listener], admin, reloader, shutdown).await;
+}
+
+/// [`run`] with every listener of `listen:` (in the config's order).
+pub async fn run_all(
+    shared: Shared,
+    listeners: Vec<TcpListener>,
+    admin: Option<TcpListener>,
+    reloader: Option<Reloader>,
+    shutdown: impl Future<Output = ()>,
+) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -45,5 +56,5 @@ pub async fn run(
         ready.set_listening(false);
         let _ = stop_tx.send(true);
     };
-    crate::server::serve(listener, shared, signal).await;
+    crate::server::serve_all(listeners, shared, signal).await;
 }

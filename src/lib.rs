@@ -5,6 +5,8 @@
 //!
 //! - [`config`]: YAML → validated, typed config; every error with line, column and field path.
 //! - [`instance`]: one running tollgate (listener, admin, reloader), for `run` and `bench` alike.
+//! - [`listen`]: the edge of a connection before HTTP: PROXY protocol header, TLS (SNI
+//!   certificates, ALPN, client certificates); yields the [`listen::Peer`].
 //! - [`server`]: accept loop, protocol detection, HTTP/1.1 + h2c, timeouts, graceful shutdown.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/config` on the admin listener.
 //! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
@@ -38,6 +40,7 @@ pub mod fuzzing;
 pub mod gate;
 pub mod instance;
 pub mod limit;
+pub mod listen;
 pub mod metrics;
 pub mod proxy;
 pub mod ratelimit;

@@ -126,7 +126,7 @@ fn run(
     // Command-line overrides win over the file, on reloads too.
     let adjust = move |c: &mut Config| {
         if let Some(addr) = listen {
-            c.listen = addr;
+            c.set_listen(addr);
         }
         if let Some(f) = log_format {
             c.log.format = match f {
@@ -139,8 +139,10 @@ fn run(
     let log_switch = init_logging(config.log.format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
-        let listener =
-            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        let mut listeners = Vec::with_capacity(config.listeners.len());
+        for l in &config.listeners {
+            listeners.push(tokio::net::TcpListener::bind(l.addr).await.with_context(|| format!("binding {}", l.addr))?);
+        }
         let admin = match config.admin {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)
@@ -157,7 +159,7 @@ fn run(
         tracing::info!(listen = %addr, admin = ?admin_addr, routes, "tollgate listening");
         let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
         let reloader = Reloader::new(path, shared.clone(), Box::new(adjust)).with_log_switch(log_switch);
-        tollgate::instance::run(shared, listener, admin, Some(reloader), shutdown_signal()).await;
+        tollgate::instance::run_all(shared, listeners, admin, Some(reloader), shutdown_signal()).await;
         Ok(())
     })
 }
@@ -194,6 +196,21 @@ fn summary(config: &Config) -> String {
         let _ = write!(out, "; aliases repeat {} YAML nodes", config.shape.alias_nodes);
     }
     out.push('\n');
+    if config.listeners.len() > 1 || config.listeners.iter().any(|l| !l.is_plain()) {
+        out.push_str(&tollgate::explain::listeners(config));
+    }
+    for u in &config.upstreams {
+        if let UpstreamKind::Http(h) = &u.kind {
+            if h.tls.as_ref().is_some_and(|t| t.insecure_skip_verify) {
+                let _ = writeln!(
+                    out,
+                    "warning: upstream `{}`: tls_insecure_skip_verify is on: its certificate is not verified (for \
+                     development only)",
+                    u.name
+                );
+            }
+        }
+    }
     for (i, r) in config.routes.iter().enumerate() {
         let host = match &r.host {
             None => "*".to_owned(),
@@ -210,7 +227,10 @@ fn summary(config: &Config) -> String {
             .map_or("any method".to_owned(), |m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(","));
         let up = config.upstream(r);
         let target = match &up.kind {
-            UpstreamKind::Http(h) => format!("{} (http://{}{})", up.name, h.authority, h.base_path),
+            UpstreamKind::Http(h) => {
+                let scheme = if h.tls.is_some() { "https" } else { "http" };
+                format!("{} ({scheme}://{}{})", up.name, h.authority, h.base_path)
+            }
             UpstreamKind::Respond(resp) => format!("{} (built-in responder, status {})", up.name, resp.status.as_u16()),
         };
         let _ = writeln!(out, "  {}. {}: {} {} [{}] -> {}", i + 1, r.name, host, path, methods, target);

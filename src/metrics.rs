@@ -178,6 +178,33 @@ pub struct ConnMetrics {
     pub accepted: Counter,
     pub refused: Counter,
     pub timeouts: ConnTimeouts,
+    /// TLS handshakes and PROXY headers of the `listen` room.
+    pub edge: EdgeMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// What happens at the edge of a connection, before HTTP.
+#[derive(Clone, Default)]
+pub struct EdgeMetrics {
+    pub tls_handshakes: Counter,
+    tls_failures: Family<ReasonLabel, Counter>,
+    proxy_refused: Family<ReasonLabel, Counter>,
+}
+
+impl EdgeMetrics {
+    /// A failed TLS handshake, by a fixed reason (`timeout`, `not_tls`, …).
+    pub fn tls_failed(&self, reason: &'static str) {
+        self.tls_failures.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// A connection closed for its PROXY header (or the lack of one), by reason.
+    pub fn proxy_refused(&self, reason: &'static str) {
+        self.proxy_refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
 }
 
 /// Connections closed by a server timeout, by which one.
@@ -281,6 +308,18 @@ impl Metrics {
             connections.refused.clone(),
         );
         registry.register("connection_timeouts", "Client connections closed by a server timeout, by kind", timeouts);
+        let e = &connections.edge;
+        registry.register("tls_handshakes", "TLS handshakes completed by client connections", e.tls_handshakes.clone());
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes of client connections that failed, by reason",
+            e.tls_failures.clone(),
+        );
+        registry.register(
+            "proxy_protocol_refused",
+            "Client connections closed for their PROXY protocol header, by reason",
+            e.proxy_refused.clone(),
+        );
         Metrics {
             registry,
             requests,

@@ -39,6 +39,7 @@ pub struct Reloaded {
 
 /// What identifies a version of the file without reading it.
 fn stamp(path: &PathBuf) -> Option<(SystemTime, u64)> {
+    // Followed through symlinks: a ConfigMap or certbot swap changes the target.
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
 }
@@ -63,9 +64,12 @@ fn build(
     adjust(&mut config);
     let running = &old.config;
     let mut restart_needed = Vec::new();
-    if config.listen != running.listen {
+    let shapes = |c: &Config| c.listeners.iter().map(crate::config::Listener::shape).collect::<Vec<_>>();
+    if config.listen != running.listen || shapes(&config) != shapes(running) {
         restart_needed.push("listen");
         config.listen = running.listen;
+        // The sockets stay as they are, and so do their certificates.
+        config.listeners.clone_from(&running.listeners);
     }
     if config.admin != running.admin {
         restart_needed.push("admin");
@@ -146,6 +150,15 @@ impl Reloader {
         }
     }
 
+    /// The stamps of the file and of the files it names (certificates, keys, CAs): a change
+    /// to any reloads.
+    fn stamps(&self) -> Option<Vec<Option<(SystemTime, u64)>>> {
+        let own = stamp(&self.path)?;
+        let mut all = vec![Some(own)];
+        all.extend(self.shared.load().config.watched_files().iter().map(stamp));
+        Some(all)
+    }
+
     /// Reloads on SIGHUP and when the file's modification time or size changes (checked every
     /// `poll`), until `shutdown` resolves. Polling works the same on every filesystem,
     /// bind mounts and ConfigMap symlink swaps included.
@@ -159,7 +172,7 @@ impl Reloader {
                 None
             }
         };
-        let mut last = stamp(&self.path);
+        let mut last = self.stamps();
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -173,14 +186,14 @@ impl Reloader {
                 () = &mut shutdown => return,
                 _ = hup_recv => {
                     tracing::info!("SIGHUP received: reloading");
-                    last = stamp(&self.path);
                     self.try_reload().await;
+                    last = self.stamps();
                 }
                 _ = tick.tick() => {
-                    let now = stamp(&self.path);
+                    let now = self.stamps();
                     if now.is_some() && now != last {
-                        last = now;
                         self.try_reload().await;
+                        last = self.stamps();
                     }
                 }
             }

@@ -32,6 +32,7 @@ use tokio::sync::watch;
 
 use crate::body::Body;
 use crate::config::{Config, ServerConfig};
+use crate::listen::Stream;
 use crate::metrics::ConnMetrics;
 use crate::proxy::Shared;
 
@@ -85,6 +86,12 @@ impl Current {
         let config = proxy.load().config.clone();
         let settings = Arc::new(Settings::new(&config.server, metrics));
         Current { config, settings }
+    }
+
+    /// `Some(idx)` when listener `idx` of the config in effect is not plain HTTP.
+    fn edge(&mut self, idx: usize, proxy: &Shared) -> Option<usize> {
+        self.get(proxy);
+        self.config.listeners.get(idx).is_some_and(|l| !l.is_plain()).then_some(idx)
     }
 
     pub(crate) fn get(&mut self, proxy: &Shared) -> &Arc<Settings> {
@@ -192,15 +199,30 @@ impl Drop for Open {
 /// Serves connections from `listener` until `shutdown` resolves, then stops accepting and
 /// gives open connections the configured grace period to finish.
 pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<Output = ()>) {
+    serve_all(vec![listener], proxy, shutdown).await;
+}
+
+/// [`serve`] for several listeners: `listeners[i]` serves `listen[i]` of the config (TLS,
+/// PROXY header, redirect; see [`crate::listen`]). A plain listener's sockets go straight to
+/// HTTP.
+pub async fn serve_all(listeners: Vec<TcpListener>, proxy: Shared, shutdown: impl Future<Output = ()>) {
     let metrics = proxy.load().metrics().connections().clone();
     let mut current = Current::new(&proxy, metrics);
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop = Stop { flag: Arc::default(), rx: Some(stop_rx) };
     tokio::pin!(shutdown);
+    let accept_any = |cx: &mut Context<'_>| {
+        for (i, l) in listeners.iter().enumerate() {
+            if let Poll::Ready(r) = l.poll_accept(cx) {
+                return Poll::Ready((i, r));
+            }
+        }
+        Poll::Pending
+    };
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
+        let (idx, stream, peer) = tokio::select! {
+            (idx, accepted) = std::future::poll_fn(accept_any) => match accepted {
+                Ok((stream, peer)) => (idx, stream, peer),
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -210,20 +232,26 @@ pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<O
             },
             () = &mut shutdown => break,
         };
-        accept(stream, peer, current.get(&proxy), &proxy, &stop);
+        let edge = current.edge(idx, &proxy);
+        accept(stream, peer, edge, current.get(&proxy), &proxy, &stop);
     }
     // Connections whose handshake the kernel completed are served rather than reset when
     // the listener closes: each gets its first request answered (see `h1::serve`).
-    match listener.into_std() {
-        Ok(listener) => {
-            while let Ok((stream, peer)) = listener.accept() {
-                match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
-                    Ok(stream) => accept(stream, peer, current.get(&proxy), &proxy, &stop),
-                    Err(e) => tracing::debug!(error = %e, "could not adopt a connection while closing"),
+    for (idx, listener) in listeners.into_iter().enumerate() {
+        match listener.into_std() {
+            Ok(listener) => {
+                while let Ok((stream, peer)) = listener.accept() {
+                    match stream.set_nonblocking(true).and_then(|()| TcpStream::from_std(stream)) {
+                        Ok(stream) => {
+                            let edge = current.edge(idx, &proxy);
+                            accept(stream, peer, edge, current.get(&proxy), &proxy, &stop);
+                        }
+                        Err(e) => tracing::debug!(error = %e, "could not adopt a connection while closing"),
+                    }
                 }
             }
+            Err(e) => tracing::debug!(error = %e, "could not drain the listen queue"),
         }
-        Err(e) => tracing::debug!(error = %e, "could not drain the listen queue"),
     }
     let grace = proxy.load().config.server.grace_period;
     tracing::info!(?grace, "shutting down: no new connections, finishing in-flight requests");
@@ -238,7 +266,16 @@ pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<O
 }
 
 /// Spawns the task of one accepted connection, or closes it at once past `max_connections`.
-fn accept(stream: TcpStream, peer: SocketAddr, settings: &Arc<Settings>, proxy: &Shared, stop: &Stop) {
+/// `edge`: the index of a listener that is not plain HTTP (its connection goes through
+/// [`crate::listen`] first).
+fn accept(
+    stream: TcpStream,
+    peer: SocketAddr,
+    edge: Option<usize>,
+    settings: &Arc<Settings>,
+    proxy: &Shared,
+    stop: &Stop,
+) {
     let m = &settings.metrics;
     // Only this loop increments, so the bound holds exactly; a closing connection may make
     // it refuse one more than needed, never admit one too many.
@@ -252,6 +289,14 @@ fn accept(stream: TcpStream, peer: SocketAddr, settings: &Arc<Settings>, proxy: 
     let open = Open(m.open.clone());
     let _ = stream.set_nodelay(true);
     let proxy = proxy.clone();
+    if let Some(idx) = edge {
+        let (settings, stop) = (settings.clone(), stop.clone());
+        tokio::spawn(async move {
+            let _open = open;
+            edge_connection(stream, peer, idx, settings, stop, proxy).await;
+        });
+        return;
+    }
     let service = service_fn(move |req| Answer { inner: proxy.load_full().handle(req, peer) });
     let conn = connection(stream, Instant::now(), settings.clone(), stop.clone(), service);
     tokio::spawn(async move {
@@ -302,11 +347,99 @@ where
     };
     // Whoever closes before saying anything has nothing to answer.
     let Ok((proto, len)) = detected else { return Ok(()) };
+    serve_io(stream, prefix, len, proto, accepted, settings, stop, service).await
+}
+
+/// Serves a connection whose protocol is known, with `prefix[..len]` read ahead of `stream`.
+#[allow(clippy::too_many_arguments)]
+async fn serve_io<IO, S, B>(
+    stream: IO,
+    prefix: [u8; detect::PREFACE.len()],
+    len: usize,
+    proto: detect::Proto,
+    accepted: Instant,
+    settings: Arc<Settings>,
+    stop: Stop,
+    service: S,
+) -> Result<(), hyper::Error>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
+{
     let state = Arc::new(ConnState::new(settings, accepted));
     let io = TokioIo::new(detect::Prefixed::new(stream, prefix, len, state.clone()));
     match proto {
         detect::Proto::Http1 => h1::serve(io, state, stop, service).await,
         detect::Proto::Http2 => h2::serve(io, state, stop, service).await,
+    }
+}
+
+/// A connection of a listener that is not plain HTTP: its edge steps (PROXY header, TLS),
+/// then HTTP with the [`Peer`] they made, or the HTTPS redirect.
+async fn edge_connection(
+    stream: TcpStream,
+    socket: SocketAddr,
+    idx: usize,
+    settings: Arc<Settings>,
+    stop: Stop,
+    proxy: Shared,
+) {
+    let accepted = Instant::now();
+    let now = proxy.load_full();
+    let Some(listener) = now.config.listeners.get(idx) else { return };
+    let trusted = now.is_trusted(socket.ip());
+    let header_timeout = settings.cfg.header_read_timeout;
+    let edge = crate::listen::edge(stream, socket, listener, trusted, accepted, header_timeout, &settings.metrics.edge);
+    let Some((stream, peer)) = edge.await else { return };
+    let redirect = listener.redirect_https.then(|| https_port(&now.config));
+    drop(now);
+    let served = match redirect {
+        Some(port) => {
+            let service =
+                service_fn(move |req| std::future::ready(Ok::<_, Infallible>(proxy.load().redirect_https(req, port))));
+            serve_stream(stream, accepted, settings, stop, service).await
+        }
+        None => {
+            let service = service_fn(move |req| Answer { inner: proxy.load_full().handle_peer(req, peer.clone()) });
+            serve_stream(stream, accepted, settings, stop, service).await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(%socket, error = %e, "connection ended with an error");
+    }
+}
+
+/// The port HTTPS redirects name: the first TLS listener's (443 when there is none).
+fn https_port(config: &Config) -> u16 {
+    config.listeners.iter().find(|l| l.tls.is_some()).map_or(443, |l| l.addr.port())
+}
+
+async fn serve_stream<S, B>(
+    stream: Stream,
+    accepted: Instant,
+    settings: Arc<Settings>,
+    stop: Stop,
+    service: S,
+) -> Result<(), hyper::Error>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
+{
+    match stream {
+        Stream::Plain(s) => connection(s, accepted, settings, stop, service).await,
+        Stream::Tls(s) => {
+            // ALPN decides; a client that offered none speaks HTTP/1.1.
+            let proto =
+                if s.get_ref().1.alpn_protocol() == Some(b"h2") { detect::Proto::Http2 } else { detect::Proto::Http1 };
+            serve_io(s, [0; detect::PREFACE.len()], 0, proto, accepted, settings, stop, service).await
+        }
     }
 }
 

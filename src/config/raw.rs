@@ -26,8 +26,8 @@ pub const MAX_NAME_BYTES: usize = 128;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    #[serde(default = "default_listen")]
-    listen: SocketAddr,
+    #[serde(default)]
+    listen: super::edge::RawListen,
     admin: Option<SocketAddr>,
     #[serde(default)]
     trusted_proxies: Vec<IpNet>,
@@ -42,10 +42,6 @@ pub struct Config {
     redis: Option<super::redis::RawRedis>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
-}
-
-fn default_listen() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 8080))
 }
 
 #[derive(Deserialize)]
@@ -296,6 +292,10 @@ struct Upstream {
     pool_idle_timeout: Option<Dur>,
     pool_max_idle: Option<usize>,
     preserve_host: Option<bool>,
+    ca_file: Option<std::path::PathBuf>,
+    server_name: Option<String>,
+    client_cert: Option<super::edge::RawCertFiles>,
+    tls_insecure_skip_verify: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -349,6 +349,7 @@ struct Match {
 impl Config {
     pub fn validate(self) -> Result<super::Config, Invalid> {
         let server = self.server.validate()?;
+        let listeners = super::edge::validate(self.listen, !self.trusted_proxies.is_empty())?;
         let type_base = self.problems.type_base;
         let absolute = type_base.split_once(':').is_some_and(|(scheme, rest)| {
             !rest.is_empty()
@@ -479,8 +480,22 @@ impl Config {
                 stale_on_upstream_error: route.on_upstream_error.and_then(|f| f.stale).map(|s| s.max_age.0),
             });
         }
+        let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
+        for (i, r) in routes.iter().enumerate() {
+            for (j, l) in r.limits.iter().enumerate() {
+                if !mtls && l.key.parts().contains(&crate::limit::KeyPart::TlsClient) {
+                    return Err((
+                        limit_path(i, j, "key"),
+                        "`tls_client` keys on client certificates, and no listener asks for them; give a TLS \
+                         listener `client_ca`"
+                            .to_owned(),
+                    ));
+                }
+            }
+        }
         Ok(super::Config {
-            listen: self.listen,
+            listen: listeners[0].addr,
+            listeners,
             admin: self.admin,
             trusted_proxies: self.trusted_proxies,
             server,
@@ -506,6 +521,12 @@ impl Config {
 
 impl Upstream {
     fn validate(self, name: &str, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<super::UpstreamKind, Invalid> {
+        let tls = super::edge::RawUpstreamTls {
+            ca_file: self.ca_file,
+            server_name: self.server_name,
+            client_cert: self.client_cert,
+            tls_insecure_skip_verify: self.tls_insecure_skip_verify,
+        };
         match (self.url, self.respond) {
             (Some(_), Some(_)) => Err((at("respond"), "give either `url` or `respond`, not both".to_owned())),
             (None, None) => Err((
@@ -513,7 +534,14 @@ impl Upstream {
                 "expected `url: http://host:port` or a built-in `respond:` block".to_owned(),
             )),
             (Some(url), None) => {
-                let (authority, base_path) = parse_upstream_url(&url).map_err(|e| (at("url"), e))?;
+                let (authority, base_path, https) = parse_upstream_url(&url).map_err(|e| (at("url"), e))?;
+                let tls = if https {
+                    Some(tls.validate(authority.host(), at)?)
+                } else if let Some(field) = tls.any() {
+                    return Err((at(field), format!("`{field}` applies to https:// upstreams; this one is http://")));
+                } else {
+                    None
+                };
                 Ok(super::UpstreamKind::Http(super::HttpUpstream {
                     authority,
                     base_path,
@@ -523,6 +551,7 @@ impl Upstream {
                     pool_idle_timeout: self.pool_idle_timeout.map_or(std::time::Duration::from_secs(90), |d| d.0),
                     pool_max_idle: self.pool_max_idle.unwrap_or(1024),
                     preserve_host: self.preserve_host.unwrap_or(true),
+                    tls,
                 }))
             }
             (None, Some(r)) => {
@@ -533,6 +562,10 @@ impl Upstream {
                     ("pool_idle_timeout", self.pool_idle_timeout.is_some()),
                     ("pool_max_idle", self.pool_max_idle.is_some()),
                     ("preserve_host", self.preserve_host.is_some()),
+                    ("ca_file", tls.ca_file.is_some()),
+                    ("server_name", tls.server_name.is_some()),
+                    ("client_cert", tls.client_cert.is_some()),
+                    ("tls_insecure_skip_verify", tls.tls_insecure_skip_verify.is_some()),
                 ] {
                     if set {
                         return Err((at(field), format!("`{field}` applies to `url` upstreams, not to `respond`")));

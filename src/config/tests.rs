@@ -77,12 +77,12 @@ fn broken_configs_name_line_column_and_field() {
         ),
         // neither url nor respond
         ("upstreams:\n  demo: {}\nroutes: [{ upstream: demo }]\n", 2, "upstreams.demo", "expected `url"),
-        // https is refused with a reason
+        // another scheme is refused with a reason
         (
-            "upstreams:\n  a:\n    url: https://x\nroutes: [{ upstream: a }]\n",
+            "upstreams:\n  a:\n    url: ftp://x\nroutes: [{ upstream: a }]\n",
             3,
             "upstreams.a.url",
-            "https upstreams are not supported",
+            "expected http://host:port or https://",
         ),
         // path without slash
         (

@@ -99,6 +99,17 @@ pub fn append_via(headers: &mut HeaderMap, received: Version) {
 /// `host` is the client's `Host` when the upstream gets another one (`None`: it gets the
 /// client's, so no `X-Forwarded-Host` repeats it, and an untrusted one is removed).
 pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool, host: Option<&HeaderValue>) {
+    add_forwarding_proto(headers, peer, peer_trusted, host, false);
+}
+
+/// [`add_forwarding`] for a client that came over TLS when `https`: `X-Forwarded-Proto: https`.
+pub fn add_forwarding_proto(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    peer_trusted: bool,
+    host: Option<&HeaderValue>,
+    https: bool,
+) {
     // Several XFF fields are one list; fold them into one value, ours last.
     let mut chain = String::with_capacity(48);
     for v in headers.get_all(&X_FORWARDED_FOR) {
@@ -113,7 +124,7 @@ pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool,
         headers.insert(X_FORWARDED_FOR, v);
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(if https { "https" } else { "http" }));
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         match host {

@@ -47,6 +47,9 @@ pub enum KeyPart {
     Query(String),
     /// The request path (without query).
     Path,
+    /// The verified TLS client certificate's identity (its first SAN, else its CN); clients
+    /// without one share one "missing" key.
+    TlsClient,
 }
 
 /// Errors from [`KeySpec::parse`].
@@ -54,7 +57,7 @@ pub enum KeyPart {
 pub enum KeyError {
     #[error("empty key: expected e.g. \"client_ip\" or \"route, header:x-api-key\"")]
     Empty,
-    #[error("unknown key part {0:?}: expected route, client_ip, path, header:NAME or query:NAME")]
+    #[error("unknown key part {0:?}: expected route, client_ip, path, tls_client, header:NAME or query:NAME")]
     Unknown(String),
     #[error("invalid header name {0:?}")]
     Header(String),
@@ -84,6 +87,7 @@ impl FromStr for KeyPart {
             "route" => Ok(KeyPart::Route),
             "client_ip" => Ok(KeyPart::ClientIp),
             "path" => Ok(KeyPart::Path),
+            "tls_client" => Ok(KeyPart::TlsClient),
             other => Err(KeyError::Unknown(other.to_owned())),
         }
     }
@@ -97,6 +101,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Header(h) => write!(f, "header:{h}"),
             KeyPart::Query(q) => write!(f, "query:{q}"),
             KeyPart::Path => f.write_str("path"),
+            KeyPart::TlsClient => f.write_str("tls_client"),
         }
     }
 }
@@ -117,6 +122,8 @@ pub struct KeyCtx<'a> {
     /// cannot get a fresh key by spelling its path another way.
     pub path: &'a str,
     pub parts: &'a http::request::Parts,
+    /// The client certificate's identity on an mTLS connection (see [`crate::listen::Peer`]).
+    pub tls_client: Option<&'a str>,
 }
 
 impl KeySpec {
@@ -201,6 +208,16 @@ impl KeySpec {
                 KeyPart::Path => {
                     h.update(&[0x05]);
                     bytes(&mut h, ctx.path.as_bytes());
+                }
+                KeyPart::TlsClient => {
+                    h.update(&[0x06]);
+                    match ctx.tls_client {
+                        None => h.update(&[0x00]),
+                        Some(id) => {
+                            h.update(&[0x01]);
+                            bytes(&mut h, id.as_bytes());
+                        }
+                    }
                 }
             }
         }
@@ -361,7 +378,7 @@ mod tests {
     }
 
     fn hash(spec: &str, route: &str, ip: &str, p: &http::request::Parts) -> KeyHash {
-        let ctx = KeyCtx { route, client_ip: ip.parse().expect("ip"), path: p.uri.path(), parts: p };
+        let ctx = KeyCtx { route, client_ip: ip.parse().expect("ip"), path: p.uri.path(), parts: p, tls_client: None };
         KeySpec::parse(spec).expect("spec").hash(&ctx)
     }
 

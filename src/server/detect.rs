@@ -48,8 +48,8 @@ pub(super) async fn detect(stream: &TcpStream, buf: &mut [u8; 24]) -> io::Result
 
 /// The connection with the detection bytes put back in front, and a deadline on writes
 /// that make no progress (`server.send_timeout`).
-pub(super) struct Prefixed {
-    stream: TcpStream,
+pub(super) struct Prefixed<S = TcpStream> {
+    stream: S,
     prefix: [u8; 24],
     at: usize,
     len: usize,
@@ -58,8 +58,8 @@ pub(super) struct Prefixed {
     stalled: Option<timer::Sleep>,
 }
 
-impl Prefixed {
-    pub(super) fn new(stream: TcpStream, prefix: [u8; 24], len: usize, state: Arc<ConnState>) -> Prefixed {
+impl<S: AsyncRead + AsyncWrite + Unpin> Prefixed<S> {
+    pub(super) fn new(stream: S, prefix: [u8; 24], len: usize, state: Arc<ConnState>) -> Prefixed<S> {
         Prefixed { stream, prefix, at: 0, len, state, stalled: None }
     }
 
@@ -92,7 +92,7 @@ impl Prefixed {
     }
 }
 
-impl AsyncRead for Prefixed {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Prefixed<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.at < this.len {
@@ -110,7 +110,7 @@ impl AsyncRead for Prefixed {
     }
 }
 
-impl AsyncWrite for Prefixed {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.stream).poll_write(cx, buf);

@@ -33,13 +33,14 @@ use super::detect::Prefixed;
 use super::{ConnState, Stop, Stopping};
 use crate::timer;
 
-pub(super) async fn serve<S, B>(
-    io: TokioIo<Prefixed>,
+pub(super) async fn serve<IO, S, B>(
+    io: TokioIo<Prefixed<IO>>,
     state: Arc<ConnState>,
     stop: Stop,
     service: S,
 ) -> Result<(), hyper::Error>
 where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
     B: http_body::Body<Data = Bytes> + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -23,13 +23,14 @@ use pin_project_lite::pin_project;
 use super::detect::Prefixed;
 use super::{ConnState, Stop, Stopping};
 
-pub(super) async fn serve<S, B>(
-    io: TokioIo<Prefixed>,
+pub(super) async fn serve<IO, S, B>(
+    io: TokioIo<Prefixed<IO>>,
     state: Arc<ConnState>,
     stop: Stop,
     service: S,
 ) -> Result<(), hyper::Error>
 where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
     B: HttpBody<Data = Bytes> + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -128,3 +128,37 @@ fn sighup_reloads_the_file() {
     let _ = child.wait();
     assert!(reloaded, "the new body was not served within 5 s of SIGHUP");
 }
+
+#[test]
+fn check_lists_served_names_warns_on_insecure_upstreams_and_refuses_expired_certificates() {
+    let dir = crate::support::tls::Dir::new();
+    let ca = crate::support::tls::Ca::new("ca");
+    let (cert, key) = ca.issue(&["api.test", "*.api.test"]).write(&dir, "api");
+    let (old_cert, old_key) = ca
+        .issue_with(&["old.test"], |p| {
+            p.not_before = rcgen::date_time_ymd(2019, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2020, 6, 30);
+        })
+        .write(&dir, "old");
+    let yaml = |cert: &std::path::Path, key: &std::path::Path| {
+        format!(
+            "listen:\n  - addr: 127.0.0.1:8443\n    tls:\n      certificates: [{{ cert: '{}', key: '{}' }}]\n  - {{ addr: 127.0.0.1:8080, redirect_https: true }}\nupstreams:\n  up: {{ url: 'https://10.0.0.1', tls_insecure_skip_verify: true }}\nroutes: [{{ upstream: up }}]\n",
+            cert.display(),
+            key.display()
+        )
+    };
+    let f = write_config(&yaml(&cert, &key));
+    let out = Command::new(BIN).arg("check").arg("-c").arg(&f.0).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("serves api.test, *.api.test"), "{text}");
+    assert!(text.contains("listener 127.0.0.1:8080: HTTP, every request redirected to HTTPS"), "{text}");
+    assert!(text.contains("warning: upstream `up`: tls_insecure_skip_verify"), "{text}");
+    assert!(text.contains("-> up (https://10.0.0.1:443)"), "{text}");
+    let f = write_config(&yaml(&old_cert, &old_key));
+    let out = Command::new(BIN).arg("check").arg("-c").arg(&f.0).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("old.pem: the certificate expired on 2020-06-30"), "{err}");
+    assert!(err.contains(":4:"), "the line of the certificates: {err}");
+}

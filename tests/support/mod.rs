@@ -3,6 +3,7 @@
 
 pub mod raw;
 pub mod redis;
+pub mod tls;
 pub mod vectors;
 
 use std::convert::Infallible;
@@ -41,6 +42,8 @@ pub fn generated(total: usize) -> BoxBody {
 /// A running tollgate; dropping it without `shutdown` aborts it.
 pub struct Tollgate {
     pub addr: SocketAddr,
+    /// Every listener's address, in the config's order (`addr` is the first).
+    pub addrs: Vec<SocketAddr>,
     pub shared: tollgate::proxy::Shared,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
@@ -63,14 +66,18 @@ impl Tollgate {
     }
 
     pub async fn start_proxy(proxy: Proxy) -> Tollgate {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        // Every listener of the config on its own 127.0.0.1:0.
+        let mut listeners = Vec::new();
+        for _ in 0..proxy.config.listeners.len().max(1) {
+            listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let shared = Arc::new(ArcSwap::from_pointee(proxy));
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(tollgate::server::serve(listener, shared.clone(), async move {
+        let task = tokio::spawn(tollgate::server::serve_all(listeners, shared.clone(), async move {
             let _ = rx.await;
         }));
-        Tollgate { addr, shared, stop: Some(tx), task: Some(task) }
+        Tollgate { addr: addrs[0], addrs, shared, stop: Some(tx), task: Some(task) }
     }
 
     /// Starts the admin listener for this proxy on 127.0.0.1:0.

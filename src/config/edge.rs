@@ -1,0 +1,343 @@
+//! `listen` as one address or a list of listeners (TLS, PROXY protocol, redirect to HTTPS),
+//! and the TLS fields of `https://` upstreams: the serde mirror, its validation, and the
+//! loading of the files they name (certificates, keys, CAs), whose errors point at the field.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::units::Dur;
+use super::{key, Invalid, Seg};
+
+/// `listen: ADDR` or `listen: [ {addr: …}, … ]`.
+pub enum RawListen {
+    One(SocketAddr),
+    Many(Vec<RawListener>),
+}
+
+impl<'de> Deserialize<'de> for RawListen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawListen;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an address such as 127.0.0.1:8080, or a list of listeners")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<RawListen, E> {
+                s.parse().map(RawListen::One).map_err(|_| E::custom(format!("invalid socket address `{s}`")))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<RawListen, A::Error> {
+                Vec::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(RawListen::Many)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Default for RawListen {
+    fn default() -> Self {
+        RawListen::One(SocketAddr::from(([127, 0, 0, 1], 8080)))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListener {
+    addr: SocketAddr,
+    tls: Option<RawTls>,
+    proxy_protocol: Option<RawProxyProtocol>,
+    #[serde(default)]
+    redirect_https: bool,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum RawProxyProtocol {
+    V1,
+    V2,
+    Optional,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    certificates: Vec<RawCertFiles>,
+    client_ca: Option<PathBuf>,
+    client_auth: Option<RawClientAuth>,
+    handshake_timeout: Option<Dur>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RawCertFiles {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum RawClientAuth {
+    Required,
+    Optional,
+}
+
+/// One listener.
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    pub tls: Option<TlsListener>,
+    pub proxy_protocol: Option<ProxyProtocol>,
+    /// Every request answers 308 to the same URL over HTTPS.
+    pub redirect_https: bool,
+}
+
+impl Listener {
+    /// A plain HTTP listener without a PROXY header nor redirect: served directly by the server.
+    pub fn is_plain(&self) -> bool {
+        self.tls.is_none() && self.proxy_protocol.is_none() && !self.redirect_https
+    }
+
+    /// What a reload cannot change without a restart: the socket and what it speaks.
+    pub fn shape(&self) -> (SocketAddr, bool, Option<ProxyProtocol>, bool) {
+        (self.addr, self.tls.is_some(), self.proxy_protocol, self.redirect_https)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyProtocol {
+    V1,
+    V2,
+    Optional,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    Required,
+    Optional,
+}
+
+/// A listener's TLS section.
+#[derive(Debug, Clone)]
+pub struct TlsListener {
+    pub certificates: Vec<CertFiles>,
+    pub client_ca: Option<PathBuf>,
+    pub client_auth: ClientAuth,
+    pub handshake_timeout: std::time::Duration,
+    /// The files, read and checked (set by [`load_files`]).
+    pub loaded: Option<Arc<crate::listen::tls::Loaded>>,
+}
+
+/// A certificate chain and its private key, as PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl From<RawCertFiles> for CertFiles {
+    fn from(r: RawCertFiles) -> Self {
+        CertFiles { cert: r.cert, key: r.key }
+    }
+}
+
+/// The TLS of an `https://` upstream.
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    pub ca_file: Option<PathBuf>,
+    /// SNI and the name verified; the URL's host by default.
+    pub server_name: String,
+    pub client_cert: Option<CertFiles>,
+    pub insecure_skip_verify: bool,
+    /// The rustls client configs (set by [`load_files`]).
+    pub loaded: Option<Arc<crate::forward::connector::TlsClient>>,
+}
+
+/// The TLS fields of an upstream, before validation.
+#[derive(Default)]
+pub struct RawUpstreamTls {
+    pub ca_file: Option<PathBuf>,
+    pub server_name: Option<String>,
+    pub client_cert: Option<RawCertFiles>,
+    pub tls_insecure_skip_verify: Option<bool>,
+}
+
+impl RawUpstreamTls {
+    pub fn any(&self) -> Option<&'static str> {
+        if self.ca_file.is_some() {
+            Some("ca_file")
+        } else if self.server_name.is_some() {
+            Some("server_name")
+        } else if self.client_cert.is_some() {
+            Some("client_cert")
+        } else if self.tls_insecure_skip_verify.is_some() {
+            Some("tls_insecure_skip_verify")
+        } else {
+            None
+        }
+    }
+
+    pub fn validate(self, host: &str, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<UpstreamTls, Invalid> {
+        let server_name =
+            self.server_name.unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']').to_owned());
+        rustls::pki_types::ServerName::try_from(server_name.as_str())
+            .map_err(|_| (at("server_name"), format!("`{server_name}` is not a DNS name or IP address")))?;
+        let insecure = self.tls_insecure_skip_verify.unwrap_or(false);
+        if insecure && self.ca_file.is_some() {
+            return Err((at("ca_file"), "`ca_file` has no use with `tls_insecure_skip_verify: true`".to_owned()));
+        }
+        Ok(UpstreamTls {
+            ca_file: self.ca_file,
+            server_name,
+            client_cert: self.client_cert.map(CertFiles::from),
+            insecure_skip_verify: insecure,
+            loaded: None,
+        })
+    }
+}
+
+/// The typed listeners; the first is the one `--listen` replaces.
+pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, Invalid> {
+    let list = match raw {
+        RawListen::One(addr) => {
+            return Ok(vec![Listener { addr, tls: None, proxy_protocol: None, redirect_https: false }])
+        }
+        RawListen::Many(list) => list,
+    };
+    if list.is_empty() {
+        return Err((vec![key("listen")], "expected an address or at least one listener".to_owned()));
+    }
+    let mut out: Vec<Listener> = Vec::with_capacity(list.len());
+    for (i, l) in list.into_iter().enumerate() {
+        let at = |field: &[&str]| {
+            let mut p = vec![key("listen"), Seg::Index(i)];
+            p.extend(field.iter().map(|f| key(f)));
+            p
+        };
+        if l.addr.port() != 0 && out.iter().any(|o| o.addr == l.addr) {
+            return Err((at(&["addr"]), format!("{} is listed twice", l.addr)));
+        }
+        if l.redirect_https && l.tls.is_some() {
+            return Err((at(&["redirect_https"]), "a TLS listener cannot redirect to HTTPS; it is HTTPS".to_owned()));
+        }
+        if l.proxy_protocol.is_some() && !trusted_proxies {
+            return Err((
+                at(&["proxy_protocol"]),
+                "a PROXY header is read only from `trusted_proxies`, which is empty; list the balancers' addresses"
+                    .to_owned(),
+            ));
+        }
+        let tls = match l.tls {
+            None => None,
+            Some(t) => {
+                if t.certificates.is_empty() {
+                    return Err((at(&["tls", "certificates"]), "expected at least one { cert, key }".to_owned()));
+                }
+                if t.client_auth.is_some() && t.client_ca.is_none() {
+                    return Err((at(&["tls", "client_auth"]), "`client_auth` needs `client_ca`".to_owned()));
+                }
+                let handshake_timeout = t.handshake_timeout.map_or(std::time::Duration::from_secs(10), |d| d.0);
+                if handshake_timeout.is_zero() {
+                    return Err((at(&["tls", "handshake_timeout"]), "expected a duration above 0".to_owned()));
+                }
+                Some(TlsListener {
+                    certificates: t.certificates.into_iter().map(CertFiles::from).collect(),
+                    client_ca: t.client_ca,
+                    client_auth: match t.client_auth {
+                        Some(RawClientAuth::Optional) => ClientAuth::Optional,
+                        _ => ClientAuth::Required,
+                    },
+                    handshake_timeout,
+                    loaded: None,
+                })
+            }
+        };
+        out.push(Listener {
+            addr: l.addr,
+            tls,
+            proxy_protocol: l.proxy_protocol.map(|p| match p {
+                RawProxyProtocol::V1 => ProxyProtocol::V1,
+                RawProxyProtocol::V2 => ProxyProtocol::V2,
+                RawProxyProtocol::Optional => ProxyProtocol::Optional,
+            }),
+            redirect_https: l.redirect_https,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads every file the config names (paths relative to the config file's folder), checks
+/// it and keeps what was built from it in the config.
+pub fn load_files(config: &mut super::Config, base: &Path) -> Result<(), Invalid> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let resolve = |p: &mut PathBuf| {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    };
+    for (i, l) in config.listeners.iter_mut().enumerate() {
+        let Some(tls) = &mut l.tls else { continue };
+        for c in &mut tls.certificates {
+            resolve(&mut c.cert);
+            resolve(&mut c.key);
+        }
+        if let Some(ca) = &mut tls.client_ca {
+            resolve(ca);
+        }
+        let loaded = crate::listen::tls::load(tls, now).map_err(|(field, message)| {
+            let mut p = vec![key("listen"), Seg::Index(i), key("tls")];
+            match field {
+                crate::listen::tls::Field::Cert(j) => p.extend([key("certificates"), Seg::Index(j), key("cert")]),
+                crate::listen::tls::Field::Key(j) => p.extend([key("certificates"), Seg::Index(j), key("key")]),
+                crate::listen::tls::Field::ClientCa => p.push(key("client_ca")),
+            }
+            (p, message)
+        })?;
+        tls.loaded = Some(Arc::new(loaded));
+    }
+    for u in &mut config.upstreams {
+        let super::UpstreamKind::Http(h) = &mut u.kind else { continue };
+        let Some(tls) = &mut h.tls else { continue };
+        if let Some(ca) = &mut tls.ca_file {
+            resolve(ca);
+        }
+        if let Some(c) = &mut tls.client_cert {
+            resolve(&mut c.cert);
+            resolve(&mut c.key);
+        }
+        let loaded = crate::forward::connector::TlsClient::load(tls, now)
+            .map_err(|(field, message)| (vec![key("upstreams"), key(&u.name), key(field)], message))?;
+        tls.loaded = Some(Arc::new(loaded));
+    }
+    Ok(())
+}
+
+/// The files a config reads besides itself: a change to one reloads it like the file does.
+pub fn watched_files(config: &super::Config) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for l in &config.listeners {
+        if let Some(t) = &l.tls {
+            for c in &t.certificates {
+                out.push(c.cert.clone());
+                out.push(c.key.clone());
+            }
+            out.extend(t.client_ca.clone());
+        }
+    }
+    for u in &config.upstreams {
+        if let super::UpstreamKind::Http(h) = &u.kind {
+            if let Some(t) = &h.tls {
+                out.extend(t.ca_file.clone());
+                if let Some(c) = &t.client_cert {
+                    out.push(c.cert.clone());
+                    out.push(c.key.clone());
+                }
+            }
+        }
+    }
+    out
+}

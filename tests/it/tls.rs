@@ -1,0 +1,505 @@
+//! TLS listeners: SNI certificate selection, ALPN, X-Forwarded-Proto, the HTTPS redirect,
+//! handshake failures by reason, certificate checks at load and reloads that keep
+//! connections. Certificates come from a CA made per test (rcgen); clients are rustls.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate::config::Config;
+
+use crate::support::tls::{client_config, connect, served_cert, y, Ca, Client, Dir};
+use crate::support::{full, Tollgate, Upstream};
+
+/// An upstream that answers with the request's X-Forwarded-Proto and -For.
+async fn echo_upstream() -> Upstream {
+    Upstream::start(|req| async move {
+        let h = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+        Response::new(full(format!("proto={} xff={}", h("x-forwarded-proto"), h("x-forwarded-for"))))
+    })
+    .await
+}
+
+fn config(yaml: &str) -> Config {
+    Config::from_yaml(Path::new("test.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+struct Site {
+    dir: Dir,
+    ca: Ca,
+}
+
+impl Site {
+    /// A CA and three certificates: `api.test`, `*.wild.test`, `other.test` (the default first).
+    fn new() -> Site {
+        let dir = Dir::new();
+        let ca = Ca::new("test CA");
+        ca.issue(&["api.test"]).write(&dir, "api");
+        ca.issue(&["*.wild.test"]).write(&dir, "wild");
+        Site { dir, ca }
+    }
+
+    fn certs(&self) -> String {
+        format!(
+            "[{{ cert: {}, key: {} }}, {{ cert: {}, key: {} }}]",
+            y(&self.dir.path("api.pem")),
+            y(&self.dir.path("api.key")),
+            y(&self.dir.path("wild.pem")),
+            y(&self.dir.path("wild.key"))
+        )
+    }
+}
+
+fn names_of(der: &[u8]) -> Vec<String> {
+    tollgate::listen::x509::parse(der).unwrap().dns_names
+}
+
+#[tokio::test]
+async fn sni_picks_the_certificate_and_the_first_serves_clients_without_sni() {
+    let up = echo_upstream().await;
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+        site.certs(),
+        up.addr
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let cfg = client_config(&site.ca, &[b"http/1.1"], None);
+    for (sni, want) in [("api.test", "api.test"), ("x.wild.test", "*.wild.test")] {
+        let tls = connect(tg.addr, sni, cfg.clone()).await.unwrap();
+        assert_eq!(names_of(&served_cert(&tls)), [want], "SNI {sni}");
+        let (status, _, body, _) = Client::over(tls).await.get(sni, "/").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(&body[..], b"proto=https xff=127.0.0.1", "X-Forwarded-Proto of a TLS client");
+    }
+    // No SNI (an IP address is never sent as SNI): the first certificate. The client then
+    // refuses it for the name, which is what a client without SNI would see too.
+    let no_sni = connect(tg.addr, "127.0.0.1", cfg.clone()).await;
+    assert!(no_sni.is_err(), "api.test's certificate does not name 127.0.0.1");
+    // A name nobody serves also gets the first one: verified for api.test it passes.
+    let insecure = {
+        let mut c = (*cfg).clone();
+        c.dangerous().set_certificate_verifier(Arc::new(AcceptAny));
+        Arc::new(c)
+    };
+    let tls = connect(tg.addr, "127.0.0.1", insecure.clone()).await.unwrap();
+    assert_eq!(names_of(&served_cert(&tls)), ["api.test"]);
+    let tls = connect(tg.addr, "unknown.test", insecure).await.unwrap();
+    assert_eq!(names_of(&served_cert(&tls)), ["api.test"]);
+}
+
+#[tokio::test]
+async fn alpn_negotiates_h2_or_http1() {
+    let up = echo_upstream().await;
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+        site.certs(),
+        up.addr
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    for (alpn, version) in
+        [(&[&b"h2"[..], b"http/1.1"][..], http::Version::HTTP_2), (&[&b"http/1.1"[..]][..], http::Version::HTTP_11)]
+    {
+        let tls = connect(tg.addr, "api.test", client_config(&site.ca, alpn, None)).await.unwrap();
+        let mut client = Client::over(tls).await;
+        for _ in 0..3 {
+            let (status, _, body, v) = client.get("api.test", "/").await;
+            assert_eq!((status, v), (StatusCode::OK, version));
+            assert_eq!(&body[..], b"proto=https xff=127.0.0.1");
+        }
+    }
+    // Session tickets: a second connection of the same client resumes without a full handshake.
+    let cfg = client_config(&site.ca, &[b"http/1.1"], None);
+    for want in [rustls::HandshakeKind::Full, rustls::HandshakeKind::Resumed] {
+        let tls = connect(tg.addr, "api.test", cfg.clone()).await.unwrap();
+        assert_eq!(tls.get_ref().1.handshake_kind(), Some(want));
+        // The ticket comes after the handshake: a request reads it.
+        assert_eq!(Client::over(tls).await.get("api.test", "/").await.0, StatusCode::OK);
+    }
+    // No ALPN at all: HTTP/1.1.
+    let tls = connect(tg.addr, "api.test", client_config(&site.ca, &[], None)).await.unwrap();
+    let (status, _, _, v) = Client::over(tls).await.get("api.test", "/").await;
+    assert_eq!((status, v), (StatusCode::OK, http::Version::HTTP_11));
+}
+
+#[tokio::test]
+async fn plain_listener_redirects_to_https_on_the_tls_port() {
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    redirect_https: true\n  - addr: 127.0.0.1:8443\n    tls: {{ certificates: {} }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
+        site.certs()
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let (status, headers, _) = crate::support::get_with(tg.addrs[0], "/a/b?x=1", &[("host", "api.test:8080")]).await;
+    assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(headers["location"], "https://api.test:8443/a/b?x=1");
+    // A request without a usable host is refused, not redirected somewhere.
+    let (status, _, _) = crate::support::get_with(tg.addrs[0], "/", &[("host", "")]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+fn failures(tg: &Tollgate, reason: &str) -> u64 {
+    let text = tg.shared.load().metrics().encode(None);
+    let line = format!("tollgate_tls_handshake_failures_total{{reason=\"{reason}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(line.as_str())).map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn failed_handshakes_are_counted_by_reason_and_a_silent_client_is_closed() {
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {}, handshake_timeout: 300ms }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
+        site.certs()
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    // Plain HTTP to the TLS port.
+    let mut s = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.unwrap();
+    // A client that opens and says nothing is closed after the handshake timeout.
+    let mut silent = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut [0u8; 16])).await.unwrap();
+    assert!(matches!(n, Ok(0) | Err(_)), "closed");
+    // A client that does not trust the certificate aborts the handshake with an alert.
+    let stranger = Ca::new("another CA");
+    assert!(connect(tg.addr, "api.test", client_config(&stranger, &[], None)).await.is_err());
+    for _ in 0..100 {
+        if failures(&tg, "not_tls") == 1 && failures(&tg, "timeout") == 1 && failures(&tg, "alert_received") == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{}", tg.shared.load().metrics().encode(None));
+}
+
+#[test]
+fn check_refuses_expired_and_mismatched_certificates_with_the_file_name() {
+    let site = Site::new();
+    site.ca
+        .issue_with(&["old.test"], |p| {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        })
+        .write(&site.dir, "old");
+    let listen = |cert: &str, key: &str| {
+        format!(
+            "listen:\n  - addr: 127.0.0.1:0\n    tls:\n      certificates:\n        - {{ cert: {}, key: {} }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
+            y(&site.dir.path(cert)),
+            y(&site.dir.path(key))
+        )
+    };
+    let err = Config::from_yaml(Path::new("test.yaml"), &listen("old.pem", "old.key")).unwrap_err();
+    assert_eq!((err.line, err.path.as_str()), (5, "listen[0].tls.certificates[0].cert"), "{err}");
+    assert!(err.message.contains("old.pem") && err.message.contains("expired on 2021-01-01"), "{err}");
+    let err = Config::from_yaml(Path::new("test.yaml"), &listen("api.pem", "wild.key")).unwrap_err();
+    assert_eq!(err.path, "listen[0].tls.certificates[0].key", "{err}");
+    assert!(err.message.contains("wild.key") && err.message.contains("does not belong"), "{err}");
+    let err = Config::from_yaml(Path::new("test.yaml"), &listen("missing.pem", "api.key")).unwrap_err();
+    assert!(err.message.contains("missing.pem"), "{err}");
+    let err = Config::from_yaml(Path::new("test.yaml"), &listen("api.key", "api.key")).unwrap_err();
+    assert!(err.message.contains("no CERTIFICATE"), "{err}");
+    // A good one loads, and explain names what it serves.
+    let c = config(&listen("api.pem", "api.key"));
+    let text = tollgate::explain::explain(&c);
+    assert!(text.contains("serves api.test (also for clients without SNI"), "{text}");
+}
+
+#[tokio::test]
+async fn a_reload_swaps_certificates_without_dropping_connections_and_keeps_them_when_broken() {
+    let up = echo_upstream().await;
+    let site = Site::new();
+    let file = site.dir.path("proxy.yaml");
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: api.pem, key: api.key }}] }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+        up.addr
+    );
+    std::fs::write(&file, &yaml).unwrap();
+    let tg = Tollgate::start_config(Config::load(&file).unwrap()).await;
+    let reloader = tollgate::reload::Reloader::new(file.clone(), tg.shared.clone(), Box::new(|_| {}));
+    // A fresh client config per connection: a resumed session would show the first one's
+    // certificate again.
+    let cfg = || client_config(&site.ca, &[b"http/1.1"], None);
+    let tls = connect(tg.addr, "api.test", cfg()).await.unwrap();
+    let first = served_cert(&tls);
+    let mut kept = Client::over(tls).await;
+    assert_eq!(kept.get("api.test", "/").await.0, StatusCode::OK);
+    // A new certificate for the same name (relative paths: beside the config file).
+    site.ca.issue(&["api.test", "new.test"]).write(&site.dir, "api");
+    reloader.reload().await.unwrap();
+    let tls = connect(tg.addr, "api.test", cfg()).await.unwrap();
+    assert_ne!(served_cert(&tls), first);
+    assert_eq!(names_of(&served_cert(&tls)), ["api.test", "new.test"]);
+    assert_eq!(kept.get("api.test", "/").await.0, StatusCode::OK, "the open connection goes on");
+    // A broken key: the reload fails naming the file; the served certificate stays.
+    let now = served_cert(&tls);
+    site.dir.write("api.key", "not a key\n");
+    let err = reloader.reload().await.unwrap_err();
+    assert!(err.to_string().contains("api.key"), "{err}");
+    let tls = connect(tg.addr, "api.test", cfg()).await.unwrap();
+    assert_eq!(served_cert(&tls), now);
+    assert_eq!(kept.get("api.test", "/").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn client_certificates_are_required_against_the_listeners_ca() {
+    let up = echo_upstream().await;
+    let site = Site::new();
+    let clients = Ca::new("clients");
+    clients.write(&site.dir, "clients.pem");
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {}, client_ca: {} }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+        site.certs(),
+        y(&site.dir.path("clients.pem")),
+        up.addr
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let alice = clients.issue_with(&[], |p| {
+        p.distinguished_name.push(rcgen::DnType::CommonName, "alice");
+    });
+    let tls = connect(tg.addr, "api.test", client_config(&site.ca, &[b"http/1.1"], Some(&alice))).await.unwrap();
+    assert_eq!(Client::over(tls).await.get("api.test", "/").await.0, StatusCode::OK);
+    // Without a certificate, or with one of another CA: no HTTP at all. In TLS 1.3 the
+    // client learns it on its first read.
+    let mallory = site.ca.issue(&["mallory.test"]);
+    for client in [None, Some(&mallory)] {
+        let refused = async {
+            let mut tls = connect(tg.addr, "api.test", client_config(&site.ca, &[b"http/1.1"], client)).await?;
+            tls.write_all(b"GET / HTTP/1.1\r\nhost: api.test\r\n\r\n").await?;
+            let mut buf = [0u8; 64];
+            tls.read(&mut buf).await
+        };
+        assert!(!matches!(refused.await, Ok(n) if n > 0), "refused");
+    }
+    for reason in ["client_certificate_missing", "client_certificate_invalid"] {
+        let mut n = 0;
+        for _ in 0..100 {
+            n = failures(&tg, reason);
+            if n == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(n, 1, "{reason}");
+    }
+}
+
+/// Accepts any server certificate (to look at what a server sends to any name).
+#[derive(Debug)]
+struct AcceptAny;
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider().signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[tokio::test]
+async fn limits_can_key_on_the_client_certificate() {
+    let site = Site::new();
+    let clients = Ca::new("clients");
+    clients.write(&site.dir, "clients.pem");
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {}, client_ca: {}, client_auth: optional }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits: [{{ name: per-cert, algorithm: fixed_window, rate: 1/h, key: tls_client }}]\n",
+        site.certs(),
+        y(&site.dir.path("clients.pem")),
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let alice = clients.issue(&["alice.clients.test"]);
+    let bob = clients.issue(&["bob.clients.test"]);
+    let status = |client: Option<&crate::support::tls::Issued>| {
+        let cfg = client_config(&site.ca, &[b"h2"], client);
+        async move {
+            let tls = connect(tg.addr, "api.test", cfg).await.unwrap();
+            Client::over(tls).await.get("api.test", "/").await.0
+        }
+    };
+    // Every client's own window of one, whatever connection it comes on.
+    assert_eq!(status(Some(&alice)).await, StatusCode::OK);
+    assert_eq!(status(Some(&alice)).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(Some(&bob)).await, StatusCode::OK);
+    // Without a certificate (optional): one shared key.
+    assert_eq!(status(None).await, StatusCode::OK);
+    assert_eq!(status(None).await, StatusCode::TOO_MANY_REQUESTS);
+    // Keying on certificates no listener asks for is refused.
+    let err = Config::from_yaml(
+        Path::new("test.yaml"),
+        "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits: [{ algorithm: fixed_window, rate: 1/h, key: tls_client }]\n",
+    )
+    .unwrap_err();
+    assert!(err.message.contains("client_ca"), "{err}");
+}
+
+#[tokio::test]
+async fn a_changed_certificate_file_alone_reloads_it() {
+    let site = Site::new();
+    let file = site.dir.path("proxy.yaml");
+    std::fs::write(
+        &file,
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: { certificates: [{ cert: api.pem, key: api.key }] }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n",
+    )
+    .unwrap();
+    let tg = Tollgate::start_config(Config::load(&file).unwrap()).await;
+    let reloader = tollgate::reload::Reloader::new(file, tg.shared.clone(), Box::new(|_| {}));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(reloader.run(Duration::from_millis(50), async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Only the PEM files change (as certbot renews them); the config file stays as it was.
+    site.ca.issue(&["api.test", "renewed.test"]).write(&site.dir, "api");
+    let mut names = Vec::new();
+    for _ in 0..200 {
+        let tls = connect(tg.addr, "api.test", client_config(&site.ca, &[], None)).await.unwrap();
+        names = names_of(&served_cert(&tls));
+        if names.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(names, ["api.test", "renewed.test"]);
+    let _ = stop.send(());
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn curl_with_the_ca_file_gets_through_on_http1_and_h2() {
+    if std::process::Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("curl is not installed; skipped");
+        return;
+    }
+    let site = Site::new();
+    let ca = site.ca.write(&site.dir, "ca.pem");
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ d: {{ respond: {{ body: hi }} }} }}\nroutes: [{{ upstream: d }}]\n",
+        site.certs()
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let port = tg.addr.port();
+    for proto in ["--http1.1", "--http2"] {
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", proto, "--cacert"])
+            .arg(&ca)
+            .args(["--resolve", &format!("x.wild.test:{port}:127.0.0.1")])
+            .args(["-o", "/dev/null", "-w", "%{http_code} %{http_version}"])
+            .arg(format!("https://x.wild.test:{port}/"))
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let want = if proto == "--http2" { "200 2" } else { "200 1.1" };
+        assert_eq!(text, want, "{proto}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[tokio::test]
+async fn rsa_and_sec1_keys_from_openssl_work_too() {
+    let dir = Dir::new();
+    let openssl = |args: &[&str]| std::process::Command::new("openssl").args(args).current_dir(&dir.0).output();
+    if openssl(&["version"]).is_err() {
+        eprintln!("openssl is not installed; skipped");
+        return;
+    }
+    let make = |alg: &[&str], name: &str| {
+        let mut args = vec!["req", "-x509", "-newkey"];
+        args.extend_from_slice(alg);
+        let (key, cert, san) = (format!("{name}.p8"), format!("{name}.pem"), format!("subjectAltName=DNS:{name}.test"));
+        args.extend_from_slice(&[
+            "-nodes", "-days", "2", "-subj", "/CN=x", "-keyout", &key, "-out", &cert, "-addext", &san,
+        ]);
+        assert!(openssl(&args).unwrap().status.success());
+    };
+    make(&["rsa:2048"], "rsa");
+    make(&["ec", "-pkeyopt", "ec_paramgen_curve:P-256"], "ec");
+    // The traditional encodings: PKCS#1 for RSA, SEC1 for EC.
+    assert!(openssl(&["rsa", "-in", "rsa.p8", "-traditional", "-out", "rsa.key"]).unwrap().status.success());
+    assert!(openssl(&["ec", "-in", "ec.p8", "-out", "ec.key"]).unwrap().status.success());
+    assert!(std::fs::read_to_string(dir.path("rsa.key")).unwrap().contains("BEGIN RSA PRIVATE KEY"));
+    assert!(std::fs::read_to_string(dir.path("ec.key")).unwrap().contains("BEGIN EC PRIVATE KEY"));
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: {}, key: {} }}, {{ cert: {}, key: {} }}] }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
+        y(&dir.path("rsa.pem")),
+        y(&dir.path("rsa.key")),
+        y(&dir.path("ec.pem")),
+        y(&dir.path("ec.key"))
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let mut any = (*client_config(&Ca::new("unused"), &[b"h2"], None)).clone();
+    any.dangerous().set_certificate_verifier(Arc::new(AcceptAny));
+    let any = Arc::new(any);
+    for name in ["rsa.test", "ec.test"] {
+        let tls = connect(tg.addr, name, any.clone()).await.unwrap();
+        assert_eq!(names_of(&served_cert(&tls)), [name]);
+        assert_eq!(Client::over(tls).await.get(name, "/").await.0, StatusCode::OK);
+    }
+}
+
+#[test]
+fn certificate_paths_that_are_not_files_are_refused_without_reading() {
+    for path in ["/dev/zero", "/dev/stdin", "/tmp"] {
+        let yaml = format!(
+            "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: {path}, key: {path} }}] }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n"
+        );
+        let err = Config::from_yaml(Path::new("test.yaml"), &yaml).unwrap_err();
+        assert!(err.message.contains(path), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_proxy_header_comes_before_the_tls_handshake_and_tls12_clients_are_served() {
+    let up = echo_upstream().await;
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    proxy_protocol: v1\n    tls: {{ certificates: {} }}\ntrusted_proxies: [127.0.0.1/32]\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+        site.certs(),
+        up.addr
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let mut tcp = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    tcp.write_all(b"PROXY TCP4 192.0.2.44 127.0.0.1 1234 443\r\n").await.unwrap();
+    let tls12 = {
+        let b = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(site.ca.roots());
+        Arc::new(b.with_no_client_auth())
+    };
+    let name = rustls::pki_types::ServerName::try_from("api.test").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(tls12).connect(name, tcp).await.unwrap();
+    assert_eq!(tls.get_ref().1.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_2));
+    let (status, _, body, _) = Client::over(tls).await.get("api.test", "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(&body[..], b"proto=https xff=192.0.2.44");
+}
