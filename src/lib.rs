@@ -29,6 +29,7 @@ pub mod answer;
 pub mod bench;
 pub mod body;
 pub mod cache;
+pub mod calibrate;
 pub mod config;
 pub mod explain;
 pub mod forward;
