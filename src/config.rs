@@ -21,7 +21,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
-pub use limits::{algorithm_name, Concurrency, LimitConfig, Mode, StoreKind};
+pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
 pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
 

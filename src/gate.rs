@@ -15,6 +15,10 @@ use http::Response;
 use smallvec::SmallVec;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+mod adaptive;
+
+pub use adaptive::{Gradient, Window};
+
 use crate::answer::{Denied, Error};
 use crate::body::Body;
 use crate::config::{LimitConfig, Mode, Route};
@@ -43,9 +47,28 @@ pub struct Gate {
     policy: Option<HeaderValue>,
 }
 
-struct Cap {
-    slots: Arc<Semaphore>,
-    max_wait: Duration,
+enum Cap {
+    Fixed { slots: Arc<Semaphore>, max_wait: Duration },
+    Adaptive { cap: Arc<adaptive::Cap>, max_wait: Duration },
+}
+
+/// A slot of a route's concurrency cap, held until the response body ends.
+pub enum Slot {
+    Fixed(OwnedSemaphorePermit),
+    /// Boxed: an adaptive slot carries its start time, and this type lives in every body.
+    Adaptive(Box<adaptive::Held>),
+}
+
+impl Slot {
+    /// The answer's status: an adaptive limit takes the round trip of one below 500 as a
+    /// latency sample, and counts anything else (or a slot dropped unanswered) as a failure.
+    pub fn answered(&mut self, status: http::StatusCode) {
+        if let Slot::Adaptive(h) = self {
+            if !status.is_server_error() {
+                h.succeeded();
+            }
+        }
+    }
 }
 
 /// What the gate decided, for the access log: the limit that bound the request (the one
@@ -63,7 +86,7 @@ pub struct Note {
 #[derive(Default)]
 pub struct Admission {
     pub wait: Duration,
-    pub permit: Option<OwnedSemaphorePermit>,
+    pub permit: Option<Slot>,
     pub note: Note,
     ratelimit: Option<HeaderValue>,
 }
@@ -159,10 +182,16 @@ impl Gate {
         Gate {
             route: route.name.clone(),
             limits,
-            cap: route
-                .concurrency
-                .as_ref()
-                .map(|c| Cap { slots: Arc::new(Semaphore::new(c.max)), max_wait: c.max_wait }),
+            cap: route.concurrency.as_ref().map(|c| {
+                let gauge = metrics.concurrency_limit(&route.name);
+                match &c.adaptive {
+                    None => {
+                        gauge.set(i64::try_from(c.max).unwrap_or(i64::MAX));
+                        Cap::Fixed { slots: Arc::new(Semaphore::new(c.max)), max_wait: c.max_wait }
+                    }
+                    Some(a) => Cap::Adaptive { cap: adaptive::Cap::new(a.clone(), gauge), max_wait: c.max_wait },
+                }
+            }),
             policy,
         }
     }
@@ -262,11 +291,28 @@ impl Gate {
         })
     }
 
-    async fn acquire(&self, cap: &Cap) -> Option<OwnedSemaphorePermit> {
-        match cap.slots.clone().try_acquire_owned() {
-            Ok(p) => Some(p),
-            Err(_) if cap.max_wait.is_zero() => None,
-            Err(_) => Box::pin(tokio::time::timeout(cap.max_wait, cap.slots.clone().acquire_owned())).await.ok()?.ok(),
+    async fn acquire(&self, cap: &Cap) -> Option<Slot> {
+        match cap {
+            Cap::Fixed { slots, max_wait } => match slots.clone().try_acquire_owned() {
+                Ok(p) => Some(Slot::Fixed(p)),
+                Err(_) if max_wait.is_zero() => None,
+                Err(_) => Box::pin(tokio::time::timeout(*max_wait, slots.clone().acquire_owned()))
+                    .await
+                    .ok()?
+                    .ok()
+                    .map(Slot::Fixed),
+            },
+            Cap::Adaptive { cap, max_wait } => {
+                Box::pin(cap.acquire(*max_wait)).await.map(|h| Slot::Adaptive(Box::new(h)))
+            }
+        }
+    }
+
+    /// The current limit of an adaptive cap.
+    pub fn adaptive_limit(&self) -> Option<usize> {
+        match &self.cap {
+            Some(Cap::Adaptive { cap, .. }) => Some(cap.limit()),
+            _ => None,
         }
     }
 
