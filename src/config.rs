@@ -200,6 +200,8 @@ pub struct Route {
     pub stale_on_limit: Option<Duration>,
     /// Serve a stale copy up to this old when the upstream fails (stale-if-error).
     pub stale_on_upstream_error: Option<Duration>,
+    /// A 429's Retry-After gets 0 to this many extra seconds, spread evenly over denials.
+    pub retry_after_spread: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -45,6 +45,9 @@ pub struct Gate {
     limits: Vec<Limit>,
     cap: Option<Cap>,
     policy: Option<HeaderValue>,
+    /// `retry_after_spread`: a denial's waits get `next % (spread + 1)` extra seconds.
+    spread: u64,
+    next: AtomicU64,
 }
 
 enum Cap {
@@ -193,6 +196,8 @@ impl Gate {
                 }
             }),
             policy,
+            spread: route.retry_after_spread,
+            next: AtomicU64::new(0),
         }
     }
 
@@ -337,6 +342,15 @@ impl Gate {
                 limit.enforced().then_some((d.limit, secs))
             })
             .collect();
+        let mut limits = limits;
+        if self.spread > 0 {
+            // Round robin over 0..=spread: a wave of denials in the same second is told to come
+            // back evenly over the next `spread` seconds, each still after its honest wait.
+            let extra = self.next.fetch_add(1, Ordering::Relaxed) % (self.spread + 1);
+            for l in &mut limits {
+                l.1 += extra;
+            }
+        }
         let retry_after_secs = limits.iter().map(|l| l.1).max().unwrap_or(1);
         Denied { limits, retry_after_secs }
     }
@@ -435,6 +449,33 @@ mod tests {
             assert_eq!((&d.limits[..], d.retry_after_secs), (&[(0, 40)][..], 40));
             assert_eq!(limit.never_secs(), 40);
             assert_eq!(limit.metrics.throttled.get(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_thousand_denials_in_one_second_spread_their_retry_after_evenly() {
+        let yaml = "listen: 127.0.0.1:1\nupstreams:\n  up: { respond: { status: 200 } }\nroutes:\n  - name: r\n    upstream: up\n    retry_after_spread: 9s\n    limits:\n      - { name: w, algorithm: fixed_window, rate: 1/m }\n";
+        let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let g = Gate::new(&config.routes[0], &Metrics::new(), &mut |l| Limit::local_store(l));
+        assert!(check(&g, 0).await.is_ok());
+        let mut seen = [0u32; 10];
+        for i in 0..1000u64 {
+            // Within the first second of the window: the honest wait is 60 s, rounded up.
+            let now = 1 + i * 999;
+            let Err(Error::Throttled(d)) = check(&g, now).await else { panic!("admitted") };
+            let honest = ratelimit::retry_after_secs(Span::from_micros(60_000_000 - now));
+            assert!(d.retry_after_secs >= honest, "{} < {honest}", d.retry_after_secs);
+            assert_eq!(d.limits[0].1, d.retry_after_secs);
+            seen[(d.retry_after_secs - honest) as usize] += 1;
+        }
+        // Ten values 60 … 69 s, a hundred clients each.
+        assert_eq!(seen, [100; 10]);
+        // Without a spread, all of them would come back together.
+        let (_, plain) = gate("      - { name: w, algorithm: fixed_window, rate: 1/m }\n");
+        assert!(check(&plain, 0).await.is_ok());
+        for now in [1, 500_000, 999_999] {
+            let Err(Error::Throttled(d)) = check(&plain, now).await else { panic!("admitted") };
+            assert_eq!(d.retry_after_secs, 60);
         }
     }
 

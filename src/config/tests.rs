@@ -227,6 +227,8 @@ fn values_that_cannot_run_are_refused_where_they_are_written() {
         (format!("{UP}  - upstream: d\n    concurrency:\n      adaptive: {{ min: 0 }}\n"), 5, "routes[0].concurrency.adaptive.min", "at least 1"),
         (format!("{UP}  - upstream: d\n    concurrency: {{ max: 5, adaptive: {{}} }}\n"), 4, "routes[0].concurrency", "not both"),
         (format!("{UP}  - upstream: d\n    concurrency: {{ max_wait: 1s }}\n"), 4, "routes[0].concurrency", "expected `max: N`"),
+        (format!("{UP}  - upstream: d\n    retry_after_spread: 1.5s\n"), 4, "routes[0].retry_after_spread", "whole seconds"),
+        (format!("{UP}  - upstream: d\n    retry_after_spread: 2h\n"), 4, "routes[0].retry_after_spread", "from 0 to 3600s"),
         // more limits on one route than a request should run
         (
             format!("{UP}  - upstream: d\n    limits:\n{}", "      - { algorithm: fixed_window, rate: 1/s }\n".repeat(MAX_LIMITS_PER_ROUTE + 1)),
