@@ -1,4 +1,4 @@
-//! The chart of a run: p50 and p99 (ms, log scale, left) and the error rate (%, right)
+//! The chart of a run: p50 and p99 (ms, left) and the error rate (%, right)
 //! against the offered rate, the knee shaded, the p99 target drawn. SVG only: a PNG needs a
 //! font engine, which plotters takes from system libraries (fontconfig/freetype).
 
@@ -28,10 +28,12 @@ where
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(err)?;
     let steps: Vec<&Step> = r.steps.iter().filter(|s| s.requests > 0).collect();
-    let max_rate = steps.iter().map(|s| s.rate).max().unwrap_or(1) as f64 * 1.05;
-    let lat = |s: &&Step, v: f64| if s.requests > 0 { v.max(0.01) } else { 0.01 };
-    let max_ms = steps.iter().map(|s| s.p99_ms.max(r.slo.p99_ms)).fold(1.0, f64::max) * 2.0;
-    let min_ms = steps.iter().map(|s| s.p50_ms.max(0.01)).fold(max_ms, f64::min) / 2.0;
+    let top = steps.iter().map(|s| s.rate).max().unwrap_or(1) as f64;
+    let bottom = steps.iter().map(|s| s.rate).min().unwrap_or(0) as f64;
+    let pad = ((top - bottom) * 0.05).max(1.0);
+    let (min_rate, max_rate) = ((bottom - pad).max(0.0), top + pad);
+    let max_ms = steps.iter().map(|s| s.p99_ms.max(r.slo.p99_ms)).fold(1.0, f64::max) * 1.1;
+    let min_ms = 0.0;
     let max_err = steps.iter().map(|s| s.errors * 100.0).fold(1.0, f64::max) * 1.1;
     let title = format!("tollgate calibrate {} {}", r.method, r.url);
     let mut chart = ChartBuilder::on(&root)
@@ -40,16 +42,24 @@ where
         .x_label_area_size(40)
         .y_label_area_size(60)
         .right_y_label_area_size(60)
-        .build_cartesian_2d(0f64..max_rate, (min_ms..max_ms).log_scale())
+        .build_cartesian_2d(min_rate..max_rate, min_ms..max_ms)
         .map_err(err)?
-        .set_secondary_coord(0f64..max_rate, 0f64..max_err);
+        .set_secondary_coord(min_rate..max_rate, 0f64..max_err);
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .x_desc("offered rate (requests/s)")
         .y_desc("latency (ms, from the scheduled send time)")
         .draw()
         .map_err(err)?;
-    chart.configure_secondary_axes().y_desc("errors (%)").draw().map_err(err)?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("errors (%)")
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .draw()
+        .map_err(err)?;
     if let (Some(good), Some(bad)) = (r.knee.last_good, r.knee.first_bad) {
         let band = [(good as f64, min_ms), (bad as f64, max_ms)];
         chart
@@ -59,15 +69,15 @@ where
             .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], RGBColor(255, 200, 120).filled()));
     }
     chart
-        .draw_series(LineSeries::new([(0.0, r.slo.p99_ms), (max_rate, r.slo.p99_ms)], BLACK.mix(0.4)))
+        .draw_series(LineSeries::new([(min_rate, r.slo.p99_ms), (max_rate, r.slo.p99_ms)], MAGENTA.stroke_width(1)))
         .map_err(err)?
         .label(format!("p99 target {:.0} ms", r.slo.p99_ms))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.4)));
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], MAGENTA.stroke_width(1)));
     for (name, color, pick) in [
         ("p50", BLUE, (|s: &Step| s.p50_ms) as fn(&Step) -> f64),
         ("p99", RED, (|s: &Step| s.p99_ms) as fn(&Step) -> f64),
     ] {
-        let pts: Vec<(f64, f64)> = steps.iter().map(|s| (s.rate as f64, lat(s, pick(s)))).collect();
+        let pts: Vec<(f64, f64)> = steps.iter().map(|s| (s.rate as f64, pick(s))).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(err)?

@@ -469,17 +469,18 @@ impl Config {
                 limits.push(limit);
             }
             let concurrency = route.concurrency.map(|c| c.validate(at(&["concurrency"]))).transpose()?;
-            let retry_after_spread =
-                match route.retry_after_spread {
-                    None => 0,
-                    Some(d) if d.0.subsec_nanos() == 0 && d.0.as_secs() <= MAX_RETRY_AFTER_SPREAD => d.0.as_secs(),
-                    Some(_) => return Err((
+            let retry_after_spread = match route.retry_after_spread {
+                None => 0,
+                Some(d) if d.0.subsec_nanos() == 0 && d.0.as_secs() <= MAX_RETRY_AFTER_SPREAD => d.0.as_secs(),
+                Some(_) => {
+                    return Err((
                         at(&["retry_after_spread"]),
                         format!(
                             "expected whole seconds from 0 to {MAX_RETRY_AFTER_SPREAD}s (Retry-After counts seconds)"
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             routes.push(super::Route {
                 name,
                 host,
