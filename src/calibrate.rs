@@ -265,7 +265,9 @@ pub async fn run(opts: &Options, progress: Option<&indicatif::ProgressBar>, stop
             break;
         }
         steps.push(step);
-        if steps.last().is_some_and(|s| knee::is_bad(s, &steps, &opts.slo)) {
+        // Past the knee, a step where the generator fell behind counts too: the server
+        // already broke, and more load only measures the generator.
+        if steps.last().is_some_and(|s| knee::is_bad(s, &steps, &opts.slo) || (bad > 0 && s.generator_behind)) {
             bad += 1;
         }
         if bad >= opts.stop_after_bad && i + 1 < opts.rates.len() {
