@@ -160,7 +160,7 @@ pub fn effective(c: &Config) -> Value {
                 "upstream": c.upstreams[r.upstream].name,
                 "strip_prefix": r.strip_prefix,
                 "ratelimit_headers": r.ratelimit_headers,
-                "concurrency": r.concurrency.as_ref().map(|k| json!({ "max": k.max, "max_wait": dur(k.max_wait) })),
+                "concurrency": r.concurrency.as_ref().map(|k| json!({ "max": k.max, "max_wait": dur(k.max_wait), "adaptive": k.adaptive.as_ref().map(|a| json!({ "min": a.min, "max": a.max, "window": dur(a.window), "percentile": a.percentile, "tolerance": a.tolerance, "smoothing": a.smoothing, "relearn": a.relearn })) })),
                 "limits": r.limits.iter().map(|l| json!({
                     "name": l.name,
                     "algorithm": crate::config::algorithm_name(&l.algorithm),

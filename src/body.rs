@@ -20,7 +20,6 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::timer::{Deadline, Sleep};
 
@@ -163,7 +162,7 @@ pin_project! {
         kind: Kind,
         tap: Option<Box<dyn Tap>>,
         // A route's concurrency slot: released when the body ends (or is dropped).
-        hold: Option<OwnedSemaphorePermit>,
+        hold: Option<crate::gate::Slot>,
     }
 }
 
@@ -209,7 +208,7 @@ impl Body {
     }
 
     /// Keeps `permit` until the body has been sent in full.
-    pub fn hold(&mut self, permit: OwnedSemaphorePermit) {
+    pub fn hold(&mut self, permit: crate::gate::Slot) {
         self.hold = Some(permit);
     }
 }

@@ -23,7 +23,7 @@ use ipnet::IpNet;
 
 pub use edge::{CertFiles, ClientAuth, Listener, ProxyProtocol, TlsListener, UpstreamTls};
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
-pub use limits::{algorithm_name, Concurrency, LimitConfig, Mode, StoreKind};
+pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
 pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
 
@@ -207,6 +207,8 @@ pub struct Route {
     pub stale_on_limit: Option<Duration>,
     /// Serve a stale copy up to this old when the upstream fails (stale-if-error).
     pub stale_on_upstream_error: Option<Duration>,
+    /// A 429's Retry-After gets 0 to this many extra seconds, spread evenly over denials.
+    pub retry_after_spread: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

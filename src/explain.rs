@@ -243,8 +243,22 @@ pub fn explain(config: &Config) -> String {
             } else {
                 format!("after waiting up to {}", Dur(c.max_wait))
             };
-            let _ =
-                writeln!(out, "  at most {} requests in flight; the next gets 503 with Retry-After: 1 {wait}", c.max);
+            match &c.adaptive {
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  at most {} requests in flight; the next gets 503 with Retry-After: 1 {wait}",
+                        c.max
+                    );
+                }
+                Some(a) => {
+                    let _ = writeln!(
+                        out,
+                        "  an adaptive limit of {} to {} requests in flight, following the upstream's latency (p{} over {} windows, tolerance {}×); the next gets 503 with Retry-After: 1 {wait}",
+                        a.min, a.max, a.percentile, Dur(a.window), a.tolerance
+                    );
+                }
+            }
         }
         if r.limits.len() > 1 {
             let _ = writeln!(out, "  every limit must admit; a request one limit rejects costs nothing in the others");

@@ -15,6 +15,10 @@ use http::Response;
 use smallvec::SmallVec;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+mod adaptive;
+
+pub use adaptive::{Gradient, Window};
+
 use crate::answer::{Denied, Error};
 use crate::body::Body;
 use crate::config::{LimitConfig, Mode, Route};
@@ -41,11 +45,33 @@ pub struct Gate {
     limits: Vec<Limit>,
     cap: Option<Cap>,
     policy: Option<HeaderValue>,
+    /// `retry_after_spread`: a denial's waits get `next % (spread + 1)` extra seconds.
+    spread: u64,
+    next: AtomicU64,
 }
 
-struct Cap {
-    slots: Arc<Semaphore>,
-    max_wait: Duration,
+enum Cap {
+    Fixed { slots: Arc<Semaphore>, max_wait: Duration },
+    Adaptive { cap: Arc<adaptive::Cap>, max_wait: Duration },
+}
+
+/// A slot of a route's concurrency cap, held until the response body ends.
+pub enum Slot {
+    Fixed(OwnedSemaphorePermit),
+    /// Boxed: an adaptive slot carries its start time, and this type lives in every body.
+    Adaptive(Box<adaptive::Held>),
+}
+
+impl Slot {
+    /// The answer's status: an adaptive limit takes the round trip of one below 500 as a
+    /// latency sample, and counts anything else (or a slot dropped unanswered) as a failure.
+    pub fn answered(&mut self, status: http::StatusCode) {
+        if let Slot::Adaptive(h) = self {
+            if !status.is_server_error() {
+                h.succeeded();
+            }
+        }
+    }
 }
 
 /// What the gate decided, for the access log: the limit that bound the request (the one
@@ -63,7 +89,7 @@ pub struct Note {
 #[derive(Default)]
 pub struct Admission {
     pub wait: Duration,
-    pub permit: Option<OwnedSemaphorePermit>,
+    pub permit: Option<Slot>,
     pub note: Note,
     ratelimit: Option<HeaderValue>,
 }
@@ -159,11 +185,19 @@ impl Gate {
         Gate {
             route: route.name.clone(),
             limits,
-            cap: route
-                .concurrency
-                .as_ref()
-                .map(|c| Cap { slots: Arc::new(Semaphore::new(c.max)), max_wait: c.max_wait }),
+            cap: route.concurrency.as_ref().map(|c| {
+                let gauge = metrics.concurrency_limit(&route.name);
+                match &c.adaptive {
+                    None => {
+                        gauge.set(i64::try_from(c.max).unwrap_or(i64::MAX));
+                        Cap::Fixed { slots: Arc::new(Semaphore::new(c.max)), max_wait: c.max_wait }
+                    }
+                    Some(a) => Cap::Adaptive { cap: adaptive::Cap::new(a.clone(), gauge), max_wait: c.max_wait },
+                }
+            }),
             policy,
+            spread: route.retry_after_spread,
+            next: AtomicU64::new(0),
         }
     }
 
@@ -262,11 +296,28 @@ impl Gate {
         })
     }
 
-    async fn acquire(&self, cap: &Cap) -> Option<OwnedSemaphorePermit> {
-        match cap.slots.clone().try_acquire_owned() {
-            Ok(p) => Some(p),
-            Err(_) if cap.max_wait.is_zero() => None,
-            Err(_) => Box::pin(tokio::time::timeout(cap.max_wait, cap.slots.clone().acquire_owned())).await.ok()?.ok(),
+    async fn acquire(&self, cap: &Cap) -> Option<Slot> {
+        match cap {
+            Cap::Fixed { slots, max_wait } => match slots.clone().try_acquire_owned() {
+                Ok(p) => Some(Slot::Fixed(p)),
+                Err(_) if max_wait.is_zero() => None,
+                Err(_) => Box::pin(tokio::time::timeout(*max_wait, slots.clone().acquire_owned()))
+                    .await
+                    .ok()?
+                    .ok()
+                    .map(Slot::Fixed),
+            },
+            Cap::Adaptive { cap, max_wait } => {
+                Box::pin(cap.acquire(*max_wait)).await.map(|h| Slot::Adaptive(Box::new(h)))
+            }
+        }
+    }
+
+    /// The current limit of an adaptive cap.
+    pub fn adaptive_limit(&self) -> Option<usize> {
+        match &self.cap {
+            Some(Cap::Adaptive { cap, .. }) => Some(cap.limit()),
+            _ => None,
         }
     }
 
@@ -291,6 +342,15 @@ impl Gate {
                 limit.enforced().then_some((d.limit, secs))
             })
             .collect();
+        let mut limits = limits;
+        if self.spread > 0 {
+            // Round robin over 0..=spread: a wave of denials in the same second is told to come
+            // back evenly over the next `spread` seconds, each still after its honest wait.
+            let extra = self.next.fetch_add(1, Ordering::Relaxed) % (self.spread + 1);
+            for l in &mut limits {
+                l.1 += extra;
+            }
+        }
         let retry_after_secs = limits.iter().map(|l| l.1).max().unwrap_or(1);
         Denied { limits, retry_after_secs }
     }
@@ -390,6 +450,33 @@ mod tests {
             assert_eq!((&d.limits[..], d.retry_after_secs), (&[(0, 40)][..], 40));
             assert_eq!(limit.never_secs(), 40);
             assert_eq!(limit.metrics.throttled.get(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_thousand_denials_in_one_second_spread_their_retry_after_evenly() {
+        let yaml = "listen: 127.0.0.1:1\nupstreams:\n  up: { respond: { status: 200 } }\nroutes:\n  - name: r\n    upstream: up\n    retry_after_spread: 9s\n    limits:\n      - { name: w, algorithm: fixed_window, rate: 1/m }\n";
+        let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let g = Gate::new(&config.routes[0], &Metrics::new(), &mut |l| Limit::local_store(l));
+        assert!(check(&g, 0).await.is_ok());
+        let mut seen = [0u32; 10];
+        for i in 0..1000u64 {
+            // Within the first second of the window: the honest wait is 60 s, rounded up.
+            let now = 1 + i * 999;
+            let Err(Error::Throttled(d)) = check(&g, now).await else { panic!("admitted") };
+            let honest = ratelimit::retry_after_secs(Span::from_micros(60_000_000 - now));
+            assert!(d.retry_after_secs >= honest, "{} < {honest}", d.retry_after_secs);
+            assert_eq!(d.limits[0].1, d.retry_after_secs);
+            seen[(d.retry_after_secs - honest) as usize] += 1;
+        }
+        // Ten values 60 … 69 s, a hundred clients each.
+        assert_eq!(seen, [100; 10]);
+        // Without a spread, all of them would come back together.
+        let (_, plain) = gate("      - { name: w, algorithm: fixed_window, rate: 1/m }\n");
+        assert!(check(&plain, 0).await.is_ok());
+        for now in [1, 500_000, 999_999] {
+            let Err(Error::Throttled(d)) = check(&plain, now).await else { panic!("admitted") };
+            assert_eq!(d.retry_after_secs, 60);
         }
     }
 

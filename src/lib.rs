@@ -31,6 +31,7 @@ pub mod answer;
 pub mod bench;
 pub mod body;
 pub mod cache;
+pub mod calibrate;
 pub mod config;
 pub mod explain;
 pub mod forward;

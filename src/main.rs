@@ -44,6 +44,76 @@ enum Command {
     /// Be the candidate of the benchmark harness (shared/bench/run.sh): one worker thread,
     /// configured from UPSTREAM_ADDR, LISTEN_ADDR, REJECT_PORT, H2_PORT, REJECT_RATE, REJECT_BURST.
     Bench,
+    /// Load-test URL step by step at constant arrival rates (open loop), find the knee and
+    /// suggest limits for it.
+    Calibrate(Box<CalibrateArgs>),
+}
+
+#[derive(clap::Args)]
+struct CalibrateArgs {
+    /// The URL to load (plain http://).
+    url: String,
+    /// First offered rate (requests/s).
+    #[arg(long, default_value_t = 100)]
+    from: u64,
+    /// Rate added at each step.
+    #[arg(long, default_value_t = 100)]
+    step: u64,
+    /// Last offered rate.
+    #[arg(long, default_value_t = 5000)]
+    to: u64,
+    /// Explicit rates instead of --from/--step/--to: `400,800,1000,1200`.
+    #[arg(long, conflicts_with_all = ["from", "step", "to"])]
+    rates: Option<String>,
+    /// Measured time of each step.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    step_duration: std::time::Duration,
+    /// Unmeasured time at the step's rate before each measurement.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    warmup: std::time::Duration,
+    /// A request unanswered this long after its scheduled time is an error.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    timeout: std::time::Duration,
+    /// Requests in flight at most; when it binds, requests go out late and the step is `saturated`.
+    #[arg(long, default_value_t = 1000)]
+    concurrency_max: usize,
+    /// p99 a good step keeps (default: 1.5 × the first step's p99, at least +10 ms).
+    #[arg(long, value_parser = duration)]
+    slo_p99: Option<std::time::Duration>,
+    /// Error share a good step keeps: `0.1%`.
+    #[arg(long, default_value = "0.1%")]
+    slo_errors: String,
+    /// Instances behind the cluster-wide limit, for its suggestion (× rate × 0.8).
+    #[arg(long)]
+    instances: Option<u64>,
+    /// Request method (default GET, POST with -d).
+    #[arg(short = 'X', long)]
+    method: Option<String>,
+    /// Request header `Name: value` (repeatable).
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// Request body.
+    #[arg(short = 'd', long)]
+    data: Option<String>,
+    /// Write report.json, chart.svg and suggestion.yaml into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the report as JSON on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// The whole run ends by this, measured or not.
+    #[arg(long, default_value = "15m", value_parser = duration)]
+    max_duration: std::time::Duration,
+    /// Stop after this many bad steps.
+    #[arg(long, default_value_t = 2)]
+    stop_after_bad: usize,
+    /// Worker threads of the generator (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    tollgate::config::units::Dur::parse(s).map(|d| d.0)
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -54,6 +124,9 @@ enum Format {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Calibrate(args)) = cli.command {
+        return calibrate(*args);
+    }
     if matches!(cli.command, Some(Command::Bench)) {
         return match tollgate::bench::run_from_env() {
             Ok(()) => ExitCode::SUCCESS,
@@ -67,12 +140,81 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),
-        Command::Bench => ExitCode::FAILURE,
+        Command::Bench | Command::Calibrate(_) => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
         },
     }
+}
+
+/// `tollgate calibrate`: exit 0 when the run completed, 130 when Ctrl-C cut it short (what was
+/// measured is still printed), 2 for bad arguments.
+fn calibrate(a: CalibrateArgs) -> ExitCode {
+    use std::io::IsTerminal;
+    use tollgate::calibrate::{self as cal, Options, Slo};
+    let options = (|| -> Result<Options, cal::Error> {
+        let rates = match &a.rates {
+            Some(list) => cal::listed(list)?,
+            None => cal::stepped(a.from, a.step, a.to)?,
+        };
+        let o = Options {
+            target: cal::target(&a.url, a.method.as_deref(), &a.headers, a.data.as_deref())?,
+            rates,
+            warmup: a.warmup,
+            step: a.step_duration,
+            timeout: a.timeout,
+            concurrency_max: a.concurrency_max,
+            slo: Slo { p99_ms: a.slo_p99.map(|d| d.as_secs_f64() * 1000.0), errors: cal::share(&a.slo_errors)? },
+            instances: a.instances,
+            max_duration: a.max_duration,
+            stop_after_bad: a.stop_after_bad.max(1),
+        };
+        o.check()?;
+        Ok(o)
+    })();
+    let options = match options {
+        Ok(o) => o,
+        Err(e) => return fail(&e.to_string(), ExitCode::from(2)),
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = a.threads {
+        builder.worker_threads(n.max(1));
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return fail(&format!("starting the runtime: {e}"), ExitCode::FAILURE),
+    };
+    let progress = (!a.json && std::io::stdout().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    });
+    let report = runtime.block_on(cal::run(&options, progress.as_ref(), async {
+        let _ = tokio::signal::ctrl_c().await;
+    }));
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    if let Some(dir) = &a.out {
+        match cal::report::write_dir(&report, dir) {
+            Ok(files) => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "wrote {}", files.join(", "));
+            }
+            Err(e) => return fail(&e, ExitCode::FAILURE),
+        }
+    }
+    let text = if a.json {
+        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
+    } else {
+        cal::report::table(&report)
+    };
+    let code = output(&text);
+    if report.stopped.as_deref() == Some("interrupted") {
+        return ExitCode::from(130);
+    }
+    code
 }
 
 /// Writes `text` to stdout. A reader that went away (`tollgate check | head -1`) ends the

@@ -166,6 +166,7 @@ pub struct Metrics {
     upstream_seconds: Family<RouteLabel, Seconds>,
     local_keys: Family<RouteLimit, Gauge>,
     in_flight: Gauge,
+    concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
     connections: ConnMetrics,
@@ -268,6 +269,12 @@ impl Metrics {
         registry.register("local_store_keys", "Live keys in the in-process store", local_keys.clone());
         let in_flight = Gauge::default();
         registry.register("requests_in_flight", "Requests being served", in_flight.clone());
+        let concurrency_limit = Family::<RouteLabel, Gauge>::default();
+        registry.register(
+            "concurrency_limit",
+            "The concurrency cap of a route now: its max, or where its adaptive limit stands",
+            concurrency_limit.clone(),
+        );
         let errors = Family::<ErrorLabel, Counter>::default();
         registry.register(
             "errors",
@@ -328,6 +335,7 @@ impl Metrics {
             upstream_seconds,
             local_keys,
             in_flight,
+            concurrency_limit,
             errors,
             upstream_read_timeouts,
             connections,
@@ -343,6 +351,11 @@ impl Metrics {
             stale_throttled: stale("throttled"),
             stale_upstream_error: stale("upstream_error"),
         }
+    }
+
+    /// The gauge `tollgate_concurrency_limit{route}`.
+    pub fn concurrency_limit(&self, route: &str) -> Gauge {
+        self.concurrency_limit.get_or_create(&RouteLabel { route: Label::new(route) }).clone()
     }
 
     pub fn limit(&self, route: &str, limit: &str) -> LimitMetrics {

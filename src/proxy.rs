@@ -343,7 +343,8 @@ impl Proxy {
             }
             if let Some(mut a) = admission {
                 lane.gate.decorate(&mut a, &mut resp);
-                if let Some(permit) = a.permit {
+                if let Some(mut permit) = a.permit {
+                    permit.answered(resp.status());
                     resp.body_mut().hold(permit);
                 }
             }

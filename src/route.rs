@@ -61,6 +61,7 @@ mod tests {
             ratelimit_headers: true,
             stale_on_limit: None,
             stale_on_upstream_error: None,
+            retry_after_spread: 0,
         }
     }
 

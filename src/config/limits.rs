@@ -113,11 +113,45 @@ pub struct LimitConfig {
 }
 
 /// Requests in flight on a route.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Concurrency {
+    /// The cap; with `adaptive`, its upper bound.
     pub max: usize,
     /// Wait this long for a free slot before answering 503; zero answers at once.
     pub max_wait: Duration,
+    /// A limit that follows the upstream's latency (see `gate::adaptive`).
+    pub adaptive: Option<Adaptive>,
+}
+
+/// The parameters of an adaptive limit, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adaptive {
+    pub min: usize,
+    pub max: usize,
+    /// The shortest window of answers between two updates.
+    pub window: Duration,
+    /// Which percentile of a window's round-trip times is its sample (0 < p ≤ 100).
+    pub percentile: f64,
+    /// A sample this many times the baseline still counts as unloaded (≥ 1).
+    pub tolerance: f64,
+    /// Share of the new estimate taken each window (0 < s ≤ 1).
+    pub smoothing: f64,
+    /// Windows at `min` after which the baseline is relearned.
+    pub relearn: u32,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Adaptive {
+            min: 4,
+            max: 1000,
+            window: Duration::from_millis(100),
+            percentile: 50.0,
+            tolerance: 1.25,
+            smoothing: 0.2,
+            relearn: 5,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -130,17 +164,95 @@ pub enum RawConcurrency {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConcurrencyFull {
-    max: usize,
+    max: Option<usize>,
     max_wait: Option<Dur>,
+    adaptive: Option<RawAdaptive>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdaptive {
+    min: Option<usize>,
+    max: Option<usize>,
+    window: Option<Dur>,
+    percentile: Option<f64>,
+    tolerance: Option<f64>,
+    smoothing: Option<f64>,
+    relearn: Option<u32>,
 }
 
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
+/// The largest adaptive `max`: far above any useful limit, far below the semaphore's bound.
+const ADAPTIVE_MAX: usize = 1 << 32;
+
+impl RawAdaptive {
+    fn validate(self, at: &[Seg]) -> Result<Adaptive, Invalid> {
+        let d = Adaptive::default();
+        let field = |f: &str| {
+            let mut p = at.to_vec();
+            p.push(Seg::Key(f.to_owned()));
+            p
+        };
+        let a = Adaptive {
+            min: self.min.unwrap_or(d.min),
+            max: self.max.unwrap_or(d.max),
+            window: self.window.map_or(d.window, |w| w.0),
+            percentile: self.percentile.unwrap_or(d.percentile),
+            tolerance: self.tolerance.unwrap_or(d.tolerance),
+            smoothing: self.smoothing.unwrap_or(d.smoothing),
+            relearn: self.relearn.unwrap_or(d.relearn),
+        };
+        if a.min == 0 {
+            return Err((field("min"), "min must be at least 1".to_owned()));
+        }
+        if a.max < a.min || a.max > ADAPTIVE_MAX {
+            return Err((field("max"), format!("max must be between min ({}) and {ADAPTIVE_MAX}", a.min)));
+        }
+        if a.window < Duration::from_millis(1) || a.window > Duration::from_secs(60) {
+            return Err((field("window"), "window must be between 1ms and 60s".to_owned()));
+        }
+        if !(a.percentile > 0.0 && a.percentile <= 100.0) {
+            return Err((field("percentile"), "percentile must be above 0 and at most 100".to_owned()));
+        }
+        if !(1.0..=10.0).contains(&a.tolerance) {
+            return Err((field("tolerance"), "tolerance must be between 1 and 10".to_owned()));
+        }
+        if !(a.smoothing > 0.0 && a.smoothing <= 1.0) {
+            return Err((field("smoothing"), "smoothing must be above 0 and at most 1".to_owned()));
+        }
+        if a.relearn == 0 {
+            return Err((field("relearn"), "relearn must be at least 1 window".to_owned()));
+        }
+        Ok(a)
+    }
+}
+
 impl RawConcurrency {
     pub fn validate(self, at: Vec<Seg>) -> Result<Concurrency, Invalid> {
-        let (max, max_wait) = match self {
-            RawConcurrency::Max(m) => (m, Duration::ZERO),
-            RawConcurrency::Full(f) => (f.max, f.max_wait.map_or(Duration::ZERO, |d| d.0)),
+        let (max, max_wait, adaptive) = match self {
+            RawConcurrency::Max(m) => (m, Duration::ZERO, None),
+            RawConcurrency::Full(f) => {
+                let max_wait = f.max_wait.map_or(Duration::ZERO, |d| d.0);
+                match (f.max, f.adaptive) {
+                    (Some(_), Some(_)) => {
+                        return Err((
+                            at,
+                            "give either `max` or `adaptive: { min, max }`, not both (an adaptive limit's \
+                             bound is its own `max`)"
+                                .to_owned(),
+                        ))
+                    }
+                    (None, None) => return Err((at, "expected `max: N` or `adaptive: { min, max }`".to_owned())),
+                    (Some(m), None) => (m, max_wait, None),
+                    (None, Some(a)) => {
+                        let mut p = at.clone();
+                        p.push(Seg::Key("adaptive".to_owned()));
+                        let a = a.validate(&p)?;
+                        (a.max, max_wait, Some(a))
+                    }
+                }
+            }
         };
         if max == 0 {
             return Err((at, "concurrency must be at least 1".to_owned()));
@@ -156,7 +268,7 @@ impl RawConcurrency {
                 ),
             ));
         }
-        Ok(Concurrency { max, max_wait })
+        Ok(Concurrency { max, max_wait, adaptive })
     }
 }
 

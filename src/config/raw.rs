@@ -331,7 +331,11 @@ struct Route {
     ratelimit_headers: bool,
     on_limit: Option<Fallback>,
     on_upstream_error: Option<Fallback>,
+    retry_after_spread: Option<Dur>,
 }
+
+/// The longest `retry_after_spread`: an hour of extra waiting is already a long way from honest.
+const MAX_RETRY_AFTER_SPREAD: u64 = 3600;
 
 fn yes() -> bool {
     true
@@ -466,6 +470,18 @@ impl Config {
                 limits.push(limit);
             }
             let concurrency = route.concurrency.map(|c| c.validate(at(&["concurrency"]))).transpose()?;
+            let retry_after_spread = match route.retry_after_spread {
+                None => 0,
+                Some(d) if d.0.subsec_nanos() == 0 && d.0.as_secs() <= MAX_RETRY_AFTER_SPREAD => d.0.as_secs(),
+                Some(_) => {
+                    return Err((
+                        at(&["retry_after_spread"]),
+                        format!(
+                            "expected whole seconds from 0 to {MAX_RETRY_AFTER_SPREAD}s (Retry-After counts seconds)"
+                        ),
+                    ))
+                }
+            };
             routes.push(super::Route {
                 name,
                 host,
@@ -478,6 +494,7 @@ impl Config {
                 ratelimit_headers: route.ratelimit_headers,
                 stale_on_limit: route.on_limit.and_then(|f| f.stale).map(|s| s.max_age.0),
                 stale_on_upstream_error: route.on_upstream_error.and_then(|f| f.stale).map(|s| s.max_age.0),
+                retry_after_spread,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));

@@ -218,6 +218,17 @@ fn values_that_cannot_run_are_refused_where_they_are_written() {
         ("upstreams: { d: { url: 'http://127.0.0.1:65536' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "port `65536`"),
         ("upstreams: { d: { url: 'http://a:+80' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "port `+80`"),
         ("upstreams: { d: { url: 'http://:8080' } }\nroutes: [{ upstream: d }]\n".to_owned(), 1, "upstreams.d.url", "has no host"),
+        // adaptive concurrency: each parameter at its own line
+        (format!("{UP}  - upstream: d\n    concurrency:\n      adaptive:\n        min: 10\n        max: 5\n"), 7, "routes[0].concurrency.adaptive.max", "between min (10)"),
+        (format!("{UP}  - upstream: d\n    concurrency:\n      adaptive: {{ tolerance: 0.5 }}\n"), 5, "routes[0].concurrency.adaptive.tolerance", "between 1 and 10"),
+        (format!("{UP}  - upstream: d\n    concurrency:\n      adaptive: {{ percentile: 0 }}\n"), 5, "routes[0].concurrency.adaptive.percentile", "above 0"),
+        (format!("{UP}  - upstream: d\n    concurrency:\n      adaptive: {{ window: 0 }}\n"), 5, "routes[0].concurrency.adaptive.window", "between 1ms and 60s"),
+        (format!("{UP}  - upstream: d\n    concurrency:\n      adaptive: {{ smoothing: 2 }}\n"), 5, "routes[0].concurrency.adaptive.smoothing", "at most 1"),
+        (format!("{UP}  - upstream: d\n    concurrency:\n      adaptive: {{ min: 0 }}\n"), 5, "routes[0].concurrency.adaptive.min", "at least 1"),
+        (format!("{UP}  - upstream: d\n    concurrency: {{ max: 5, adaptive: {{}} }}\n"), 4, "routes[0].concurrency", "not both"),
+        (format!("{UP}  - upstream: d\n    concurrency: {{ max_wait: 1s }}\n"), 4, "routes[0].concurrency", "expected `max: N`"),
+        (format!("{UP}  - upstream: d\n    retry_after_spread: 1.5s\n"), 4, "routes[0].retry_after_spread", "whole seconds"),
+        (format!("{UP}  - upstream: d\n    retry_after_spread: 2h\n"), 4, "routes[0].retry_after_spread", "from 0 to 3600s"),
         // more limits on one route than a request should run
         (
             format!("{UP}  - upstream: d\n    limits:\n{}", "      - { algorithm: fixed_window, rate: 1/s }\n".repeat(MAX_LIMITS_PER_ROUTE + 1)),

@@ -211,3 +211,26 @@ async fn shadow_mode_never_rejects_and_headers_can_be_turned_off() {
         assert!(h.get("ratelimit").is_none() && h.get("ratelimit-policy").is_none());
     }
 }
+
+#[tokio::test]
+async fn retry_after_spread_sends_each_throttled_client_a_different_sufficient_wait() {
+    let clock = ManualClock::new(T0);
+    let yaml = respond_yaml(
+        "    retry_after_spread: 3s\n    limits:\n      - { name: m, algorithm: fixed_window, rate: 1/m }\n",
+    );
+    let tg = Tollgate::start_with_clock(&yaml, clock.clone()).await;
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK);
+    let mut waits = Vec::new();
+    for _ in 0..8 {
+        let (status, headers, body) = get(tg.addr, "/").await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        let secs: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        // The problem document and the RateLimit field say the same.
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains(&format!("\"retry-after\":{secs}")), "{text}");
+        assert!(headers["ratelimit"].to_str().unwrap().contains(&format!(";t={secs}")), "{headers:?}");
+        waits.push(secs);
+    }
+    // The minute's window ends 40 s after T0 (20 s into it): never sooner, then 41 … 43 in turn.
+    assert_eq!(waits, [40, 41, 42, 43, 40, 41, 42, 43]);
+}

@@ -4,6 +4,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod adaptive;
+mod calibrate;
 mod cli;
 mod drain;
 mod errors;
