@@ -159,6 +159,23 @@ impl Reloader {
         Some(all)
     }
 
+    /// After a reload: the stamps taken before it read the files, with the files the config
+    /// now in effect names (a new certificate path) stamped now. The config file's own stamp
+    /// is the one from before the read, so a write during the reload is seen by the next
+    /// tick rather than taken for the version just loaded.
+    fn restamped(&self, before: Option<Vec<Option<(SystemTime, u64)>>>) -> Option<Vec<Option<(SystemTime, u64)>>> {
+        let now = self.stamps()?;
+        match before {
+            Some(before) if before.len() == now.len() => Some(before),
+            Some(before) => {
+                let mut all = vec![before.first().copied().flatten()];
+                all.extend(now.into_iter().skip(1));
+                Some(all)
+            }
+            None => Some(now),
+        }
+    }
+
     /// Reloads on SIGHUP and when the file's modification time or size changes (checked every
     /// `poll`), until `shutdown` resolves. Polling works the same on every filesystem,
     /// bind mounts and ConfigMap symlink swaps included.
@@ -186,14 +203,15 @@ impl Reloader {
                 () = &mut shutdown => return,
                 _ = hup_recv => {
                     tracing::info!("SIGHUP received: reloading");
+                    let before = self.stamps();
                     self.try_reload().await;
-                    last = self.stamps();
+                    last = self.restamped(before);
                 }
                 _ = tick.tick() => {
                     let now = self.stamps();
                     if now.is_some() && now != last {
                         self.try_reload().await;
-                        last = self.stamps();
+                        last = self.restamped(now);
                     }
                 }
             }
