@@ -7,7 +7,7 @@
 #   RATES=5000,10000,20000 STEP=3s benches/calibrate-rate.sh
 #
 # A step counts when its achieved rate is within 1 % of the offered one and the generator kept
-# its schedule (dispatch lag p99 ≤ 10 ms: `generator_behind` false). Timings on a shared machine
+# its schedule (dispatch lag p90 ≤ 10 ms: `generator_behind` false). Timings on a shared machine
 # are noisy: run it on a quiet one for numbers to quote.
 set -euo pipefail
 # shellcheck source=benches/upstream.sh

@@ -331,6 +331,26 @@ mod tests {
     }
 
     #[test]
+    fn concurrency_caps_in_plain_words() {
+        let explain_route = |extra: &str| {
+            let yaml = format!("upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n{extra}");
+            explain(&Config::from_yaml(Path::new("t.yaml"), &yaml).unwrap())
+        };
+        let text = explain_route("    concurrency: { max: 8, max_wait: 50ms }\n");
+        assert!(
+            text.contains(
+                "at most 8 requests in flight; the next gets 503 with Retry-After: 1 after waiting up to 50ms"
+            ),
+            "{text}"
+        );
+        let text = explain_route("    concurrency: { adaptive: { min: 2, max: 64 } }\n");
+        assert!(
+            text.contains("an adaptive limit of 2 to 64 requests in flight, following the upstream's latency (p50 over 100ms windows, tolerance 1.25×); the next gets 503 with Retry-After: 1 at once"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn token_bucket_in_plain_words() {
         let text =
             explained("      - { name: pc, algorithm: token_bucket, rate: 100/s, burst: 200, key: client_ip }\n");

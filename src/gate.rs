@@ -1,5 +1,6 @@
 //! The gate in front of a route: runs its limits (every one must admit) and its concurrency
-//! cap. It decides; the answer module writes what a refused client gets.
+//! cap, fixed (a semaphore) or adaptive ([`adaptive`]). It decides, and spreads the waits of
+//! its denials over `retry_after_spread`; the answer module writes what a refused client gets.
 //!
 //! A request rejected by one limit consumes no quota in any other: all limits decide, and if
 //! one denies, the admissions of the others are refunded (decide-then-refund; a refund is

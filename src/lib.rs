@@ -24,6 +24,8 @@
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.
 //! - [`timer`]: the coarse clock for long timeouts.
 //! - [`explain`]: limits in plain words for `tollgate explain`; [`bench`]: the harness candidate.
+//! - [`calibrate`]: `tollgate calibrate`, an open-loop load test that finds the knee and
+//!   suggests limits (not on the request path).
 #![forbid(unsafe_code)]
 
 pub mod admin;
