@@ -150,13 +150,10 @@ impl Reloader {
         }
     }
 
-    /// The stamps of the file and of the files it names (certificates, keys, CAs): a change
-    /// to any reloads.
-    fn stamps(&self) -> Option<Vec<Option<(SystemTime, u64)>>> {
-        let own = stamp(&self.path)?;
-        let mut all = vec![Some(own)];
-        all.extend(self.shared.load().config.watched_files().iter().map(stamp));
-        Some(all)
+    /// The stamps of the files the running config names (certificates, keys, CAs): a change
+    /// to any reloads, as a change of the file itself does.
+    fn watched(&self) -> Vec<Option<(SystemTime, u64)>> {
+        self.shared.load().config.watched_files().iter().map(stamp).collect()
     }
 
     /// Reloads on SIGHUP and when the file's modification time or size changes (checked every
@@ -172,7 +169,9 @@ impl Reloader {
                 None
             }
         };
-        let mut last = self.stamps();
+        // The file's stamp is taken before each reload, so a write during one is seen after it;
+        // the named files' after it, since the reload may name others.
+        let mut last = (stamp(&self.path), self.watched());
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -186,14 +185,15 @@ impl Reloader {
                 () = &mut shutdown => return,
                 _ = hup_recv => {
                     tracing::info!("SIGHUP received: reloading");
+                    let own = stamp(&self.path);
                     self.try_reload().await;
-                    last = self.stamps();
+                    last = (own, self.watched());
                 }
                 _ = tick.tick() => {
-                    let now = self.stamps();
-                    if now.is_some() && now != last {
+                    let now = (stamp(&self.path), self.watched());
+                    if now.0.is_some() && now != last {
                         self.try_reload().await;
-                        last = self.stamps();
+                        last = (now.0, self.watched());
                     }
                 }
             }
