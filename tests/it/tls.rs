@@ -531,3 +531,26 @@ fn config_endpoint_shows_served_names_and_no_key_material() {
     let body = key.lines().nth(1).unwrap();
     assert!(!text.contains("PRIVATE") && !text.contains(body), "{text}");
 }
+
+#[tokio::test]
+async fn shutdown_lets_tls_requests_in_flight_finish_on_h1_and_h2() {
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ d: {{ respond: {{ body: done, latency: 300ms }} }} }}\nroutes: [{{ upstream: d }}]\n",
+        site.certs()
+    );
+    let mut tg = Tollgate::start_config(config(&yaml)).await;
+    let mut in_flight = Vec::new();
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let tls = connect(tg.addr, "api.test", client_config(&site.ca, &[alpn], None)).await.unwrap();
+        let mut client = Client::over(tls).await;
+        in_flight.push(tokio::spawn(async move { client.get("api.test", "/").await }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let server = tg.shutdown();
+    for (r, version) in in_flight.into_iter().zip([http::Version::HTTP_11, http::Version::HTTP_2]) {
+        let (status, _, body, v) = r.await.unwrap();
+        assert_eq!((status, &body[..], v), (StatusCode::OK, &b"done"[..], version));
+    }
+    tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
+}
