@@ -209,7 +209,24 @@ pub fn listeners(config: &Config) -> String {
         }
         out.push('\n');
         if let Some(loaded) = l.tls.as_ref().and_then(|t| t.loaded.as_ref()) {
+            let mut seen: Vec<&str> = Vec::new();
             for (i, s) in loaded.served.iter().enumerate() {
+                for name in &s.names {
+                    if seen.contains(&name.as_str()) {
+                        let _ = writeln!(
+                            out,
+                            "  warning: {name} is also named by an earlier certificate, which answers for it"
+                        );
+                    }
+                    seen.push(name);
+                }
+                if s.names.is_empty() && i > 0 {
+                    let _ = writeln!(
+                        out,
+                        "  warning: {} names no DNS name (no SAN, no CN): SNI never picks it",
+                        s.cert.display()
+                    );
+                }
                 let default = if i == 0 { " (also for clients without SNI or with an unknown name)" } else { "" };
                 let _ = writeln!(
                     out,

@@ -150,30 +150,10 @@ impl Reloader {
         }
     }
 
-    /// The stamps of the file and of the files it names (certificates, keys, CAs): a change
-    /// to any reloads.
-    fn stamps(&self) -> Option<Vec<Option<(SystemTime, u64)>>> {
-        let own = stamp(&self.path)?;
-        let mut all = vec![Some(own)];
-        all.extend(self.shared.load().config.watched_files().iter().map(stamp));
-        Some(all)
-    }
-
-    /// After a reload: the stamps taken before it read the files, with the files the config
-    /// now in effect names (a new certificate path) stamped now. The config file's own stamp
-    /// is the one from before the read, so a write during the reload is seen by the next
-    /// tick rather than taken for the version just loaded.
-    fn restamped(&self, before: Option<Vec<Option<(SystemTime, u64)>>>) -> Option<Vec<Option<(SystemTime, u64)>>> {
-        let now = self.stamps()?;
-        match before {
-            Some(before) if before.len() == now.len() => Some(before),
-            Some(before) => {
-                let mut all = vec![before.first().copied().flatten()];
-                all.extend(now.into_iter().skip(1));
-                Some(all)
-            }
-            None => Some(now),
-        }
+    /// The stamps of the files the running config names (certificates, keys, CAs): a change
+    /// to any reloads, as a change of the file itself does.
+    fn watched(&self) -> Vec<Option<(SystemTime, u64)>> {
+        self.shared.load().config.watched_files().iter().map(stamp).collect()
     }
 
     /// Reloads on SIGHUP and when the file's modification time or size changes (checked every
@@ -189,7 +169,9 @@ impl Reloader {
                 None
             }
         };
-        let mut last = self.stamps();
+        // The file's stamp is taken before each reload, so a write during one is seen after it;
+        // the named files' after it, since the reload may name others.
+        let mut last = (stamp(&self.path), self.watched());
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -203,15 +185,15 @@ impl Reloader {
                 () = &mut shutdown => return,
                 _ = hup_recv => {
                     tracing::info!("SIGHUP received: reloading");
-                    let before = self.stamps();
+                    let own = stamp(&self.path);
                     self.try_reload().await;
-                    last = self.restamped(before);
+                    last = (own, self.watched());
                 }
                 _ = tick.tick() => {
-                    let now = self.stamps();
-                    if now.is_some() && now != last {
+                    let now = (stamp(&self.path), self.watched());
+                    if now.0.is_some() && now != last {
                         self.try_reload().await;
-                        last = self.restamped(now);
+                        last = (now.0, self.watched());
                     }
                 }
             }

@@ -9,6 +9,7 @@
 //! connections.
 
 mod detect;
+mod edge;
 mod h1;
 mod h2;
 
@@ -32,7 +33,6 @@ use tokio::sync::watch;
 
 use crate::body::Body;
 use crate::config::{Config, ServerConfig};
-use crate::listen::Stream;
 use crate::metrics::ConnMetrics;
 use crate::proxy::Shared;
 
@@ -293,7 +293,7 @@ fn accept(
         let (settings, stop) = (settings.clone(), stop.clone());
         tokio::spawn(async move {
             let _open = open;
-            edge_connection(stream, peer, idx, settings, stop, proxy).await;
+            edge::connection(stream, peer, idx, settings, stop, proxy).await;
         });
         return;
     }
@@ -375,71 +375,6 @@ where
     match proto {
         detect::Proto::Http1 => h1::serve(io, state, stop, service).await,
         detect::Proto::Http2 => h2::serve(io, state, stop, service).await,
-    }
-}
-
-/// A connection of a listener that is not plain HTTP: its edge steps (PROXY header, TLS),
-/// then HTTP with the [`Peer`] they made, or the HTTPS redirect.
-async fn edge_connection(
-    stream: TcpStream,
-    socket: SocketAddr,
-    idx: usize,
-    settings: Arc<Settings>,
-    stop: Stop,
-    proxy: Shared,
-) {
-    let accepted = Instant::now();
-    let now = proxy.load_full();
-    let Some(listener) = now.config.listeners.get(idx) else { return };
-    let trusted = now.is_trusted(socket.ip());
-    let header_timeout = settings.cfg.header_read_timeout;
-    let edge = crate::listen::edge(stream, socket, listener, trusted, accepted, header_timeout, &settings.metrics.edge);
-    let Some((stream, peer)) = edge.await else { return };
-    let redirect = listener.redirect_https.then(|| https_port(&now.config));
-    drop(now);
-    let served = match redirect {
-        Some(port) => {
-            let service =
-                service_fn(move |req| std::future::ready(Ok::<_, Infallible>(proxy.load().redirect_https(req, port))));
-            serve_stream(stream, accepted, settings, stop, service).await
-        }
-        None => {
-            let service = service_fn(move |req| Answer { inner: proxy.load_full().handle_peer(req, peer.clone()) });
-            serve_stream(stream, accepted, settings, stop, service).await
-        }
-    };
-    if let Err(e) = served {
-        tracing::debug!(%socket, error = %e, "connection ended with an error");
-    }
-}
-
-/// The port HTTPS redirects name: the first TLS listener's (443 when there is none).
-fn https_port(config: &Config) -> u16 {
-    config.listeners.iter().find(|l| l.tls.is_some()).map_or(443, |l| l.addr.port())
-}
-
-async fn serve_stream<S, B>(
-    stream: Stream,
-    accepted: Instant,
-    settings: Arc<Settings>,
-    stop: Stop,
-    service: S,
-) -> Result<(), hyper::Error>
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
-{
-    match stream {
-        Stream::Plain(s) => connection(s, accepted, settings, stop, service).await,
-        Stream::Tls(s) => {
-            // ALPN decides; a client that offered none speaks HTTP/1.1.
-            let proto =
-                if s.get_ref().1.alpn_protocol() == Some(b"h2") { detect::Proto::Http2 } else { detect::Proto::Http1 };
-            serve_io(s, [0; detect::PREFACE.len()], 0, proto, accepted, settings, stop, service).await
-        }
     }
 }
 

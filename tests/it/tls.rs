@@ -206,6 +206,17 @@ fn check_refuses_expired_and_mismatched_certificates_with_the_file_name() {
     let c = config(&listen("api.pem", "api.key"));
     let text = tollgate::explain::explain(&c);
     assert!(text.contains("serves api.test (also for clients without SNI"), "{text}");
+    // The same name twice: the second certificate never answers for it, and check says so.
+    let twice = listen("api.pem", "api.key").replace(
+        "    tls:\n      certificates:\n",
+        &format!(
+            "    tls:\n      certificates:\n        - {{ cert: {}, key: {} }}\n",
+            y(&site.dir.path("api.pem")),
+            y(&site.dir.path("api.key"))
+        ),
+    );
+    let text = tollgate::explain::explain(&config(&twice));
+    assert!(text.contains("warning: api.test is also named by an earlier certificate"), "{text}");
 }
 
 #[tokio::test]
@@ -502,4 +513,44 @@ async fn a_proxy_header_comes_before_the_tls_handshake_and_tls12_clients_are_ser
     let (status, _, body, _) = Client::over(tls).await.get("api.test", "/").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(&body[..], b"proto=https xff=192.0.2.44");
+}
+
+#[test]
+fn config_endpoint_shows_served_names_and_no_key_material() {
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
+        site.certs()
+    );
+    let doc = tollgate::admin::effective(&config(&yaml));
+    let tls = &doc["listeners"][0]["tls"];
+    assert_eq!(tls["certificates"][0]["names"][0], "api.test", "{doc}");
+    assert_eq!(tls["certificates"][1]["names"][0], "*.wild.test", "{doc}");
+    let text = doc.to_string();
+    let key = std::fs::read_to_string(site.dir.path("api.key")).unwrap();
+    let body = key.lines().nth(1).unwrap();
+    assert!(!text.contains("PRIVATE") && !text.contains(body), "{text}");
+}
+
+#[tokio::test]
+async fn shutdown_lets_tls_requests_in_flight_finish_on_h1_and_h2() {
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ d: {{ respond: {{ body: done, latency: 300ms }} }} }}\nroutes: [{{ upstream: d }}]\n",
+        site.certs()
+    );
+    let mut tg = Tollgate::start_config(config(&yaml)).await;
+    let mut in_flight = Vec::new();
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let tls = connect(tg.addr, "api.test", client_config(&site.ca, &[alpn], None)).await.unwrap();
+        let mut client = Client::over(tls).await;
+        in_flight.push(tokio::spawn(async move { client.get("api.test", "/").await }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let server = tg.shutdown();
+    for (r, version) in in_flight.into_iter().zip([http::Version::HTTP_11, http::Version::HTTP_2]) {
+        let (status, _, body, v) = r.await.unwrap();
+        assert_eq!((status, &body[..], v), (StatusCode::OK, &b"done"[..], version));
+    }
+    tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
 }

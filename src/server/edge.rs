@@ -1,0 +1,85 @@
+//! Connections of listeners that are not plain HTTP: the `listen` room's edge steps (PROXY
+//! header, TLS) first, then HTTP with the [`Peer`](crate::listen::Peer) they made, or the
+//! HTTPS redirect. Kept apart from the plain path, which never comes here.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::service::{service_fn, Service};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpStream;
+
+use super::{connection as plain_connection, detect, h2, serve_io, Answer, Settings, Stop};
+use crate::config::Config;
+use crate::listen::Stream;
+use crate::proxy::Shared;
+
+/// A connection of a listener that is not plain HTTP: its edge steps (PROXY header, TLS),
+/// then HTTP with the [`Peer`](crate::listen::Peer) they made, or the HTTPS redirect.
+pub(super) async fn connection(
+    stream: TcpStream,
+    socket: SocketAddr,
+    idx: usize,
+    settings: Arc<Settings>,
+    stop: Stop,
+    proxy: Shared,
+) {
+    let accepted = Instant::now();
+    let now = proxy.load_full();
+    let Some(listener) = now.config.listeners.get(idx) else { return };
+    let trusted = now.is_trusted(socket.ip());
+    let header_timeout = settings.cfg.header_read_timeout;
+    let edge = crate::listen::edge(stream, socket, listener, trusted, accepted, header_timeout, &settings.metrics.edge);
+    let Some((stream, peer)) = edge.await else { return };
+    let redirect = listener.redirect_https.then(|| https_port(&now.config));
+    drop(now);
+    let served = match redirect {
+        Some(port) => {
+            let service =
+                service_fn(move |req| std::future::ready(Ok::<_, Infallible>(proxy.load().redirect_https(req, port))));
+            serve_stream(stream, accepted, settings, stop, service).await
+        }
+        None => {
+            let service = service_fn(move |req| Answer { inner: proxy.load_full().handle_peer(req, peer.clone()) });
+            serve_stream(stream, accepted, settings, stop, service).await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(%socket, error = %e, "connection ended with an error");
+    }
+}
+
+/// The port HTTPS redirects name: the first TLS listener's (443 when there is none).
+fn https_port(config: &Config) -> u16 {
+    config.listeners.iter().find(|l| l.tls.is_some()).map_or(443, |l| l.addr.port())
+}
+
+async fn serve_stream<S, B>(
+    stream: Stream,
+    accepted: Instant,
+    settings: Arc<Settings>,
+    stop: Stop,
+    service: S,
+) -> Result<(), hyper::Error>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
+{
+    match stream {
+        Stream::Plain(s) => plain_connection(s, accepted, settings, stop, service).await,
+        Stream::Tls(s) => {
+            // ALPN decides; a client that offered none speaks HTTP/1.1.
+            let proto =
+                if s.get_ref().1.alpn_protocol() == Some(b"h2") { detect::Proto::Http2 } else { detect::Proto::Http1 };
+            serve_io(s, [0; detect::PREFACE.len()], 0, proto, accepted, settings, stop, service).await
+        }
+    }
+}
