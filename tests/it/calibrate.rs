@@ -82,10 +82,16 @@ fn refuses_a_plan_past_its_bounds_with_exit_2() {
 
 #[test]
 fn ctrl_c_stops_at_once_and_prints_what_was_measured() {
-    // Nothing listens on the port: every request fails fast; the run would take minutes.
+    // A server that closes every connection unanswered: every request fails fast, and the port
+    // stays this test's (a freed port can be taken by a parallel test's server). The run would
+    // take minutes.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    drop(listener);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
     let child = std::process::Command::new(BIN)
         .args(["calibrate", &format!("http://127.0.0.1:{port}/"), "--rates", "50,60,70", "--step-duration", "60s"])
         .args(["--warmup", "0", "--json"])
