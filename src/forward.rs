@@ -5,6 +5,7 @@
 pub mod framing;
 pub mod headers;
 pub mod pool;
+pub mod rules;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -23,9 +24,13 @@ use crate::body::{Body, ClientBodyError, Lease, RequestBody, UpstreamConn};
 use crate::config::{HttpUpstream, Responder};
 
 /// Per-request facts the forwarder needs from the downstream side.
-pub struct Downstream {
+pub struct Downstream<'a> {
     pub peer: IpAddr,
     pub peer_trusted: bool,
+    /// The request id and the field that carries it, set on the forwarded request.
+    pub request_id: Option<(&'a http::HeaderName, HeaderValue)>,
+    /// The route's request header rules with their values for this request, applied last.
+    pub rules: Option<(&'a rules::HeaderRules, &'a [HeaderValue])>,
 }
 
 /// A pooled client for one `http://` upstream.
@@ -83,7 +88,7 @@ impl HttpForwarder {
         &'a self,
         req: Request<Incoming>,
         strip: usize,
-        down: &Downstream,
+        down: &Downstream<'_>,
     ) -> impl Future<Output = Result<Response<Body>, Error>> + 'a {
         let prepared = self.prepare(req, strip, down);
         async move {
@@ -127,8 +132,14 @@ impl HttpForwarder {
     }
 
     /// The request as it goes upstream: target, version, hop-by-hop fields, forwarding
-    /// fields, `Via`, `Host`.
-    fn prepare(&self, req: Request<Incoming>, strip: usize, down: &Downstream) -> Result<Request<RequestBody>, Error> {
+    /// fields, `Via`, `Host`, a malformed trace context dropped, the request id, then the
+    /// route's header rules (which may override any of these but the framing fields).
+    fn prepare(
+        &self,
+        req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream<'_>,
+    ) -> Result<Request<RequestBody>, Error> {
         let (mut parts, body) = req.into_parts();
         let received = parts.version;
         parts.uri = self
@@ -147,6 +158,13 @@ impl HttpForwarder {
         };
         headers::add_forwarding(h, down.peer, down.peer_trusted, replaced.as_ref());
         headers::append_via(h, received);
+        crate::request_id::check_trace_context(h);
+        if let Some((name, id)) = &down.request_id {
+            h.insert(*name, id.clone());
+        }
+        if let Some((rules, values)) = down.rules {
+            rules.apply(h, values);
+        }
         Ok(Request::from_parts(parts, RequestBody::new(body, self.body_read_timeout)))
     }
 

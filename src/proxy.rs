@@ -20,6 +20,7 @@ use crate::gate::{Gate, Limit, Note};
 use crate::limit::store::redis::fallback_algorithm;
 use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::request_id::RequestId;
 use crate::route;
 use crate::target::{self, Target};
 
@@ -213,14 +214,19 @@ impl Proxy {
     pub fn handle(self: Arc<Proxy>, req: Request<Incoming>, peer: SocketAddr) -> impl Future<Output = Response<Body>> {
         let started = self.config.log.access.then(Instant::now);
         let (mut parts, body) = req.into_parts();
+        let id = self.config.request_id.as_ref().map(|name| {
+            // Only a trusted proxy's id is read: the common case looks up no field.
+            RequestId::decide(name, &parts.headers, self.trusted.is_trusted(peer.ip()))
+        });
         let routed = crate::framing::check(&mut parts)
             .map_err(Error::from)
             .and_then(|()| target::decide(&mut parts))
             .and_then(|t| {
-                let found = route::find(&self.config.routes, &parts.method, &parts.headers, t.path(&parts));
+                let (path, query) = (t.path(&parts), parts.uri.query());
+                let found = route::find(&self.config.routes, &parts.method, &parts.headers, path, query);
                 found.map(|i| (i, t)).ok_or(Error::NoRoute)
             });
-        self.serve(routed, parts, body, peer, started)
+        self.serve(routed, parts, body, peer, id, started)
     }
 
     /// The answer of the routed request: from upstream when admitted, else a refusal or a
@@ -231,24 +237,61 @@ impl Proxy {
         parts: Parts,
         body: Incoming,
         peer: SocketAddr,
+        id: Option<RequestId>,
         started: Option<Instant>,
     ) -> Response<Body> {
         let this = &*self;
         let _in_flight = InFlight::enter(&this.metrics);
-        let (idx, target) = match routed {
+        let id_field = this.config.request_id.as_ref().zip(id.as_ref());
+        let request_id = id.as_ref().map(RequestId::as_str);
+        let (idx, mut target) = match routed {
             Ok(found) => found,
             Err(e) => {
                 if started.is_some() {
                     let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
-                    tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind());
+                    tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind(), request_id);
                 }
-                return this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
+                let mut resp = this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
+                if let Some((name, id)) = id_field {
+                    resp.headers_mut().insert(name, id.value());
+                }
+                return resp;
             }
         };
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
-        let mut log = Access::new(lane, route, &parts, this.config.log.access);
+        let mut parts = parts;
+        let mut log = Access::new(lane, route, &parts, this.config.log.access, request_id);
         let version = parts.version;
+        let vars = |parts: &'_ Parts,
+                    target: &'_ Target|
+         -> (Option<forward::rules::Values>, Option<forward::rules::Values>) {
+            let vars = forward::rules::Vars {
+                route: &route.name,
+                headers: &parts.headers,
+                path: target.path(parts),
+                request_id,
+                peer: peer.ip(),
+                trusted: &this.trusted,
+            };
+            let render = |r: &Option<Arc<forward::rules::HeaderRules>>| {
+                r.as_ref().filter(|r| r.is_dynamic()).map(|r| r.render(&vars))
+            };
+            (render(&route.request_headers), render(&route.response_headers))
+        };
+        // Values with variables read the request as the client sent it, before any change.
+        let (request_values, response_values) = if route.request_headers.is_some() || route.response_headers.is_some() {
+            vars(&parts, &target)
+        } else {
+            (None, None)
+        };
         let resp = 'answer: {
+            if let Some(rw) = &route.rewrite {
+                if let Some(path) = rw.apply(target.path(&parts)) {
+                    if let Err(e) = target.rewrite(&mut parts, &path) {
+                        break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
+                    }
+                }
+            }
             let mut admission = None;
             if !lane.gate.is_open() {
                 let client_ip = this.trusted.client_ip(peer.ip(), &parts.headers);
@@ -279,7 +322,15 @@ impl Proxy {
                             &mut log,
                         );
                     };
-                    let down = Downstream { peer: peer.ip(), peer_trusted: this.trusted.is_trusted(peer.ip()) };
+                    let down = Downstream {
+                        peer: peer.ip(),
+                        peer_trusted: this.trusted.is_trusted(peer.ip()),
+                        request_id: id_field.map(|(name, id)| (name, id.value())),
+                        rules: route
+                            .request_headers
+                            .as_deref()
+                            .map(|r| (r, request_values.as_deref().unwrap_or_default())),
+                    };
                     let sent = Instant::now();
                     let out = fwd.forward(Request::from_parts(parts, body), strip, &down).await;
                     let took = sent.elapsed();
@@ -302,6 +353,13 @@ impl Proxy {
             }
             resp
         };
+        let mut resp = resp;
+        if let Some((name, id)) = id_field {
+            resp.headers_mut().insert(name, id.value());
+        }
+        if let Some(rules) = &route.response_headers {
+            rules.apply(resp.headers_mut(), response_values.as_deref().unwrap_or_default());
+        }
         lane.metrics.response(resp.status().as_u16());
         if let Some(started) = started {
             log.emit(resp.status().as_u16(), started.elapsed());
@@ -454,11 +512,12 @@ struct Access<'a> {
     stale: Stale,
     /// The kind of error tollgate answered, if it did.
     error: Option<&'static str>,
+    request_id: Option<&'a str>,
 }
 
 impl<'a> Access<'a> {
     /// `logging`: the access log is on, so the path is worth copying.
-    fn new(lane: &'a Lane, route: &'a Route, parts: &Parts, logging: bool) -> Access<'a> {
+    fn new(lane: &'a Lane, route: &'a Route, parts: &Parts, logging: bool, request_id: Option<&'a str>) -> Access<'a> {
         Access {
             lane,
             route: &route.name,
@@ -468,6 +527,7 @@ impl<'a> Access<'a> {
             upstream: None,
             stale: Stale::No,
             error: None,
+            request_id,
         }
     }
 
@@ -492,6 +552,7 @@ impl<'a> Access<'a> {
                 Stale::Throttled => "throttled",
                 Stale::UpstreamError => "upstream_error",
             },
+            request_id = self.request_id,
         );
     }
 }

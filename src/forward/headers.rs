@@ -129,7 +129,7 @@ pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool,
 
 /// `ip` in its text form; IPv4, the common case, without the formatting machinery (it was
 /// a thousand instructions per request).
-fn push_ip(out: &mut String, ip: IpAddr) {
+pub(crate) fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
