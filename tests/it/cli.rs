@@ -128,3 +128,17 @@ fn sighup_reloads_the_file() {
     let _ = child.wait();
     assert!(reloaded, "the new body was not served within 5 s of SIGHUP");
 }
+
+#[test]
+fn check_refuses_a_header_rule_on_a_framing_field_with_exit_2_and_position() {
+    let f = write_config(
+        "upstreams:\n  d: { respond: {} }\nroutes:\n  - upstream: d\n    request_headers:\n      set: { transfer-encoding: chunked }\n",
+    );
+    let out = Command::new(BIN).arg("check").arg("-c").arg(&f.0).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":6:33: routes[0].request_headers.set.transfer-encoding: `transfer-encoding` is a framing"),
+        "{err}"
+    );
+}
