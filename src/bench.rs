@@ -14,6 +14,9 @@
 //!   peers names the client, so one load generator can be a million clients.
 //! - `BENCH_ADMIN` (optional address): the admin listener of the pass config (`/metrics`
 //!   shows `tollgate_local_store_keys`).
+//! - `BENCH_GATEWAY=1` (optional): the bench route also has 3 header conditions (that h2load's
+//!   requests meet) and 4 header rules (2 request, 2 response), the cost of gateway rules.
+//! - `BENCH_REQUEST_ID=off` (optional): no request ids (`request_id: { enabled: false }`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,7 +40,24 @@ pub struct BenchStore {
     pub redis_url: Option<String>,
     /// `lease:` of the Redis-backed limit.
     pub lease: Option<u64>,
+    /// 3 header conditions and 4 header rules on the route (`BENCH_GATEWAY`).
+    pub gateway: bool,
+    /// Request ids off (`BENCH_REQUEST_ID=off`).
+    pub no_request_id: bool,
 }
+
+const GATEWAY: &str = r#"    match:
+      headers:
+        user-agent: { regex: "h2load.*" }
+        accept: "*/*"
+        x-debug: { present: false }
+    request_headers:
+      remove: [x-internal-token]
+      set: { x-route: "{route}" }
+    response_headers:
+      remove: [server]
+      set: { strict-transport-security: "max-age=31536000" }
+"#;
 
 /// The YAML of one bench listener.
 pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &BenchStore) -> String {
@@ -47,6 +67,8 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
         let quoted: Vec<String> = store.trusted.iter().map(|c| format!("{c:?}")).collect();
         format!("trusted_proxies: [{}]\n", quoted.join(", "))
     };
+    let gateway = if store.gateway { GATEWAY } else { "" };
+    let ids = if store.no_request_id { "request_id: { enabled: false }\n" } else { "" };
     let (redis, store) = match &store.redis_url {
         None => (String::new(), String::new()),
         Some(url) => (
@@ -59,13 +81,13 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
     };
     format!(
         "listen: {listen}
-{trusted}{redis}upstreams:
+{trusted}{ids}{redis}upstreams:
   up:
     url: http://{upstream}
 routes:
   - name: bench
     upstream: up
-    limits:
+{gateway}    limits:
       - {{ name: per-client, algorithm: token_bucket, rate: {rate}, burst: {burst}, key: client_ip{store} }}
 "
     )
@@ -85,6 +107,8 @@ pub fn run_from_env() -> anyhow::Result<()> {
             .unwrap_or_default(),
         redis_url: env("BENCH_REDIS_URL"),
         lease: env("BENCH_LEASE").map(|n| n.parse()).transpose().context("BENCH_LEASE")?,
+        gateway: env("BENCH_GATEWAY").is_some_and(|v| v != "0"),
+        no_request_id: env("BENCH_REQUEST_ID").is_some_and(|v| v == "off"),
     };
     let rate = env("BENCH_RATE").unwrap_or_else(|| "1000000/s".into());
     let burst = env("BENCH_BURST").map(|b| b.parse()).transpose().context("BENCH_BURST")?.unwrap_or(100_000_000);
@@ -150,6 +174,7 @@ mod tests {
             BenchStore { redis_url: Some("redis://127.0.0.1:16379".into()), ..BenchStore::default() },
             BenchStore { redis_url: Some("redis://127.0.0.1:16379".into()), lease: Some(100), ..BenchStore::default() },
             BenchStore { trusted: vec!["127.0.0.1/32".into(), "::1/128".into()], ..BenchStore::default() },
+            BenchStore { gateway: true, no_request_id: true, ..BenchStore::default() },
         ];
         for store in &stores {
             for (rate, burst) in [("1000000/s", 100_000_000), ("1000/s", 100)] {
@@ -159,6 +184,8 @@ mod tests {
                 assert_eq!(limit.store == crate::config::StoreKind::Redis, store.redis_url.is_some(), "{yaml}");
                 assert_eq!(limit.lease.map(std::num::NonZeroU64::get), store.lease, "{yaml}");
                 assert_eq!(config.trusted_proxies.len(), store.trusted.len(), "{yaml}");
+                assert_eq!(config.routes[0].conditions.is_some(), store.gateway, "{yaml}");
+                assert_eq!(config.request_id.is_none(), store.no_request_id, "{yaml}");
             }
         }
     }
