@@ -131,6 +131,25 @@ impl Template {
     }
 }
 
+impl std::fmt::Display for Template {
+    /// The value as written in the config (braces escaped again).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = |f: &mut std::fmt::Formatter<'_>, t: &str| f.write_str(&t.replace('{', "{{").replace('}', "}}"));
+        match self {
+            Template::Static(v) => text(f, &String::from_utf8_lossy(v.as_bytes())),
+            Template::Dynamic(pieces) => pieces.iter().try_for_each(|p| match p {
+                Piece::Text(t) => text(f, t),
+                Piece::Route => f.write_str("{route}"),
+                Piece::ClientIp => f.write_str("{client_ip}"),
+                Piece::Host => f.write_str("{host}"),
+                Piece::Path => f.write_str("{path}"),
+                Piece::RequestId => f.write_str("{request_id}"),
+                Piece::Header(n) => write!(f, "{{header:{n}}}"),
+            }),
+        }
+    }
+}
+
 /// The compiled rules of one direction of one route.
 #[derive(Debug, Clone, Default)]
 pub struct HeaderRules {
