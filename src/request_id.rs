@@ -43,10 +43,10 @@ impl RequestId {
 
     /// A new id.
     pub fn made() -> RequestId {
-        let n = next();
         let mut out = [0u8; 32];
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = HEX[((n >> (124 - 4 * i)) & 0xf) as usize];
+        for (pair, byte) in out.chunks_exact_mut(2).zip(next().to_be_bytes()) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 0xf)];
         }
         RequestId::Made(out)
     }
