@@ -159,7 +159,8 @@ impl Proxy {
                     },
                 };
                 Lane {
-                    answers: RouteAnswers::new(Some(facts), type_base.clone(), &metrics),
+                    answers: RouteAnswers::new(Some(facts), type_base.clone(), &metrics)
+                        .with_request_id(config.request_id.clone()),
                     gate,
                     metrics: metrics.route(&r.name),
                     keyed_on_credentials: keys_on_credentials(r),
@@ -171,7 +172,7 @@ impl Proxy {
             _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
-        let unrouted = RouteAnswers::new(None, type_base, &metrics);
+        let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
         Proxy { config: Arc::new(config), targets, lanes, unrouted, trusted, clock, cache, metrics, redis }
     }
 
@@ -214,10 +215,6 @@ impl Proxy {
     pub fn handle(self: Arc<Proxy>, req: Request<Incoming>, peer: SocketAddr) -> impl Future<Output = Response<Body>> {
         let started = self.config.log.access.then(Instant::now);
         let (mut parts, body) = req.into_parts();
-        let id = self.config.request_id.as_ref().map(|name| {
-            // Only a trusted proxy's id is read: the common case looks up no field.
-            RequestId::decide(name, &parts.headers, self.trusted.is_trusted(peer.ip()))
-        });
         let routed = crate::framing::check(&mut parts)
             .map_err(Error::from)
             .and_then(|()| target::decide(&mut parts))
@@ -226,7 +223,7 @@ impl Proxy {
                 let found = route::find(&self.config.routes, &parts.method, &parts.headers, path, query);
                 found.map(|i| (i, t)).ok_or(Error::NoRoute)
             });
-        self.serve(routed, parts, body, peer, id, started)
+        self.serve(routed, parts, body, peer, started)
     }
 
     /// The answer of the routed request: from upstream when admitted, else a refusal or a
@@ -234,22 +231,29 @@ impl Proxy {
     async fn serve(
         self: Arc<Proxy>,
         routed: Result<(usize, Target), Error>,
-        parts: Parts,
+        mut parts: Parts,
         body: Incoming,
         peer: SocketAddr,
-        id: Option<RequestId>,
         started: Option<Instant>,
     ) -> Response<Body> {
         let this = &*self;
         let _in_flight = InFlight::enter(&this.metrics);
+        // The request's id, made as it enters; only a trusted proxy's own is read, so the
+        // common case looks up no field.
+        let id = this
+            .config
+            .request_id
+            .as_ref()
+            .map(|name| RequestId::decide(name, &parts.headers, this.trusted.is_trusted(peer.ip())));
         let id_field = this.config.request_id.as_ref().zip(id.as_ref());
-        let request_id = id.as_ref().map(RequestId::as_str);
+        // The id as text, for the log and rule values; read only where they need it.
+        let request_id = || id.as_ref().map(RequestId::as_str);
         let (idx, mut target) = match routed {
             Ok(found) => found,
             Err(e) => {
                 if started.is_some() {
                     let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
-                    tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind(), request_id);
+                    tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind(), request_id = request_id());
                 }
                 let mut resp = this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
                 if let Some((name, id)) = id_field {
@@ -259,8 +263,7 @@ impl Proxy {
             }
         };
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
-        let mut parts = parts;
-        let mut log = Access::new(lane, route, &parts, this.config.log.access, request_id);
+        let mut log = Access::new(lane, route, &parts, this.config.log.access, id.as_ref());
         let version = parts.version;
         let vars = |parts: &'_ Parts,
                     target: &'_ Target|
@@ -269,7 +272,7 @@ impl Proxy {
                 route: &route.name,
                 headers: &parts.headers,
                 path: target.path(parts),
-                request_id,
+                request_id: request_id(),
                 peer: peer.ip(),
                 trusted: &this.trusted,
             };
@@ -284,7 +287,7 @@ impl Proxy {
         } else {
             (None, None)
         };
-        let resp = 'answer: {
+        let mut resp = 'answer: {
             if let Some(rw) = &route.rewrite {
                 if let Some(path) = rw.apply(target.path(&parts)) {
                     if let Err(e) = target.rewrite(&mut parts, &path) {
@@ -353,7 +356,6 @@ impl Proxy {
             }
             resp
         };
-        let mut resp = resp;
         if let Some((name, id)) = id_field {
             resp.headers_mut().insert(name, id.value());
         }
@@ -512,12 +514,18 @@ struct Access<'a> {
     stale: Stale,
     /// The kind of error tollgate answered, if it did.
     error: Option<&'static str>,
-    request_id: Option<&'a str>,
+    request_id: Option<&'a RequestId>,
 }
 
 impl<'a> Access<'a> {
     /// `logging`: the access log is on, so the path is worth copying.
-    fn new(lane: &'a Lane, route: &'a Route, parts: &Parts, logging: bool, request_id: Option<&'a str>) -> Access<'a> {
+    fn new(
+        lane: &'a Lane,
+        route: &'a Route,
+        parts: &Parts,
+        logging: bool,
+        request_id: Option<&'a RequestId>,
+    ) -> Access<'a> {
         Access {
             lane,
             route: &route.name,
@@ -552,7 +560,7 @@ impl<'a> Access<'a> {
                 Stale::Throttled => "throttled",
                 Stale::UpstreamError => "upstream_error",
             },
-            request_id = self.request_id,
+            request_id = self.request_id.map(RequestId::as_str),
         );
     }
 }
