@@ -257,7 +257,7 @@ impl Proxy {
                 }
                 let mut resp = this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
                 if let Some((name, id)) = id_field {
-                    resp.headers_mut().insert(name, id.value());
+                    set_id(resp.headers_mut(), name, id);
                 }
                 return resp;
             }
@@ -265,9 +265,7 @@ impl Proxy {
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
         let mut log = Access::new(lane, route, &parts, this.config.log.access, id.as_ref());
         let version = parts.version;
-        let vars = |parts: &'_ Parts,
-                    target: &'_ Target|
-         -> (Option<forward::rules::Values>, Option<forward::rules::Values>) {
+        let vars = |parts: &'_ Parts, target: &'_ Target| -> (RenderedValues, RenderedValues) {
             let vars = forward::rules::Vars {
                 route: &route.name,
                 headers: &parts.headers,
@@ -357,7 +355,7 @@ impl Proxy {
             resp
         };
         if let Some((name, id)) = id_field {
-            resp.headers_mut().insert(name, id.value());
+            set_id(resp.headers_mut(), name, id);
         }
         if let Some(rules) = &route.response_headers {
             rules.apply(resp.headers_mut(), response_values.as_deref().unwrap_or_default());
@@ -479,6 +477,21 @@ impl Proxy {
             for l in lane.gate.limits() {
                 l.metrics.keys.set(i64::try_from(l.live_keys()).unwrap_or(i64::MAX));
             }
+        }
+    }
+}
+
+/// A route's header rule values for one request (see [`forward::rules::HeaderRules::render`]).
+type RenderedValues = Option<forward::rules::Values>;
+
+/// Sets the request id on an answer. Tollgate's own answers are clones that already hold the
+/// field (empty): its value is replaced in place, since an insert would first grow the
+/// clone's exactly-full map.
+fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: &RequestId) {
+    match headers.get_mut(name) {
+        Some(v) => *v = id.value(),
+        None => {
+            headers.insert(name, id.value());
         }
     }
 }

@@ -43,10 +43,11 @@ impl RequestId {
 
     /// A new id.
     pub fn made() -> RequestId {
+        let n = next();
         let mut out = [0u8; 32];
-        for (pair, byte) in out.chunks_exact_mut(2).zip(next().to_be_bytes()) {
-            pair[0] = HEX[usize::from(byte >> 4)];
-            pair[1] = HEX[usize::from(byte & 0xf)];
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            let bits = (n >> (96 - 32 * i)) as u32;
+            chunk.copy_from_slice(&hex8(bits).to_be_bytes());
         }
         RequestId::Made(out)
     }
@@ -69,7 +70,17 @@ impl RequestId {
     }
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
+/// The 8 lower-case hex digits of `x`, most significant first, as the bytes of a `u64`
+/// (big-endian): nibbles spread one per byte, then `0`–`9` / `a`–`f` added without a branch.
+fn hex8(x: u32) -> u64 {
+    let mut n = u64::from(x);
+    n = (n | (n << 16)) & 0x0000_ffff_0000_ffff;
+    n = (n | (n << 8)) & 0x00ff_00ff_00ff_00ff;
+    n = (n | (n << 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    // 1 in each byte whose nibble is 10 or more.
+    let letters = ((n + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    n + 0x3030_3030_3030_3030 + letters * (b'a' - b'0' - 10) as u64
+}
 
 /// Is `v` an id tollgate passes on?
 pub fn well_formed(v: &[u8]) -> bool {
@@ -159,11 +170,18 @@ mod tests {
         let a = RequestId::made();
         let b = RequestId::made();
         assert_eq!(a.as_str().len(), 32);
-        assert!(a.as_str().bytes().all(|c| HEX.contains(&c)));
+        assert!(a.as_str().bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
         assert_ne!(a.as_str(), b.as_str());
         assert_eq!(a.value(), a.as_str());
         let other = std::thread::spawn(|| RequestId::made().as_str().to_owned()).join().unwrap();
         assert_ne!(other, a.as_str());
+    }
+
+    #[test]
+    fn hex_digits_are_those_of_the_number() {
+        for x in [0u32, 1, 9, 10, 15, 16, 0xdead_beef, 0x0123_4567, 0x89ab_cdef, u32::MAX] {
+            assert_eq!(hex8(x).to_be_bytes(), *format!("{x:08x}").as_bytes(), "{x:#x}");
+        }
     }
 
     #[test]

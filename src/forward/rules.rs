@@ -11,7 +11,6 @@ use std::net::IpAddr;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use smallvec::SmallVec;
 
 use crate::limit::TrustedProxies;
 
@@ -170,8 +169,9 @@ pub struct Vars<'a> {
     pub trusted: &'a TrustedProxies,
 }
 
-/// The values of a rule set's variable templates for one request, in rule order.
-pub type Values = SmallVec<[HeaderValue; 2]>;
+/// The values of a rule set's variable templates for one request, in rule order (on the
+/// heap: the request's future holds them across the upstream's answer, and stays small).
+pub type Values = Vec<HeaderValue>;
 
 impl HeaderRules {
     fn templates(&self) -> impl Iterator<Item = (&HeaderName, &Template)> {
