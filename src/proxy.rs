@@ -245,7 +245,8 @@ impl Proxy {
             .request_id
             .as_ref()
             .map(|name| RequestId::decide(name, &parts.headers, this.trusted.is_trusted(peer.ip())));
-        let id_field = this.config.request_id.as_ref().zip(id.as_ref());
+        // The field and its value, made once: the forwarded request gets a clone.
+        let id_field = this.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
         // The id as text, for the log and rule values; read only where they need it.
         let request_id = || id.as_ref().map(RequestId::as_str);
         let (idx, mut target) = match routed {
@@ -326,7 +327,7 @@ impl Proxy {
                     let down = Downstream {
                         peer: peer.ip(),
                         peer_trusted: this.trusted.is_trusted(peer.ip()),
-                        request_id: id_field.map(|(name, id)| (name, id.value())),
+                        request_id: id_field.as_ref().map(|(name, id)| (*name, id.clone())),
                         rules: route
                             .request_headers
                             .as_deref()
@@ -487,11 +488,11 @@ type RenderedValues = Option<forward::rules::Values>;
 /// Sets the request id on an answer. Tollgate's own answers are clones that already hold the
 /// field (empty): its value is replaced in place, since an insert would first grow the
 /// clone's exactly-full map.
-fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: &RequestId) {
+fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: http::HeaderValue) {
     match headers.get_mut(name) {
-        Some(v) => *v = id.value(),
+        Some(v) => *v = id,
         None => {
-            headers.insert(name, id.value());
+            headers.insert(name, id);
         }
     }
 }

@@ -14,8 +14,9 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Fields that are hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1, plus the
-/// non-standard `Keep-Alive` and `Proxy-Connection`); `Connection` is first.
-const FIXED: [HeaderName; 9] = [
+/// non-standard `Keep-Alive` and `Proxy-Connection`); `Connection` is first. A `static`, not
+/// a `const`: each use of a `const` array is a temporary of nine names to drop.
+static FIXED: [HeaderName; 9] = [
     header::CONNECTION,
     header::TE,
     header::TRAILER,
@@ -129,7 +130,7 @@ pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool,
 
 /// `ip` in its text form; IPv4, the common case, without the formatting machinery (it was
 /// a thousand instructions per request).
-pub(crate) fn push_ip(out: &mut String, ip: IpAddr) {
+fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {

@@ -16,7 +16,7 @@ use crate::limit::TrustedProxies;
 
 /// Fields no rule may name: framing and hop-by-hop fields, which decide how a message is
 /// delimited or whether the next hop keeps the connection (a rule on them could smuggle).
-pub const REFUSED: [HeaderName; 9] = [
+pub static REFUSED: [HeaderName; 9] = [
     header::CONNECTION,
     header::CONTENT_LENGTH,
     header::TRANSFER_ENCODING,
@@ -238,9 +238,9 @@ fn render(pieces: &[Piece], vars: &Vars<'_>) -> HeaderValue {
             Piece::RequestId => out.extend_from_slice(vars.request_id.unwrap_or("").as_bytes()),
             Piece::Host => out.extend_from_slice(crate::target::host(vars.headers).unwrap_or("").as_bytes()),
             Piece::ClientIp => {
-                let mut s = String::with_capacity(40);
-                super::headers::push_ip(&mut s, vars.trusted.client_ip(vars.peer, vars.headers));
-                out.extend_from_slice(s.as_bytes());
+                use std::io::Write;
+                // Canonical: an IPv4-mapped IPv6 address is written as IPv4, as in X-Forwarded-For.
+                let _ = write!(out, "{}", vars.trusted.client_ip(vars.peer, vars.headers).to_canonical());
             }
             Piece::Header(name) => {
                 if let Some(v) = vars.headers.get(name) {
