@@ -15,7 +15,7 @@
 //! - `BENCH_ADMIN` (optional address): the admin listener of the pass config (`/metrics`
 //!   shows `tollgate_local_store_keys`).
 //! - `BENCH_GATEWAY=1` (optional): the bench route also has 3 header conditions (that h2load's
-//!   requests meet) and 4 header rules (2 request, 2 response), the cost of gateway rules.
+//!   requests meet: two regexes and an absence) and 4 header rules (2 request, 2 response), the cost of gateway rules.
 //! - `BENCH_REQUEST_ID=off` (optional): no request ids (`request_id: { enabled: false }`).
 
 use std::path::Path;
@@ -48,8 +48,8 @@ pub struct BenchStore {
 
 const GATEWAY: &str = r#"    match:
       headers:
-        user-agent: { regex: "h2load.*" }
-        accept: "*/*"
+        user-agent: { regex: "h2load .*" }
+        host: { regex: "127\\.0\\.0\\.1:[0-9]+" }
         x-debug: { present: false }
     request_headers:
       remove: [x-internal-token]
@@ -185,6 +185,12 @@ mod tests {
                 assert_eq!(limit.lease.map(std::num::NonZeroU64::get), store.lease, "{yaml}");
                 assert_eq!(config.trusted_proxies.len(), store.trusted.len(), "{yaml}");
                 assert_eq!(config.routes[0].conditions.is_some(), store.gateway, "{yaml}");
+                if let Some(c) = &config.routes[0].conditions {
+                    let mut h = http::HeaderMap::new();
+                    h.insert("user-agent", http::HeaderValue::from_static("h2load nghttp2/1.52.0"));
+                    h.insert("host", http::HeaderValue::from_static("127.0.0.1:18020"));
+                    assert!(c.matches(&h, None), "h2load's requests meet the bench conditions");
+                }
                 assert_eq!(config.request_id.is_none(), store.no_request_id, "{yaml}");
             }
         }
