@@ -485,16 +485,17 @@ impl Proxy {
 /// A route's header rule values for one request (see [`forward::rules::HeaderRules::render`]).
 type RenderedValues = Option<forward::rules::Values>;
 
-/// Sets the request id on an answer. Tollgate's own answers are clones that already hold the
-/// field (empty): its value is replaced in place, since an insert would first grow the
-/// clone's exactly-full map.
+/// Sets the request id on an answer. Tollgate's own answers are clones of an exactly full map
+/// that already holds the field (empty): its value is replaced in place, since an insert would
+/// first grow the map. Other answers have room: one insert (one hash) does it.
 fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: http::HeaderValue) {
-    match headers.get_mut(name) {
-        Some(v) => *v = id,
-        None => {
-            headers.insert(name, id);
+    if headers.len() >= headers.capacity() {
+        if let Some(v) = headers.get_mut(name) {
+            *v = id;
+            return;
         }
     }
+    headers.insert(name, id);
 }
 
 const STRIP_PARAMS: &str = "the path has parameters inside the prefix the route strips";
