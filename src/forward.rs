@@ -147,7 +147,7 @@ impl HttpForwarder {
             .map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
         parts.version = Version::HTTP_11;
         let h = &mut parts.headers;
-        headers::strip_hop_by_hop(h);
+        let traced = headers::strip_hop_by_hop(h);
         // The one authority of the request (see `crate::target`) is in `Host`. Kept (the
         // default), the upstream has it there; replaced by the upstream's own, it goes on in
         // `X-Forwarded-Host`.
@@ -158,7 +158,9 @@ impl HttpForwarder {
         };
         headers::add_forwarding(h, down.peer, down.peer_trusted, replaced.as_ref());
         headers::append_via(h, received);
-        crate::request_id::check_trace_context(h);
+        if traced {
+            crate::request_id::check_trace_context(h);
+        }
         if let Some((name, id)) = &down.request_id {
             h.insert(*name, id.clone());
         }
