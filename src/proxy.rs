@@ -266,26 +266,21 @@ impl Proxy {
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
         let mut log = Access::new(lane, route, &parts, this.config.log.access, id.as_ref());
         let version = parts.version;
-        let vars = |parts: &'_ Parts, target: &'_ Target| -> (RenderedValues, RenderedValues) {
-            let vars = forward::rules::Vars {
+        // Values with variables read the request as the client sent it (its head is not
+        // changed before it is forwarded; `{path}` is the client's path after a rewrite too).
+        let render = |rules: &Option<Arc<forward::rules::HeaderRules>>, parts: &Parts, target: &Target| {
+            let rules = rules.as_ref().filter(|r| r.is_dynamic())?;
+            Some(rules.render(&forward::rules::Vars {
                 route: &route.name,
                 headers: &parts.headers,
                 path: target.path(parts),
                 request_id: request_id(),
                 peer: peer.ip(),
                 trusted: &this.trusted,
-            };
-            let render = |r: &Option<Arc<forward::rules::HeaderRules>>| {
-                r.as_ref().filter(|r| r.is_dynamic()).map(|r| r.render(&vars))
-            };
-            (render(&route.request_headers), render(&route.response_headers))
+            }))
         };
-        // Values with variables read the request as the client sent it, before any change.
-        let (request_values, response_values) = if route.request_headers.is_some() || route.response_headers.is_some() {
-            vars(&parts, &target)
-        } else {
-            (None, None)
-        };
+        // Every answer may need these (a 429 too); the request's only once it is admitted.
+        let response_values: RenderedValues = render(&route.response_headers, &parts, &target);
         let mut resp = 'answer: {
             if let Some(rw) = &route.rewrite {
                 if let Some(path) = rw.apply(target.path(&parts)) {
@@ -324,6 +319,7 @@ impl Proxy {
                             &mut log,
                         );
                     };
+                    let request_values: RenderedValues = render(&route.request_headers, &parts, &target);
                     let down = Downstream {
                         peer: peer.ip(),
                         peer_trusted: this.trusted.is_trusted(peer.ip()),
