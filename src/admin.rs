@@ -175,6 +175,7 @@ pub fn effective(c: &Config) -> Value {
                 })).collect::<Vec<_>>(),
                 "on_limit": r.stale_on_limit.map(|d| json!({ "stale": { "max_age": dur(d) } })),
                 "on_upstream_error": r.stale_on_upstream_error.map(|d| json!({ "stale": { "max_age": dur(d) } })),
+                "gateway": crate::explain::describe_gateway(r),
             })
         })
         .collect();
@@ -205,6 +206,7 @@ pub fn effective(c: &Config) -> Value {
             },
         },
         "problems": { "type_base": c.problem_type_base },
+        "request_id": c.request_id.as_ref().map(|h| h.as_str().to_owned()),
         "log": { "format": format!("{:?}", c.log.format).to_lowercase(), "access": c.log.access },
         "cache": { "max_bytes": c.cache.max_bytes, "max_entry_bytes": c.cache.max_entry_bytes },
         "redis": c.redis.as_ref().map(|r| {

@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue, RETRY_AFTER};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use prometheus_client::metrics::counter::Counter;
 use smallvec::SmallVec;
@@ -238,6 +238,9 @@ pub struct RouteAnswers {
     too_many: Box<[[OnceLock<Rendered>; CACHED_SECS]]>,
     /// The answers without variable parts, by kind.
     fixed: [OnceLock<Rendered>; KINDS.len()],
+    /// The field of request ids: rendered answers hold it (empty), so setting each request's
+    /// id on a clone replaces a value instead of growing the map.
+    id_field: Option<HeaderName>,
 }
 
 /// Facts of a route needed to build its answers.
@@ -273,6 +276,19 @@ impl RouteAnswers {
             counters,
             too_many,
             fixed: std::array::from_fn(|_| OnceLock::new()),
+            id_field: None,
+        }
+    }
+
+    /// Answers that make room for a request id in `field` (see `crate::request_id`).
+    pub fn with_request_id(mut self, field: Option<HeaderName>) -> RouteAnswers {
+        self.id_field = field;
+        self
+    }
+
+    fn reserve_id(&self, rendered: &mut Rendered) {
+        if let Some(field) = &self.id_field {
+            rendered.headers.insert(field.clone(), HeaderValue::from_static(""));
         }
     }
 
@@ -347,7 +363,9 @@ impl RouteAnswers {
         if let Some(secs) = err.retry_after_secs() {
             doc.number("retry-after", secs);
         }
-        Rendered::new(status, doc.finish(), err.retry_after_secs())
+        let mut rendered = Rendered::new(status, doc.finish(), err.retry_after_secs());
+        self.reserve_id(&mut rendered);
+        rendered
     }
 
     /// The 429. When one limit denies, a clone of the answer rendered for that limit and wait.
@@ -396,6 +414,7 @@ impl RouteAnswers {
                 rendered.headers.insert(ratelimit::RATELIMIT, v);
             }
         }
+        self.reserve_id(&mut rendered);
         rendered
     }
 }

@@ -16,6 +16,9 @@
 //!   shows `tollgate_local_store_keys`).
 //! - `BENCH_TLS_CERT` and `BENCH_TLS_KEY` (optional PEM files): the pass listener terminates
 //!   TLS with them (benches/tls.sh).
+//! - `BENCH_GATEWAY=1` (optional): the bench route also has 3 header conditions (that h2load's
+//!   requests meet: two regexes and an absence) and 4 header rules (2 request, 2 response), the cost of gateway rules.
+//! - `BENCH_REQUEST_ID=off` (optional): no request ids (`request_id: { enabled: false }`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,7 +42,24 @@ pub struct BenchStore {
     pub redis_url: Option<String>,
     /// `lease:` of the Redis-backed limit.
     pub lease: Option<u64>,
+    /// 3 header conditions and 4 header rules on the route (`BENCH_GATEWAY`).
+    pub gateway: bool,
+    /// Request ids off (`BENCH_REQUEST_ID=off`).
+    pub no_request_id: bool,
 }
+
+const GATEWAY: &str = r#"    match:
+      headers:
+        user-agent: { regex: "h2load .*" }
+        host: { regex: "127\\.0\\.0\\.1:[0-9]+" }
+        x-debug: { present: false }
+    request_headers:
+      remove: [x-internal-token]
+      set: { x-route: "{route}" }
+    response_headers:
+      remove: [server]
+      set: { strict-transport-security: "max-age=31536000" }
+"#;
 
 /// The YAML of one bench listener.
 pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &BenchStore) -> String {
@@ -49,6 +69,8 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
         let quoted: Vec<String> = store.trusted.iter().map(|c| format!("{c:?}")).collect();
         format!("trusted_proxies: [{}]\n", quoted.join(", "))
     };
+    let gateway = if store.gateway { GATEWAY } else { "" };
+    let ids = if store.no_request_id { "request_id: { enabled: false }\n" } else { "" };
     let (redis, store) = match &store.redis_url {
         None => (String::new(), String::new()),
         Some(url) => (
@@ -61,13 +83,13 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
     };
     format!(
         "listen: {listen}
-{trusted}{redis}upstreams:
+{trusted}{ids}{redis}upstreams:
   up:
     url: http://{upstream}
 routes:
   - name: bench
     upstream: up
-    limits:
+{gateway}    limits:
       - {{ name: per-client, algorithm: token_bucket, rate: {rate}, burst: {burst}, key: client_ip{store} }}
 "
     )
@@ -87,6 +109,8 @@ pub fn run_from_env() -> anyhow::Result<()> {
             .unwrap_or_default(),
         redis_url: env("BENCH_REDIS_URL"),
         lease: env("BENCH_LEASE").map(|n| n.parse()).transpose().context("BENCH_LEASE")?,
+        gateway: env("BENCH_GATEWAY").is_some_and(|v| v != "0"),
+        no_request_id: env("BENCH_REQUEST_ID").is_some_and(|v| v == "off"),
     };
     let rate = env("BENCH_RATE").unwrap_or_else(|| "1000000/s".into());
     let burst = env("BENCH_BURST").map(|b| b.parse()).transpose().context("BENCH_BURST")?.unwrap_or(100_000_000);
@@ -161,6 +185,7 @@ mod tests {
             BenchStore { redis_url: Some("redis://127.0.0.1:16379".into()), ..BenchStore::default() },
             BenchStore { redis_url: Some("redis://127.0.0.1:16379".into()), lease: Some(100), ..BenchStore::default() },
             BenchStore { trusted: vec!["127.0.0.1/32".into(), "::1/128".into()], ..BenchStore::default() },
+            BenchStore { gateway: true, no_request_id: true, ..BenchStore::default() },
         ];
         for store in &stores {
             for (rate, burst) in [("1000000/s", 100_000_000), ("1000/s", 100)] {
@@ -170,6 +195,14 @@ mod tests {
                 assert_eq!(limit.store == crate::config::StoreKind::Redis, store.redis_url.is_some(), "{yaml}");
                 assert_eq!(limit.lease.map(std::num::NonZeroU64::get), store.lease, "{yaml}");
                 assert_eq!(config.trusted_proxies.len(), store.trusted.len(), "{yaml}");
+                assert_eq!(config.routes[0].conditions.is_some(), store.gateway, "{yaml}");
+                if let Some(c) = &config.routes[0].conditions {
+                    let mut h = http::HeaderMap::new();
+                    h.insert("user-agent", http::HeaderValue::from_static("h2load nghttp2/1.52.0"));
+                    h.insert("host", http::HeaderValue::from_static("127.0.0.1:18020"));
+                    assert!(c.matches(&h, None), "h2load's requests meet the bench conditions");
+                }
+                assert_eq!(config.request_id.is_none(), store.no_request_id, "{yaml}");
             }
         }
     }

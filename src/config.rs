@@ -5,6 +5,7 @@
 //! Every error names the file, line, column, field path and what was expected.
 
 pub mod edge;
+mod gateway;
 mod guard;
 mod limits;
 mod locate;
@@ -15,6 +16,7 @@ pub mod units;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,6 +24,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 pub use edge::{CertFiles, ClientAuth, Listener, ProxyProtocol, TlsListener, UpstreamTls};
+pub use gateway::{MAX_CONDITIONS, MAX_RULES};
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
@@ -66,6 +69,8 @@ pub struct Config {
     pub problem_type_base: String,
     /// Present when the file has a `redis:` section (required by any `store: redis` limit).
     pub redis: Option<crate::limit::RedisConfig>,
+    /// The field that carries request ids; `None` when they are off (`request_id.enabled`).
+    pub request_id: Option<HeaderName>,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
     /// What the text looked like before parsing (nesting, what aliases repeat).
@@ -209,6 +214,14 @@ pub struct Route {
     pub stale_on_upstream_error: Option<Duration>,
     /// A 429's Retry-After gets 0 to this many extra seconds, spread evenly over denials.
     pub retry_after_spread: u64,
+    /// `match.headers` / `match.query`; `None` when the route has neither.
+    pub conditions: Option<Box<crate::route::Conditions>>,
+    /// `rewrite.path_regex` (never together with `strip_prefix`).
+    pub rewrite: Option<Box<crate::route::PathRewrite>>,
+    /// `request_headers`: applied to the request forwarded upstream.
+    pub request_headers: Option<Arc<crate::forward::rules::HeaderRules>>,
+    /// `response_headers`: applied to every answer of the route, tollgate's own included.
+    pub response_headers: Option<Arc<crate::forward::rules::HeaderRules>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

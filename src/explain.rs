@@ -1,6 +1,10 @@
 //! `tollgate explain`: each route's limits in plain words, with the Retry-After a client
 //! sees when it overruns them — the real algorithm decides that request, not a restatement.
 
+mod gateway;
+
+pub use gateway::describe as describe_gateway;
+
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -248,6 +252,9 @@ pub fn explain(config: &Config) -> String {
     }
     for r in &config.routes {
         let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
+        for line in gateway::describe(r) {
+            let _ = writeln!(out, "  {line}");
+        }
         if r.limits.is_empty() && r.concurrency.is_none() {
             let _ = writeln!(out, "  no limits");
         }
@@ -280,6 +287,12 @@ pub fn explain(config: &Config) -> String {
         if r.limits.len() > 1 {
             let _ = writeln!(out, "  every limit must admit; a request one limit rejects costs nothing in the others");
         }
+    }
+    if let Some(name) = &config.request_id {
+        let _ = writeln!(
+            out,
+            "every request has an id in {name}: a trusted proxy's well-formed one, else a new one; sent upstream, on every answer and in the access log"
+        );
     }
     out
 }
@@ -365,6 +378,28 @@ mod tests {
             text.contains("an adaptive limit of 2 to 64 requests in flight, following the upstream's latency (p50 over 100ms windows, tolerance 1.25×); the next gets 503 with Retry-After: 1 at once"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn gateway_conditions_and_rules_in_plain_words() {
+        let yaml = r#"upstreams: { d: { respond: {} } }
+routes:
+  - upstream: d
+    match: { headers: { X-Api-Version: 2, ua: { regex: "curl/.*" } }, query: { debug: { present: false } } }
+    rewrite: { path_regex: { pattern: "^/v2/(.*)$", replace: "/$1" } }
+    request_headers: { remove: [x-token], set: { x-route: "{route} {{x}}" } }
+    response_headers: { add: { x-id: "{request_id}" } }
+"#;
+        let text = explain(&Config::from_yaml(Path::new("t.yaml"), yaml).unwrap());
+        for want in [
+            "only when header x-api-version is exactly `2` and header ua matches `curl/.*` (the whole value) and query parameter debug (its first value) is absent",
+            "the upstream gets the path rewritten: `^/v2/(.*)$` -> `/$1`",
+            "to the request it forwards, tollgate: removes x-token; sets x-route: {route} {{x}}",
+            "to every answer (its own 429s and 5xx, stale copies included), tollgate: adds x-id: {request_id}",
+            "every request has an id in x-request-id",
+        ] {
+            assert!(text.contains(want), "{want}\n{text}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod connector;
 pub mod framing;
 pub mod headers;
 pub mod pool;
+pub mod rules;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -24,11 +25,15 @@ use crate::body::{Body, ClientBodyError, Lease, RequestBody, UpstreamConn};
 use crate::config::{HttpUpstream, Responder};
 
 /// Per-request facts the forwarder needs from the downstream side.
-pub struct Downstream {
+pub struct Downstream<'a> {
     pub peer: IpAddr,
     pub peer_trusted: bool,
     /// The client came over TLS.
     pub https: bool,
+    /// The request id and the field that carries it, set on the forwarded request.
+    pub request_id: Option<(&'a http::HeaderName, HeaderValue)>,
+    /// The route's request header rules with their values for this request, applied last.
+    pub rules: Option<(&'a rules::HeaderRules, &'a [HeaderValue])>,
 }
 
 /// A pooled client for one `http://` upstream.
@@ -95,7 +100,7 @@ impl HttpForwarder {
         &'a self,
         req: Request<Incoming>,
         strip: usize,
-        down: &Downstream,
+        down: &Downstream<'_>,
     ) -> impl Future<Output = Result<Response<Body>, Error>> + 'a {
         let prepared = self.prepare(req, strip, down);
         async move {
@@ -139,8 +144,14 @@ impl HttpForwarder {
     }
 
     /// The request as it goes upstream: target, version, hop-by-hop fields, forwarding
-    /// fields, `Via`, `Host`.
-    fn prepare(&self, req: Request<Incoming>, strip: usize, down: &Downstream) -> Result<Request<RequestBody>, Error> {
+    /// fields, `Via`, `Host`, a malformed trace context dropped, the request id, then the
+    /// route's header rules (which may override any of these but the framing fields).
+    fn prepare(
+        &self,
+        req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream<'_>,
+    ) -> Result<Request<RequestBody>, Error> {
         let (mut parts, body) = req.into_parts();
         let received = parts.version;
         parts.uri = self
@@ -148,7 +159,7 @@ impl HttpForwarder {
             .map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
         parts.version = Version::HTTP_11;
         let h = &mut parts.headers;
-        headers::strip_hop_by_hop(h);
+        let traced = headers::strip_hop_by_hop(h);
         // The one authority of the request (see `crate::target`) is in `Host`. Kept (the
         // default), the upstream has it there; replaced by the upstream's own, it goes on in
         // `X-Forwarded-Host`.
@@ -159,6 +170,15 @@ impl HttpForwarder {
         };
         headers::add_forwarding_proto(h, down.peer, down.peer_trusted, replaced.as_ref(), down.https);
         headers::append_via(h, received);
+        if traced {
+            crate::request_id::check_trace_context(h);
+        }
+        if let Some((name, id)) = &down.request_id {
+            h.insert(*name, id.clone());
+        }
+        if let Some((rules, values)) = down.rules {
+            rules.apply(h, values);
+        }
         Ok(Request::from_parts(parts, RequestBody::new(body, self.body_read_timeout)))
     }
 

@@ -12,7 +12,8 @@
 //! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
 //! - [`framing`]: request framing checks beyond hyper's (smuggling): refused with `400`.
 //! - [`target`]: one authority and one normalised path per request, decided before routing.
-//! - [`route`]: first-match routing.
+//! - [`route`]: first-match routing, header and query conditions, path rewrites.
+//! - [`request_id`]: the request id every answer, log line and forwarded request carries.
 //! - [`proxy`]: the compiled config that serves a request end to end.
 //! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
@@ -48,6 +49,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod ratelimit;
 pub mod reload;
+pub mod request_id;
 pub mod route;
 pub mod server;
 pub mod target;

@@ -376,6 +376,9 @@ fn summary(config: &Config) -> String {
             UpstreamKind::Respond(resp) => format!("{} (built-in responder, status {})", up.name, resp.status.as_u16()),
         };
         let _ = writeln!(out, "  {}. {}: {} {} [{}] -> {}", i + 1, r.name, host, path, methods, target);
+        for line in tollgate::explain::describe_gateway(r) {
+            let _ = writeln!(out, "       {line}");
+        }
         for l in &r.limits {
             let key: Vec<String> = l.key.parts().iter().map(ToString::to_string).collect();
             let store = match l.store {

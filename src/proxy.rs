@@ -21,6 +21,7 @@ use crate::limit::store::redis::fallback_algorithm;
 use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
 use crate::listen::Peer;
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::request_id::RequestId;
 use crate::route;
 use crate::target::{self, Target};
 
@@ -159,7 +160,8 @@ impl Proxy {
                     },
                 };
                 Lane {
-                    answers: RouteAnswers::new(Some(facts), type_base.clone(), &metrics),
+                    answers: RouteAnswers::new(Some(facts), type_base.clone(), &metrics)
+                        .with_request_id(config.request_id.clone()),
                     gate,
                     metrics: metrics.route(&r.name),
                     keyed_on_credentials: keys_on_credentials(r),
@@ -171,7 +173,7 @@ impl Proxy {
             _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
-        let unrouted = RouteAnswers::new(None, type_base, &metrics);
+        let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
         Proxy { config: Arc::new(config), targets, lanes, unrouted, trusted, clock, cache, metrics, redis }
     }
 
@@ -255,7 +257,8 @@ impl Proxy {
             .map_err(Error::from)
             .and_then(|()| target::decide(&mut parts))
             .and_then(|t| {
-                let found = route::find(&self.config.routes, &parts.method, &parts.headers, t.path(&parts));
+                let (path, query) = (t.path(&parts), parts.uri.query());
+                let found = route::find(&self.config.routes, &parts.method, &parts.headers, path, query);
                 found.map(|i| (i, t)).ok_or(Error::NoRoute)
             });
         self.serve(routed, parts, body, peer, started)
@@ -266,28 +269,65 @@ impl Proxy {
     async fn serve(
         self: Arc<Proxy>,
         routed: Result<(usize, Target), Error>,
-        parts: Parts,
+        mut parts: Parts,
         body: Incoming,
         peer: Peer,
         started: Option<Instant>,
     ) -> Response<Body> {
         let this = &*self;
         let _in_flight = InFlight::enter(&this.metrics);
-        let (idx, target) = match routed {
+        // The request's id, made as it enters; only a trusted proxy's own is read, so the
+        // common case looks up no field.
+        let id = this
+            .config
+            .request_id
+            .as_ref()
+            .map(|name| RequestId::decide(name, &parts.headers, this.trusted.is_trusted(peer.addr.ip())));
+        // The field and its value, made once: the forwarded request gets a clone.
+        let id_field = this.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
+        // The id as text, for the log and rule values; read only where they need it.
+        let request_id = || id.as_ref().map(RequestId::as_str);
+        let (idx, mut target) = match routed {
             Ok(found) => found,
             Err(e) => {
                 if started.is_some() {
                     let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
                     let peer = peer.addr.ip();
-                    tracing::info!(target: "tollgate::access", %peer, %method, path, status, error = e.kind());
+                    tracing::info!(target: "tollgate::access", %peer, %method, path, status, error = e.kind(), request_id = request_id());
                 }
-                return this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
+                let mut resp = this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
+                if let Some((name, id)) = id_field {
+                    set_id(resp.headers_mut(), name, id);
+                }
+                return resp;
             }
         };
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
-        let mut log = Access::new(lane, route, &parts, this.config.log.access);
+        let mut log = Access::new(lane, route, &parts, this.config.log.access, id.as_ref());
         let version = parts.version;
-        let resp = 'answer: {
+        // Values with variables read the request as the client sent it (its head is not
+        // changed before it is forwarded; `{path}` is the client's path after a rewrite too).
+        let render = |rules: &Option<Arc<forward::rules::HeaderRules>>, parts: &Parts, target: &Target| {
+            let rules = rules.as_ref().filter(|r| r.is_dynamic())?;
+            Some(rules.render(&forward::rules::Vars {
+                route: &route.name,
+                headers: &parts.headers,
+                path: target.path(parts),
+                request_id: request_id(),
+                peer: peer.addr.ip(),
+                trusted: &this.trusted,
+            }))
+        };
+        // Every answer may need these (a 429 too); the request's only once it is admitted.
+        let response_values: RenderedValues = render(&route.response_headers, &parts, &target);
+        let mut resp = 'answer: {
+            if let Some(rw) = &route.rewrite {
+                if let Some(path) = rw.apply(target.path(&parts)) {
+                    if let Err(e) = target.rewrite(&mut parts, &path) {
+                        break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
+                    }
+                }
+            }
             let mut admission = None;
             if !lane.gate.is_open() {
                 let client_ip = this.trusted.client_ip(peer.addr.ip(), &parts.headers);
@@ -324,9 +364,18 @@ impl Proxy {
                             &mut log,
                         );
                     };
+                    let request_values: RenderedValues = render(&route.request_headers, &parts, &target);
                     let ip = peer.addr.ip();
-                    let down =
-                        Downstream { peer: ip, peer_trusted: this.trusted.is_trusted(ip), https: peer.tls.is_some() };
+                    let down = Downstream {
+                        peer: ip,
+                        peer_trusted: this.trusted.is_trusted(ip),
+                        https: peer.tls.is_some(),
+                        request_id: id_field.as_ref().map(|(name, id)| (*name, id.clone())),
+                        rules: route
+                            .request_headers
+                            .as_deref()
+                            .map(|r| (r, request_values.as_deref().unwrap_or_default())),
+                    };
                     let sent = Instant::now();
                     let out = fwd.forward(Request::from_parts(parts, body), strip, &down).await;
                     let took = sent.elapsed();
@@ -350,6 +399,12 @@ impl Proxy {
             }
             resp
         };
+        if let Some((name, id)) = id_field {
+            set_id(resp.headers_mut(), name, id);
+        }
+        if let Some(rules) = &route.response_headers {
+            rules.apply(resp.headers_mut(), response_values.as_deref().unwrap_or_default());
+        }
         lane.metrics.response(resp.status().as_u16());
         if let Some(started) = started {
             log.emit(resp.status().as_u16(), started.elapsed(), peer.addr.ip());
@@ -471,6 +526,22 @@ impl Proxy {
     }
 }
 
+/// A route's header rule values for one request (see [`forward::rules::HeaderRules::render`]).
+type RenderedValues = Option<forward::rules::Values>;
+
+/// Sets the request id on an answer. Tollgate's own answers are clones of an exactly full map
+/// that already holds the field (empty): its value is replaced in place, since an insert would
+/// first grow the map. Other answers have room: one insert (one hash) does it.
+fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: http::HeaderValue) {
+    if headers.len() >= headers.capacity() {
+        if let Some(v) = headers.get_mut(name) {
+            *v = id;
+            return;
+        }
+    }
+    headers.insert(name, id);
+}
+
 const STRIP_PARAMS: &str = "the path has parameters inside the prefix the route strips";
 
 /// Bytes of `path` (as forwarded) that `route`'s `strip_prefix` removes, given `matched`, the
@@ -502,11 +573,18 @@ struct Access<'a> {
     stale: Stale,
     /// The kind of error tollgate answered, if it did.
     error: Option<&'static str>,
+    request_id: Option<&'a RequestId>,
 }
 
 impl<'a> Access<'a> {
     /// `logging`: the access log is on, so the path is worth copying.
-    fn new(lane: &'a Lane, route: &'a Route, parts: &Parts, logging: bool) -> Access<'a> {
+    fn new(
+        lane: &'a Lane,
+        route: &'a Route,
+        parts: &Parts,
+        logging: bool,
+        request_id: Option<&'a RequestId>,
+    ) -> Access<'a> {
         Access {
             lane,
             route: &route.name,
@@ -516,6 +594,7 @@ impl<'a> Access<'a> {
             upstream: None,
             stale: Stale::No,
             error: None,
+            request_id,
         }
     }
 
@@ -542,6 +621,7 @@ impl<'a> Access<'a> {
                 Stale::Throttled => "throttled",
                 Stale::UpstreamError => "upstream_error",
             },
+            request_id = self.request_id.map(RequestId::as_str),
         );
     }
 }

@@ -1,13 +1,17 @@
-//! First-match routing: routes are tried in file order, the first whose host, path and
-//! method all match wins. Matching allocates nothing; it sees the target as
-//! [`crate::target`] decided it.
+//! First-match routing: routes are tried in file order, the first whose host, path, method
+//! and header/query [`conditions`] all match wins. Matching allocates nothing; it sees the
+//! target as [`crate::target`] decided it.
+
+pub mod conditions;
+
+pub use conditions::{Conditions, PathRewrite, ValueMatch};
 
 use http::{HeaderMap, Method};
 
 use crate::config::{PathMatch, Route};
 use crate::target;
 
-/// Does `route` accept this request?
+/// Does `route` accept this request, its conditions aside?
 pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -> bool {
     if let Some(m) = &route.host {
         match host {
@@ -25,12 +29,14 @@ pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -
 }
 
 /// Index of the first route that accepts the request: `path` is the normalised path
-/// ([`target::Target::path`]); the host is the canonical `Host`, read only once a route asks.
-pub fn find(routes: &[Route], method: &Method, headers: &HeaderMap, path: &str) -> Option<usize> {
+/// ([`target::Target::path`]), `query` the raw query string; the host is the canonical
+/// `Host`, read only once a route asks. Header and query conditions run last, only on a
+/// route whose host, path and method matched.
+pub fn find(routes: &[Route], method: &Method, headers: &HeaderMap, path: &str, query: Option<&str>) -> Option<usize> {
     let mut host = None;
     routes.iter().position(|r| {
         let host = if r.host.is_some() { *host.get_or_insert_with(|| target::host(headers)) } else { None };
-        matches(r, method, host, path)
+        matches(r, method, host, path) && r.conditions.as_ref().is_none_or(|c| c.matches(headers, query))
     })
 }
 
@@ -62,6 +68,10 @@ mod tests {
             stale_on_limit: None,
             stale_on_upstream_error: None,
             retry_after_spread: 0,
+            conditions: None,
+            rewrite: None,
+            request_headers: None,
+            response_headers: None,
         }
     }
 

@@ -44,6 +44,29 @@ impl Target {
     pub fn path<'a>(&'a self, parts: &'a Parts) -> &'a str {
         self.matched.as_deref().unwrap_or_else(|| parts.uri.path())
     }
+
+    /// Sends the request on with `path` (a route's rewrite) and its own query: the upstream
+    /// and the stale-copy key see the new path, while limit keys and `{path}` go on reading
+    /// the one the client asked for ([`Target::path`]).
+    ///
+    /// # Errors
+    /// `path` is not a valid request target.
+    pub fn rewrite(&mut self, parts: &mut Parts, path: &str) -> Result<(), Error> {
+        const BAD: Error = Error::BadRequest("the rewritten path is not a valid request target");
+        let pq = match parts.uri.query() {
+            Some(q) => PathAndQuery::try_from(format!("{path}?{q}")),
+            None => PathAndQuery::try_from(path),
+        }
+        .map_err(|_| BAD)?;
+        let mut uri = parts.uri.clone().into_parts();
+        uri.path_and_query = Some(pq);
+        let uri = Uri::from_parts(uri).map_err(|_| BAD)?;
+        if self.matched.is_none() {
+            self.matched = Some(parts.uri.path().into());
+        }
+        parts.uri = uri;
+        Ok(())
+    }
 }
 
 /// Decides the authority and the path of `parts`, rewriting both to their canonical form.

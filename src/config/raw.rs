@@ -40,6 +40,8 @@ pub struct Config {
     #[serde(default)]
     problems: Problems,
     redis: Option<super::redis::RawRedis>,
+    #[serde(default)]
+    request_id: super::gateway::RawRequestId,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -332,6 +334,9 @@ struct Route {
     on_limit: Option<Fallback>,
     on_upstream_error: Option<Fallback>,
     retry_after_spread: Option<Dur>,
+    rewrite: Option<super::gateway::RawRewrite>,
+    request_headers: Option<super::gateway::RawRules>,
+    response_headers: Option<super::gateway::RawRules>,
 }
 
 /// The longest `retry_after_spread`: an hour of extra waiting is already a long way from honest.
@@ -348,6 +353,10 @@ struct Match {
     path_prefix: Option<String>,
     path: Option<String>,
     methods: Option<Vec<String>>,
+    #[serde(default)]
+    headers: BTreeMap<String, super::gateway::RawValueMatch>,
+    #[serde(default)]
+    query: BTreeMap<String, super::gateway::RawValueMatch>,
 }
 
 impl Config {
@@ -367,6 +376,7 @@ impl Config {
             ));
         }
         let redis = self.redis.map(|r| r.validate()).transpose()?;
+        let request_id = self.request_id.validate()?;
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -404,6 +414,16 @@ impl Config {
                 )
             })?;
             let m = route.matcher;
+            let conditions = super::gateway::conditions(m.headers, m.query, &|f: &[&str]| {
+                let mut p = at(&["match"]);
+                p.extend(f.iter().map(|f| key(f)));
+                p
+            })?;
+            let rewrite = super::gateway::rewrite(route.rewrite, route.strip_prefix, &at)?;
+            let request_headers =
+                super::gateway::rules(route.request_headers, "request_headers", request_id.is_some(), &at)?;
+            let response_headers =
+                super::gateway::rules(route.response_headers, "response_headers", request_id.is_some(), &at)?;
             let host = m.host.map(|h| parse_host(&h)).transpose().map_err(|e| (at(&["match", "host"]), e))?;
             let path = match (m.path_prefix, m.path) {
                 (Some(_), Some(_)) => {
@@ -495,6 +515,10 @@ impl Config {
                 stale_on_limit: route.on_limit.and_then(|f| f.stale).map(|s| s.max_age.0),
                 stale_on_upstream_error: route.on_upstream_error.and_then(|f| f.stale).map(|s| s.max_age.0),
                 retry_after_spread,
+                conditions,
+                rewrite,
+                request_headers,
+                response_headers,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -529,6 +553,7 @@ impl Config {
             },
             problem_type_base: type_base,
             redis,
+            request_id,
             upstreams,
             routes,
             shape: super::Shape::default(),

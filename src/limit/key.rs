@@ -259,7 +259,7 @@ fn percent_decode(raw: &[u8], out: &mut [u8]) -> usize {
 }
 
 /// The first value of parameter `name` in `query`, decoded into `buf`.
-fn query_value(query: Option<&str>, name: &str, buf: &mut [u8]) -> Option<usize> {
+pub fn query_value(query: Option<&str>, name: &str, buf: &mut [u8]) -> Option<usize> {
     let mut name_buf = [0u8; 256];
     for pair in query?.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));

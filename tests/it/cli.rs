@@ -162,3 +162,17 @@ fn check_lists_served_names_warns_on_insecure_upstreams_and_refuses_expired_cert
     assert!(err.contains("old.pem: the certificate expired on 2020-06-30"), "{err}");
     assert!(err.contains(":4:"), "the line of the certificates: {err}");
 }
+
+#[test]
+fn check_refuses_a_header_rule_on_a_framing_field_with_exit_2_and_position() {
+    let f = write_config(
+        "upstreams:\n  d: { respond: {} }\nroutes:\n  - upstream: d\n    request_headers:\n      set: { transfer-encoding: chunked }\n",
+    );
+    let out = Command::new(BIN).arg("check").arg("-c").arg(&f.0).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":6:33: routes[0].request_headers.set.transfer-encoding: `transfer-encoding` is a framing"),
+        "{err}"
+    );
+}

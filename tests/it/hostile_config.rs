@@ -260,6 +260,7 @@ route `slow` -> upstream `slow`
   at most 8 requests in flight; the next gets 503 with Retry-After: 1 after waiting up to 100ms
 route `everything-else` -> upstream `demo`
   per client IP `per-client`: bursts of 10, then 5 requests/s (one every 200ms); request 11 of a burst gets 429 with Retry-After: 1
+every request has an id in x-request-id: a trusted proxy's well-formed one, else a new one; sent upstream, on every answer and in the access log
 "
     );
 }

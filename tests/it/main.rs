@@ -11,6 +11,7 @@ mod drain;
 mod errors;
 mod forwarding;
 mod framing;
+mod gateway;
 mod h2_abuse;
 mod hostile_config;
 mod limits;

@@ -1,0 +1,333 @@
+//! The gateway parts of a route's config: `match.headers`, `match.query`, `rewrite`,
+//! `request_headers`, `response_headers`, and the top-level `request_id`. Raw mirrors here,
+//! validated into the compiled types of `route::conditions` and `forward::rules`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderName;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use super::{key, Invalid, Seg};
+use crate::forward::rules::{HeaderRules, Piece, Template, REFUSED};
+use crate::route::conditions::{Conditions, PathRewrite, ValueMatch};
+
+/// Conditions of one route (headers and query together).
+pub const MAX_CONDITIONS: usize = 32;
+/// Rules of one list (`remove`, `set` or `add`) of one route.
+pub const MAX_RULES: usize = 64;
+
+/// `request_id:` at the top level.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequestId {
+    #[serde(default = "yes")]
+    enabled: bool,
+    header: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for RawRequestId {
+    fn default() -> Self {
+        RawRequestId { enabled: true, header: None }
+    }
+}
+
+impl RawRequestId {
+    /// The field of request ids, `None` when they are off.
+    pub(super) fn validate(self) -> Result<Option<HeaderName>, Invalid> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        match self.header {
+            None => Ok(Some(crate::request_id::DEFAULT_HEADER)),
+            Some(h) => {
+                let at = || vec![key("request_id"), key("header")];
+                let name =
+                    HeaderName::from_bytes(h.as_bytes()).map_err(|_| (at(), format!("`{h}` is not a header name")))?;
+                if name == crate::request_id::DEFAULT_HEADER {
+                    return Ok(Some(crate::request_id::DEFAULT_HEADER));
+                }
+                if REFUSED.contains(&name)
+                    || name == crate::request_id::TRACEPARENT
+                    || name == crate::request_id::TRACESTATE
+                {
+                    return Err((
+                        at(),
+                        format!("`{h}` cannot carry request ids; expected a field of your own such as x-request-id"),
+                    ));
+                }
+                Ok(Some(name))
+            }
+        }
+    }
+}
+
+/// A scalar written where text is expected (`x-api-version: 2` means the text `2`).
+pub(super) struct Text(pub String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScalarVisitor("a text value")).map(Text)
+    }
+}
+
+struct ScalarVisitor(&'static str);
+
+impl Visitor<'_> for ScalarVisitor {
+    type Value = String;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+}
+
+/// One entry of `match.headers` / `match.query`.
+pub(super) enum RawValueMatch {
+    Exact(String),
+    Present(bool),
+    Regex(String),
+}
+
+const MATCH_EXPECTED: &str = "a value, `{ present: true|false }` or `{ regex: \"...\" }`";
+
+impl<'de> Deserialize<'de> for RawValueMatch {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawValueMatch;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(MATCH_EXPECTED)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawValueMatch, E> {
+                ScalarVisitor(MATCH_EXPECTED).visit_str(v).map(RawValueMatch::Exact)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawValueMatch, E> {
+                ScalarVisitor(MATCH_EXPECTED).visit_bool(v).map(RawValueMatch::Exact)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawValueMatch, E> {
+                ScalarVisitor(MATCH_EXPECTED).visit_i64(v).map(RawValueMatch::Exact)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawValueMatch, E> {
+                ScalarVisitor(MATCH_EXPECTED).visit_u64(v).map(RawValueMatch::Exact)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawValueMatch, E> {
+                ScalarVisitor(MATCH_EXPECTED).visit_f64(v).map(RawValueMatch::Exact)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawValueMatch, A::Error> {
+                let Some(k) = map.next_key::<String>()? else {
+                    return Err(de::Error::custom(format!("expected {MATCH_EXPECTED}")));
+                };
+                let out = match k.as_str() {
+                    "present" => RawValueMatch::Present(map.next_value()?),
+                    "regex" => RawValueMatch::Regex(map.next_value()?),
+                    other => return Err(de::Error::unknown_field(other, &["present", "regex"])),
+                };
+                if map.next_key::<String>()?.is_some() {
+                    return Err(de::Error::custom("give one of `present` or `regex`, not both"));
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `rewrite:` of a route.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRewrite {
+    path_regex: RawPathRegex,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPathRegex {
+    pattern: String,
+    replace: String,
+}
+
+/// `request_headers:` / `response_headers:` of a route.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRules {
+    #[serde(default)]
+    remove: Vec<String>,
+    #[serde(default)]
+    set: BTreeMap<String, Text>,
+    #[serde(default)]
+    add: BTreeMap<String, Text>,
+}
+
+/// `match.headers` and `match.query`; `at` is the path of the route's `match`.
+pub(super) fn conditions(
+    headers: BTreeMap<String, RawValueMatch>,
+    query: BTreeMap<String, RawValueMatch>,
+    at: &dyn Fn(&[&str]) -> Vec<Seg>,
+) -> Result<Option<Box<Conditions>>, Invalid> {
+    if headers.is_empty() && query.is_empty() {
+        return Ok(None);
+    }
+    if headers.len() + query.len() > MAX_CONDITIONS {
+        return Err((at(&["headers"]), format!("at most {MAX_CONDITIONS} header and query conditions on one route")));
+    }
+    let compile = |m: RawValueMatch, at: Vec<Seg>| match m {
+        RawValueMatch::Exact(v) => Ok(ValueMatch::Exact(v.into_bytes().into())),
+        RawValueMatch::Present(p) => Ok(ValueMatch::Present(p)),
+        RawValueMatch::Regex(r) => ValueMatch::regex(&r).map_err(|e| {
+            let mut at = at;
+            at.push(key("regex"));
+            (at, e)
+        }),
+    };
+    let mut out = Conditions::default();
+    for (name, m) in headers {
+        let here = || {
+            let mut p = at(&["headers"]);
+            p.push(key(&name));
+            p
+        };
+        let h =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| (here(), format!("`{name}` is not a header name")))?;
+        out.headers.push((h, compile(m, here())?));
+    }
+    for (name, m) in query {
+        let mut here = at(&["query"]);
+        here.push(key(&name));
+        if name.is_empty() {
+            return Err((here, "a query parameter needs a name".to_owned()));
+        }
+        let m = compile(m, here)?;
+        out.query.push((name, m));
+    }
+    Ok(Some(Box::new(out)))
+}
+
+/// `rewrite.path_regex`; `at` is the path of the route.
+pub(super) fn rewrite(
+    raw: Option<RawRewrite>,
+    strip_prefix: bool,
+    at: &dyn Fn(&[&str]) -> Vec<Seg>,
+) -> Result<Option<Box<PathRewrite>>, Invalid> {
+    let Some(raw) = raw else { return Ok(None) };
+    if strip_prefix {
+        return Err((at(&["rewrite"]), "give either `strip_prefix` or `rewrite`, not both".to_owned()));
+    }
+    let p = raw.path_regex;
+    let pattern = regex::RegexBuilder::new(&p.pattern)
+        .size_limit(crate::route::conditions::REGEX_SIZE)
+        .dfa_size_limit(crate::route::conditions::REGEX_SIZE)
+        .build()
+        .map_err(|e| {
+            (
+                at(&["rewrite", "path_regex", "pattern"]),
+                format!("`{}` is not a regular expression the `regex` crate accepts: {e}", p.pattern),
+            )
+        })?;
+    let replace_at = || at(&["rewrite", "path_regex", "replace"]);
+    if p.replace.contains(['?', '#']) || p.replace.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err((
+            replace_at(),
+            format!(
+                "`{}` must be a path: no `?`, `#`, spaces or control characters (the query is kept as sent)",
+                p.replace
+            ),
+        ));
+    }
+    // `$n` beyond the groups expands to nothing: say so at load instead.
+    let groups = pattern.captures_len();
+    let mut rest = p.replace.as_str();
+    while let Some(i) = rest.find('$') {
+        rest = &rest[i + 1..];
+        if let Some(r) = rest.strip_prefix('$') {
+            rest = r;
+            continue;
+        }
+        let name = match rest.strip_prefix('{') {
+            Some(r) => r.split('}').next().unwrap_or(""),
+            None => {
+                let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+                &rest[..end]
+            }
+        };
+        let known = match name.parse::<usize>() {
+            Ok(n) => n < groups,
+            Err(_) => pattern.capture_names().flatten().any(|g| g == name),
+        };
+        if !known {
+            return Err((
+                replace_at(),
+                format!("`${name}` names no group of the pattern (write `$$` for a literal `$`)"),
+            ));
+        }
+    }
+    Ok(Some(Box::new(PathRewrite { pattern, replace: p.replace })))
+}
+
+/// `request_headers` / `response_headers` (`field`); `ids` says whether request ids are on.
+pub(super) fn rules(
+    raw: Option<RawRules>,
+    field: &str,
+    ids: bool,
+    at: &dyn Fn(&[&str]) -> Vec<Seg>,
+) -> Result<Option<Arc<HeaderRules>>, Invalid> {
+    let Some(raw) = raw else { return Ok(None) };
+    let name = |n: &str, here: &dyn Fn() -> Vec<Seg>| -> Result<HeaderName, Invalid> {
+        let h = HeaderName::from_bytes(n.as_bytes()).map_err(|_| (here(), format!("`{n}` is not a header name")))?;
+        if REFUSED.contains(&h) {
+            return Err((
+                here(),
+                format!("`{n}` is a framing or hop-by-hop field; tollgate manages it and no rule may set or remove it"),
+            ));
+        }
+        Ok(h)
+    };
+    for (list, len) in [("remove", raw.remove.len()), ("set", raw.set.len()), ("add", raw.add.len())] {
+        if len > MAX_RULES {
+            return Err((at(&[field, list]), format!("at most {MAX_RULES} entries")));
+        }
+    }
+    let mut out = HeaderRules::default();
+    for (i, n) in raw.remove.iter().enumerate() {
+        out.remove.push(name(n, &|| {
+            let mut p = at(&[field, "remove"]);
+            p.push(Seg::Index(i));
+            p
+        })?);
+    }
+    for (list, entries) in [("set", raw.set), ("add", raw.add)] {
+        for (n, Text(v)) in entries {
+            let here = || {
+                let mut p = at(&[field, list]);
+                p.push(key(&n));
+                p
+            };
+            let h = name(&n, &here)?;
+            let t = Template::parse(&v).map_err(|e| (here(), e))?;
+            if !ids && t.uses(&Piece::RequestId) {
+                return Err((here(), "`{request_id}` needs request ids on (`request_id.enabled`)".to_owned()));
+            }
+            if list == "set" { &mut out.set } else { &mut out.add }.push((h, t));
+        }
+    }
+    Ok(Some(Arc::new(out)))
+}

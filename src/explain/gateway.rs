@@ -1,0 +1,65 @@
+//! A route's gateway conditions and rules in words, for `tollgate explain`.
+
+use std::fmt::Write;
+
+use crate::config::Route;
+use crate::forward::rules::HeaderRules;
+use crate::route::ValueMatch;
+
+fn condition(what: &str, m: &ValueMatch) -> String {
+    match m {
+        ValueMatch::Exact(v) => format!("{what} is exactly `{}`", String::from_utf8_lossy(v)),
+        ValueMatch::Present(true) => format!("{what} is present"),
+        ValueMatch::Present(false) => format!("{what} is absent"),
+        ValueMatch::Regex(r) => {
+            let p = r.as_str();
+            let p = p.strip_prefix("^(?:").and_then(|p| p.strip_suffix(")$")).unwrap_or(p);
+            format!("{what} matches `{p}` (the whole value)")
+        }
+    }
+}
+
+fn rules(direction: &str, r: &HeaderRules) -> String {
+    let mut steps = Vec::new();
+    if !r.remove.is_empty() {
+        steps.push(format!("removes {}", r.remove.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")));
+    }
+    for (n, t) in &r.set {
+        steps.push(format!("sets {n}: {t}"));
+    }
+    for (n, t) in &r.add {
+        steps.push(format!("adds {n}: {t}"));
+    }
+    if steps.is_empty() {
+        steps.push("nothing".to_owned());
+    }
+    format!("{direction}: {}", steps.join("; "))
+}
+
+/// Lines (without indentation) for `r`'s conditions, rewrite and header rules; none when it
+/// has none of them.
+pub fn describe(r: &Route) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(c) = &r.conditions {
+        let mut all: Vec<String> = c.headers.iter().map(|(n, m)| condition(&format!("header {n}"), m)).collect();
+        all.extend(c.query.iter().map(|(n, m)| condition(&format!("query parameter {n} (its first value)"), m)));
+        out.push(format!("only when {}", all.join(" and ")));
+    }
+    if let Some(rw) = &r.rewrite {
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "the upstream gets the path rewritten: `{}` -> `{}` (the query kept; unchanged when it does not match)",
+            rw.pattern.as_str(),
+            rw.replace
+        );
+        out.push(s);
+    }
+    if let Some(rq) = &r.request_headers {
+        out.push(rules("to the request it forwards, tollgate", rq));
+    }
+    if let Some(rs) = &r.response_headers {
+        out.push(rules("to every answer (its own 429s and 5xx, stale copies included), tollgate", rs));
+    }
+    out
+}
