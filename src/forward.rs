@@ -3,8 +3,11 @@
 //! source (the client's body, or the upstream); the answer module writes the response.
 
 pub mod framing;
+pub mod grpc;
+pub mod h2;
 pub mod headers;
 pub mod pool;
+pub mod tunnel;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -32,6 +35,9 @@ pub struct Downstream {
 pub struct HttpForwarder {
     name: String,
     pool: Arc<Pool>,
+    /// `protocol: h2c`: requests go as streams on shared HTTP/2 connections instead.
+    h2: Option<h2::H2Pool>,
+    authority: http::uri::Authority,
     authority_value: HeaderValue,
     base_path: String,
     timeout: Duration,
@@ -57,6 +63,9 @@ impl HttpForwarder {
                 cfg.pool_max_idle,
                 metrics.upstream_read_timeouts(name),
             )),
+            h2: (cfg.protocol == crate::config::UpstreamProtocol::H2c)
+                .then(|| h2::H2Pool::new(cfg.authority.as_str().to_owned(), cfg.connect_timeout, cfg.h2.clone())),
+            authority: cfg.authority.clone(),
             authority_value: HeaderValue::from_str(cfg.authority.as_str()).unwrap_or(HeaderValue::from_static("")),
             base_path: cfg.base_path.clone(),
             timeout: cfg.timeout,
@@ -88,6 +97,10 @@ impl HttpForwarder {
         let prepared = self.prepare(req, strip, down);
         async move {
             let req = prepared?;
+            if let Some(h2) = &self.h2 {
+                // Boxed: its future would otherwise enlarge every HTTP/1 request's.
+                return Box::pin(self.forward_h2(h2, req)).await;
+            }
             // A ready pooled connection takes the request now: hyper moves it into the
             // connection's queue at once, so this future holds only the wait for the answer.
             // Otherwise (the pool is empty, or its connection's task has not yet run since
@@ -126,6 +139,103 @@ impl HttpForwarder {
         Ok(Response::from_parts(parts, Body::upstream(body, lease, self.read_timeout)))
     }
 
+    /// Forwards an upgrade request (see [`tunnel::wanted`]) on a connection of its own, with
+    /// `Connection: upgrade` and `Upgrade: protocols`. A `101` naming one of `protocols` comes
+    /// back with an empty body and a [`tunnel::Pending`] in its extensions, to be started
+    /// once the client has it; any other answer is an ordinary response (its connection is
+    /// closed after it).
+    ///
+    /// # Errors
+    /// As [`HttpForwarder::forward`]; a `101` to a protocol not offered is a bad response.
+    pub async fn upgrade(
+        &self,
+        req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream,
+        protocols: HeaderValue,
+    ) -> Result<Response<Body>, Error> {
+        let mut req = self.prepare(req, strip, down)?;
+        // Taken out of the request: the client's socket, once hyper has written our 101.
+        let client = hyper::upgrade::on(&mut req);
+        let h = req.headers_mut();
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, protocols.clone());
+        let exchange = async {
+            let mut conn = self.pool.connect_for_upgrade().await.map_err(|e| {
+                tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
+                Error::Upstream(UpstreamFailure::Connect)
+            })?;
+            match conn.send.send_request(req).await {
+                Ok(resp) => Ok((resp, conn)),
+                Err(e) => Err(self.failed(&e)),
+            }
+        };
+        let (mut resp, conn) = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(answered) => answered?,
+            Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
+        };
+        if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            let (mut parts, body) = resp.into_parts();
+            framing::check_response(parts.status, &mut parts.headers)?;
+            headers::strip_hop_by_hop(&mut parts.headers);
+            headers::append_via(&mut parts.headers, parts.version);
+            parts.version = Version::HTTP_11;
+            let lease = Lease { conn, home: self.pool.clone(), reuse: false };
+            return Ok(Response::from_parts(parts, Body::upstream(body, lease, self.read_timeout)));
+        }
+        let chosen = tunnel::chosen(resp.headers(), &protocols)
+            .ok_or(Error::Upstream(UpstreamFailure::BadResponse("a 101 to a protocol that was not offered")))?;
+        let upstream = hyper::upgrade::on(&mut resp);
+        let (mut parts, _) = resp.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers);
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, chosen);
+        headers::append_via(&mut parts.headers, parts.version);
+        parts.version = Version::HTTP_11;
+        parts.extensions.insert(tunnel::Pending::new(client, upstream));
+        // The connection's task ends by handing its socket to `upstream`.
+        drop(conn);
+        Ok(Response::from_parts(parts, Body::empty()))
+    }
+
+    /// A request as a stream on a shared HTTP/2 connection: the target in absolute form
+    /// (`:authority` is the `Host` the upstream would have got), the response streamed on
+    /// with its trailers. A gRPC call's `grpc-timeout` shortens the wait for the head.
+    async fn forward_h2(&self, h2: &h2::H2Pool, mut req: Request<RequestBody>) -> Result<Response<Body>, Error> {
+        let authority = match req.headers_mut().remove(header::HOST) {
+            Some(host) => http::uri::Authority::try_from(host.as_bytes())
+                .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,
+            None => self.authority.clone(),
+        };
+        let mut target = Uri::builder().scheme("http").authority(authority);
+        if let Some(pq) = req.uri().path_and_query() {
+            target = target.path_and_query(pq.clone());
+        }
+        *req.uri_mut() = target.build().map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
+        *req.version_mut() = Version::HTTP_2;
+        let wait = grpc::timeout(req.headers()).map_or(self.timeout, |t| t.min(self.timeout));
+        let exchange = async {
+            let (mut send, stream) = h2.checkout().await.map_err(|e| {
+                tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
+                Error::Upstream(UpstreamFailure::Connect)
+            })?;
+            match send.send_request(req).await {
+                Ok(resp) => Ok((resp, stream)),
+                Err(e) => Err(self.failed(&e)),
+            }
+        };
+        let (resp, stream) = match tokio::time::timeout(wait, exchange).await {
+            Ok(answered) => answered?,
+            Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
+        };
+        let (mut parts, body) = resp.into_parts();
+        framing::check_response(parts.status, &mut parts.headers)?;
+        headers::strip_hop_by_hop(&mut parts.headers);
+        headers::append_via(&mut parts.headers, parts.version);
+        parts.version = Version::HTTP_11;
+        Ok(Response::from_parts(parts, Body::stream(body, stream, self.read_timeout)))
+    }
+
     /// The request as it goes upstream: target, version, hop-by-hop fields, forwarding
     /// fields, `Via`, `Host`.
     fn prepare(&self, req: Request<Incoming>, strip: usize, down: &Downstream) -> Result<Request<RequestBody>, Error> {
@@ -136,7 +246,12 @@ impl HttpForwarder {
             .map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
         parts.version = Version::HTTP_11;
         let h = &mut parts.headers;
+        // HTTP/2 upstreams get `te: trailers` on (gRPC needs it); it is the only TE HTTP/2 has.
+        let trailers = self.h2.is_some() && grpc::te_trailers(h);
         headers::strip_hop_by_hop(h);
+        if trailers {
+            h.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         // The one authority of the request (see `crate::target`) is in `Host`. Kept (the
         // default), the upstream has it there; replaced by the upstream's own, it goes on in
         // `X-Forwarded-Host`.

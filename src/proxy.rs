@@ -48,6 +48,8 @@ struct Lane {
     metrics: RouteMetrics,
     /// The route keys on `Authorization` / `Cookie`, so copies may be kept per credential.
     keyed_on_credentials: bool,
+    /// One permit per open tunnel (`tunnels.max`).
+    tunnels: Arc<tokio::sync::Semaphore>,
 }
 
 pub struct Proxy {
@@ -162,6 +164,7 @@ impl Proxy {
                     gate,
                     metrics: metrics.route(&r.name),
                     keyed_on_credentials: keys_on_credentials(r),
+                    tunnels: Arc::new(tokio::sync::Semaphore::new(r.tunnels.max)),
                 }
             })
             .collect();
@@ -235,6 +238,8 @@ impl Proxy {
     ) -> Response<Body> {
         let this = &*self;
         let _in_flight = InFlight::enter(&this.metrics);
+        // gRPC runs on HTTP/2 only: an HTTP/1 request costs one comparison here.
+        let grpc = parts.version == http::Version::HTTP_2 && forward::grpc::is_grpc(&parts.headers);
         let (idx, target) = match routed {
             Ok(found) => found,
             Err(e) => {
@@ -242,11 +247,15 @@ impl Proxy {
                     let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
                     tracing::info!(target: "tollgate::access", %method, path, status, error = e.kind());
                 }
+                if grpc {
+                    return this.unrouted.respond_grpc(&e);
+                }
                 return this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
             }
         };
+        let mut log = Access::new(&this.lanes[idx], &this.config.routes[idx], &parts, this.config.log.access);
+        log.grpc = grpc;
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
-        let mut log = Access::new(lane, route, &parts, this.config.log.access);
         let version = parts.version;
         let resp = 'answer: {
             let mut admission = None;
@@ -264,8 +273,20 @@ impl Proxy {
                     }
                 }
             }
+            // An upgrade the route passes on (`upgrades:`) takes a tunnel slot first.
+            let upgrade = match &*this.targets[route.upstream] {
+                Backend::Http(_) if !route.upgrades.is_empty() => forward::tunnel::wanted(&parts, &route.upgrades),
+                _ => None,
+            };
+            let mut tunnel_slot = None;
+            if upgrade.is_some() {
+                match lane.tunnels.clone().try_acquire_owned() {
+                    Ok(slot) => tunnel_slot = Some(slot),
+                    Err(_) => break 'answer this.refused(route, lane, &Error::TooManyTunnels, None, version, &mut log),
+                }
+            }
             // A copy of the head, only when a stale copy could be stored or served for it.
-            let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
+            let head = (upgrade.is_none() && this.wants_copy(route, lane, &parts)).then(|| Box::new(parts.clone()));
             let mut resp = match &*this.targets[route.upstream] {
                 Backend::Respond(r) => forward::respond(r).await,
                 Backend::Http(fwd) => {
@@ -281,7 +302,12 @@ impl Proxy {
                     };
                     let down = Downstream { peer: peer.ip(), peer_trusted: this.trusted.is_trusted(peer.ip()) };
                     let sent = Instant::now();
-                    let out = fwd.forward(Request::from_parts(parts, body), strip, &down).await;
+                    let req = Request::from_parts(parts, body);
+                    let out = match upgrade {
+                        None => fwd.forward(req, strip, &down).await,
+                        // Boxed: rare, and its future would enlarge every request's.
+                        Some(protocols) => Box::pin(fwd.upgrade(req, strip, &down, protocols)).await,
+                    };
                     let took = sent.elapsed();
                     lane.metrics.upstream_seconds.observe(took);
                     log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
@@ -294,11 +320,20 @@ impl Proxy {
             if let Some(head) = &head {
                 resp = this.after_upstream(route, lane, head, resp, &mut log);
             }
+            let mut permit = None;
             if let Some(mut a) = admission {
                 lane.gate.decorate(&mut a, &mut resp);
-                if let Some(permit) = a.permit {
-                    resp.body_mut().hold(permit);
+                permit = a.permit;
+            }
+            if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                // The tunnel holds the concurrency slot and its tunnel slot for its life.
+                if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
+                    let held = (permit.take(), tunnel_slot.take());
+                    pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), held);
                 }
+            }
+            if let Some(permit) = permit {
+                resp.body_mut().hold(permit);
             }
             resp
         };
@@ -332,6 +367,13 @@ impl Proxy {
         log: &mut Access,
     ) -> Response<Body> {
         log.error = Some(e.kind());
+        if log.grpc {
+            // A gRPC client reads the answer from grpc-status; a stale copy is never one.
+            if let Error::Throttled(d) = e {
+                log.note.retry_after_secs = Some(d.retry_after_secs);
+            }
+            return lane.answers.respond_grpc(e);
+        }
         if let Error::Throttled(d) = e {
             log.note = Note {
                 limit: d.limits.first().map(|l| l.0),
@@ -454,6 +496,8 @@ struct Access<'a> {
     stale: Stale,
     /// The kind of error tollgate answered, if it did.
     error: Option<&'static str>,
+    /// A gRPC call: tollgate's own answers are gRPC statuses, never stale copies.
+    grpc: bool,
 }
 
 impl<'a> Access<'a> {
@@ -468,6 +512,7 @@ impl<'a> Access<'a> {
             upstream: None,
             stale: Stale::No,
             error: None,
+            grpc: false,
         }
     }
 

@@ -61,6 +61,8 @@ mod tests {
             ratelimit_headers: true,
             stale_on_limit: None,
             stale_on_upstream_error: None,
+            upgrades: vec![],
+            tunnels: crate::config::Tunnels { idle_timeout: std::time::Duration::from_secs(1), max: 1 },
         }
     }
 

@@ -18,4 +18,5 @@ mod operate;
 mod redis;
 mod server;
 mod stale;
+mod tunnel;
 mod upstream_framing;
