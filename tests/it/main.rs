@@ -9,6 +9,7 @@ mod drain;
 mod errors;
 mod forwarding;
 mod framing;
+mod grpc;
 mod h2_abuse;
 mod hostile_config;
 mod limits;
