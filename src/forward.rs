@@ -79,6 +79,12 @@ impl HttpForwarder {
         &self.name
     }
 
+    /// Whether upgrades can be tunnelled to this upstream: HTTP/1.1 ones only (an `h2c`
+    /// upstream would need extended CONNECT, RFC 8441).
+    pub fn tunnels(&self) -> bool {
+        self.h2.is_none()
+    }
+
     /// Forwards `req`, dropping the first `strip` bytes of its path (the route's prefix).
     ///
     /// The head is rewritten before the returned future exists, and the request lives in
@@ -140,20 +146,23 @@ impl HttpForwarder {
     }
 
     /// Forwards an upgrade request (see [`tunnel::wanted`]) on a connection of its own, with
-    /// `Connection: upgrade` and `Upgrade: protocols`. A `101` naming one of `protocols` comes
-    /// back with an empty body and a [`tunnel::Pending`] in its extensions, to be started
-    /// once the client has it; any other answer is an ordinary response (its connection is
-    /// closed after it).
+    /// `Connection: upgrade` and `Upgrade:` the protocols it asks for that `allowed` lists. A
+    /// `101` naming one of them comes back with an empty body and a [`tunnel::Pending`] in its
+    /// extensions (holding `held`), to be started once the client has it; any other answer
+    /// is an ordinary response (its connection is closed after it; `held` is dropped).
     ///
     /// # Errors
     /// As [`HttpForwarder::forward`]; a `101` to a protocol not offered is a bad response.
-    pub async fn upgrade(
+    pub async fn upgrade<H: Send + 'static>(
         &self,
         req: Request<Incoming>,
         strip: usize,
         down: &Downstream,
-        protocols: HeaderValue,
+        allowed: &[HeaderValue],
+        held: H,
     ) -> Result<Response<Body>, Error> {
+        let protocols = tunnel::wanted(req.headers(), req.extensions(), req.version(), allowed)
+            .ok_or(Error::Internal("an upgrade request changed on its way"))?;
         let mut req = self.prepare(req, strip, down)?;
         // Taken out of the request: the client's socket, once hyper has written our 101.
         let client = hyper::upgrade::on(&mut req);
@@ -192,7 +201,7 @@ impl HttpForwarder {
         parts.headers.insert(header::UPGRADE, chosen);
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;
-        parts.extensions.insert(tunnel::Pending::new(client, upstream));
+        parts.extensions.insert(tunnel::Pending::new(client, upstream, held));
         // The connection's task ends by handing its socket to `upstream`.
         drop(conn);
         Ok(Response::from_parts(parts, Body::empty()))

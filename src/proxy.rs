@@ -273,20 +273,8 @@ impl Proxy {
                     }
                 }
             }
-            // An upgrade the route passes on (`upgrades:`) takes a tunnel slot first.
-            let upgrade = match &*this.targets[route.upstream] {
-                Backend::Http(_) if !route.upgrades.is_empty() => forward::tunnel::wanted(&parts, &route.upgrades),
-                _ => None,
-            };
-            let mut tunnel_slot = None;
-            if upgrade.is_some() {
-                match lane.tunnels.clone().try_acquire_owned() {
-                    Ok(slot) => tunnel_slot = Some(slot),
-                    Err(_) => break 'answer this.refused(route, lane, &Error::TooManyTunnels, None, version, &mut log),
-                }
-            }
             // A copy of the head, only when a stale copy could be stored or served for it.
-            let head = (upgrade.is_none() && this.wants_copy(route, lane, &parts)).then(|| Box::new(parts.clone()));
+            let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
             let mut resp = match &*this.targets[route.upstream] {
                 Backend::Respond(r) => forward::respond(r).await,
                 Backend::Http(fwd) => {
@@ -302,11 +290,23 @@ impl Proxy {
                     };
                     let down = Downstream { peer: peer.ip(), peer_trusted: this.trusted.is_trusted(peer.ip()) };
                     let sent = Instant::now();
+                    // An upgrade the route passes on (`upgrades:`); only a flag is kept here, so
+                    // the request's future grows by a byte.
+                    let upgrade = fwd.tunnels()
+                        && !route.upgrades.is_empty()
+                        && forward::tunnel::wanted(&parts.headers, &parts.extensions, parts.version, &route.upgrades)
+                            .is_some();
                     let req = Request::from_parts(parts, body);
-                    let out = match upgrade {
-                        None => fwd.forward(req, strip, &down).await,
+                    let out = if upgrade {
                         // Boxed: rare, and its future would enlarge every request's.
-                        Some(protocols) => Box::pin(fwd.upgrade(req, strip, &down, protocols)).await,
+                        Box::pin(async {
+                            // A tunnel slot first; it goes with the tunnel, or back on any other answer.
+                            let slot = lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
+                            fwd.upgrade(req, strip, &down, &route.upgrades, slot).await
+                        })
+                        .await
+                    } else {
+                        fwd.forward(req, strip, &down).await
                     };
                     let took = sent.elapsed();
                     lane.metrics.upstream_seconds.observe(took);
@@ -328,8 +328,7 @@ impl Proxy {
             if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                 // The tunnel holds the concurrency slot and its tunnel slot for its life.
                 if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
-                    let held = (permit.take(), tunnel_slot.take());
-                    pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), held);
+                    pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
                 }
             }
             if let Some(permit) = permit {

@@ -13,7 +13,6 @@ use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderValue};
-use http::request::Parts;
 use http::Version;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
@@ -31,17 +30,25 @@ const BUF: usize = 16 << 10;
 ///
 /// An upgrade is an HTTP/1.1 request with `Upgrade` and `upgrade` among its `Connection`
 /// options (RFC 9110 §7.8); HTTP/2 has neither field.
-pub fn wanted(parts: &Parts, allowed: &[HeaderValue]) -> Option<HeaderValue> {
-    if parts.version != Version::HTTP_11 {
+pub fn wanted(
+    headers: &HeaderMap,
+    extensions: &http::Extensions,
+    version: Version,
+    allowed: &[HeaderValue],
+) -> Option<HeaderValue> {
+    // hyper's HTTP/1.1 server leaves an `OnUpgrade` on a request with `Upgrade` (and only
+    // there): a plain request's empty extensions answer this without a field lookup.
+    extensions.get::<OnUpgrade>()?;
+    if version != Version::HTTP_11 {
         return None;
     }
-    let asked = parts.headers.get(header::UPGRADE)?;
-    if !connection_has_upgrade(&parts.headers) {
+    let asked = headers.get(header::UPGRADE)?;
+    if !connection_has_upgrade(headers) {
         return None;
     }
     let mut kept: Vec<&str> = Vec::new();
     let mut all = true;
-    for field in parts.headers.get_all(header::UPGRADE) {
+    for field in headers.get_all(header::UPGRADE) {
         let Ok(text) = field.to_str() else { return None };
         for token in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let name = token.split_once('/').map_or(token, |(n, _)| n);
@@ -55,7 +62,7 @@ pub fn wanted(parts: &Parts, allowed: &[HeaderValue]) -> Option<HeaderValue> {
     if kept.is_empty() {
         return None;
     }
-    if all && parts.headers.get_all(header::UPGRADE).iter().count() == 1 {
+    if all && headers.get_all(header::UPGRADE).iter().count() == 1 {
         return Some(asked.clone());
     }
     HeaderValue::from_str(&kept.join(", ")).ok()
@@ -99,23 +106,27 @@ pub struct Pending(Arc<Mutex<Option<Ends>>>);
 struct Ends {
     client: OnUpgrade,
     upstream: OnUpgrade,
+    held: Box<dyn std::any::Any + Send>,
 }
 
 impl Pending {
-    pub fn new(client: OnUpgrade, upstream: OnUpgrade) -> Pending {
-        Pending(Arc::new(Mutex::new(Some(Ends { client, upstream }))))
+    /// `held` (the route's tunnel slot) goes with the tunnel.
+    pub fn new<H: Send + 'static>(client: OnUpgrade, upstream: OnUpgrade, held: H) -> Pending {
+        Pending(Arc::new(Mutex::new(Some(Ends { client, upstream, held: Box::new(held) }))))
     }
 
-    /// Runs the tunnel on its own task once both sides have switched; `held` is dropped when
-    /// it ends (or when either side fails to switch).
-    pub fn start<H: Send + 'static>(self, idle_timeout: Duration, metrics: TunnelMetrics, held: H) {
+    /// Runs the tunnel on its own task once both sides have switched; what it holds (and
+    /// `more`, the route's concurrency slot) is dropped when it ends, or when either side
+    /// fails to switch.
+    pub fn start<H: Send + 'static>(self, idle_timeout: Duration, metrics: TunnelMetrics, more: H) {
         let ends = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-        let Some(Ends { client, upstream }) = ends else { return };
+        let Some(Ends { client, upstream, held }) = ends else { return };
         tokio::spawn(async move {
             let (client, upstream) = match tokio::try_join!(client, upstream) {
                 Ok(both) => both,
                 Err(e) => {
                     tracing::debug!(error = %e, "an upgrade did not complete");
+                    drop((held, more));
                     return;
                 }
             };
@@ -123,7 +134,7 @@ impl Pending {
             let end = run(client, upstream, idle_timeout, &metrics).await;
             metrics.open.dec();
             tracing::debug!(end, "tunnel closed");
-            drop(held);
+            drop((held, more));
         });
     }
 }
@@ -235,12 +246,19 @@ impl Pipe {
 mod tests {
     use super::*;
 
-    fn head(version: Version, fields: &[(&str, &str)]) -> Parts {
+    /// A head as hyper's server hands it on: with an `OnUpgrade` when it has `Upgrade`.
+    fn head(version: Version, fields: &[(&str, &str)]) -> http::request::Parts {
         let mut req = http::Request::builder().version(version).uri("/ws");
         for (n, v) in fields {
             req = req.header(*n, *v);
         }
-        req.body(()).unwrap().into_parts().0
+        let mut parts = req.body(()).unwrap().into_parts().0;
+        if parts.headers.contains_key(header::UPGRADE) {
+            let mut carrier = http::Request::new(());
+            let on = hyper::upgrade::on(&mut carrier);
+            parts.extensions.insert(on);
+        }
+        parts
     }
 
     fn ws() -> Vec<HeaderValue> {
@@ -250,31 +268,31 @@ mod tests {
     #[test]
     fn an_allowed_upgrade_is_passed_on_as_asked() {
         let p = head(Version::HTTP_11, &[("connection", "keep-alive, Upgrade"), ("upgrade", "WebSocket")]);
-        assert_eq!(wanted(&p, &ws()).unwrap(), "WebSocket");
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()).unwrap(), "WebSocket");
     }
 
     #[test]
     fn h2c_and_unlisted_protocols_are_never_passed_on() {
         let p = head(Version::HTTP_11, &[("connection", "upgrade"), ("upgrade", "h2c")]);
-        assert_eq!(wanted(&p, &ws()), None);
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
         let p = head(Version::HTTP_11, &[("connection", "upgrade"), ("upgrade", "h2c, websocket")]);
-        assert_eq!(wanted(&p, &ws()).unwrap(), "websocket");
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()).unwrap(), "websocket");
         let p = head(Version::HTTP_11, &[("connection", "upgrade"), ("upgrade", "websocket")]);
-        assert_eq!(wanted(&p, &[]), None);
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &[]), None);
         let p = head(Version::HTTP_11, &[("connection", "upgrade"), ("upgrade", "foo/2")]);
-        assert_eq!(wanted(&p, &ws()), None);
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
     }
 
     #[test]
     fn an_upgrade_needs_the_connection_option_and_http_1_1() {
         let p = head(Version::HTTP_11, &[("upgrade", "websocket")]);
-        assert_eq!(wanted(&p, &ws()), None);
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
         let p = head(Version::HTTP_11, &[("connection", "upgraded"), ("upgrade", "websocket")]);
-        assert_eq!(wanted(&p, &ws()), None);
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
         let p = head(Version::HTTP_10, &[("connection", "upgrade"), ("upgrade", "websocket")]);
-        assert_eq!(wanted(&p, &ws()), None);
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
         let p = head(Version::HTTP_2, &[("connection", "upgrade"), ("upgrade", "websocket")]);
-        assert_eq!(wanted(&p, &ws()), None);
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
     }
 
     #[test]
