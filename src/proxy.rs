@@ -296,17 +296,16 @@ impl Proxy {
                         && !route.upgrades.is_empty()
                         && forward::tunnel::wanted(&parts.headers, &parts.extensions, parts.version, &route.upgrades)
                             .is_some();
-                    let req = Request::from_parts(parts, body);
                     let out = if upgrade {
                         // Boxed: rare, and its future would enlarge every request's.
                         Box::pin(async {
                             // A tunnel slot first; it goes with the tunnel, or back on any other answer.
                             let slot = lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
-                            fwd.upgrade(req, strip, &down, &route.upgrades, slot).await
+                            fwd.upgrade(Request::from_parts(parts, body), strip, &down, &route.upgrades, slot).await
                         })
                         .await
                     } else {
-                        fwd.forward(req, strip, &down).await
+                        fwd.forward(Request::from_parts(parts, body), strip, &down).await
                     };
                     let took = sent.elapsed();
                     lane.metrics.upstream_seconds.observe(took);

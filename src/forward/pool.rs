@@ -87,13 +87,26 @@ impl Pool {
             }
         }
         // Boxed: connecting is rare, and its future would otherwise enlarge every request's.
-        Box::pin(self.connect(false)).await
+        Box::pin(self.connect()).await
     }
 
     /// A new connection of its own for an upgrade request: after a `101` its socket becomes
     /// the upstream end of a tunnel, so it is never taken from, nor given back to, the pool.
     pub async fn connect_for_upgrade(&self) -> Result<Conn, ConnectError> {
-        self.connect(true).await
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr.as_str()))
+            .await
+            .map_err(|_| ConnectError::Timeout)?
+            .map_err(ConnectError::Io)?;
+        let _ = stream.set_nodelay(true);
+        let (send, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(ConnectError::Handshake)?;
+        // Its own task (not `connect`'s): resolves once a 101's socket is handed to
+        // `hyper::upgrade::on`, and leaves the hot connection task as it was.
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(Conn { send, deadline: crate::timer::Deadline::new() })
     }
 
     fn pop(&self) -> Option<Conn> {
@@ -107,7 +120,7 @@ impl Pool {
         None
     }
 
-    async fn connect(&self, upgrades: bool) -> Result<Conn, ConnectError> {
+    async fn connect(&self) -> Result<Conn, ConnectError> {
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr.as_str()))
             .await
             .map_err(|_| ConnectError::Timeout)?
@@ -119,20 +132,11 @@ impl Pool {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(ConnectError::Handshake)?;
-        if upgrades {
-            // Resolves once a 101's socket is handed to `hyper::upgrade::on`.
-            tokio::spawn(async move {
-                if let Err(e) = conn.with_upgrades().await {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-            });
-        } else {
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-            });
-        }
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
         Ok(Conn { send, deadline: crate::timer::Deadline::new() })
     }
 }

@@ -30,6 +30,7 @@ const BUF: usize = 16 << 10;
 ///
 /// An upgrade is an HTTP/1.1 request with `Upgrade` and `upgrade` among its `Connection`
 /// options (RFC 9110 §7.8); HTTP/2 has neither field.
+#[inline(always)]
 pub fn wanted(
     headers: &HeaderMap,
     extensions: &http::Extensions,
@@ -39,6 +40,11 @@ pub fn wanted(
     // hyper's HTTP/1.1 server leaves an `OnUpgrade` on a request with `Upgrade` (and only
     // there): a plain request's empty extensions answer this without a field lookup.
     extensions.get::<OnUpgrade>()?;
+    asked(headers, version, allowed)
+}
+
+#[cold]
+fn asked(headers: &HeaderMap, version: Version, allowed: &[HeaderValue]) -> Option<HeaderValue> {
     if version != Version::HTTP_11 {
         return None;
     }
