@@ -1,5 +1,7 @@
 //! Sends an admitted request on: to an `http://` upstream through a pooled keep-alive
-//! connection, or to the built-in responder. Failures are returned as [`Error`]s with their
+//! connection (or, for `protocol: h2c`, as a stream on a shared HTTP/2 connection, see
+//! [`h2`]), an upgrade on a connection of its own that becomes a [`tunnel`] after a `101`,
+//! or to the built-in responder. Failures are returned as [`Error`]s with their
 //! source (the client's body, or the upstream); the answer module writes the response.
 
 pub mod framing;
