@@ -255,3 +255,17 @@ async fn h2c_in_upgrades_is_refused_by_config() {
     let e = tollgate::config::Config::from_yaml(std::path::Path::new("t.yaml"), yaml).unwrap_err().to_string();
     assert!(e.contains("routes[0].upgrades[1]") && e.contains("h2c smuggling"), "{e}");
 }
+
+#[tokio::test]
+async fn a_101_to_a_protocol_not_offered_is_a_bad_gateway() {
+    let up = Upstream::start(|_req| async {
+        Response::builder().status(101).header("connection", "upgrade").header("upgrade", "h2c").body(full("")).unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&yaml(&up, "")).await;
+    match connect(&tg).await {
+        Err(WsError::Http(resp)) => assert_eq!(resp.status(), StatusCode::BAD_GATEWAY),
+        other => panic!("expected a 502, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(metric(&tg, "tollgate_tunnels_open{route=\"ws\"}"), Some(0.0));
+}
