@@ -239,7 +239,8 @@ impl HttpForwarder {
                 Err(e) => Err(self.failed(&e)),
             }
         };
-        let (resp, stream) = match tokio::time::timeout(wait, exchange).await {
+        // The coarse wheel for waits of a second or more: no tokio timer entry per stream.
+        let (resp, stream) = match crate::timer::timeout(wait, exchange).await {
             Ok(answered) => answered?,
             Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
         };
