@@ -87,6 +87,11 @@ impl HttpForwarder {
         self.h2.is_none()
     }
 
+    /// `protocol: h2c`: requests go through [`HttpForwarder::forward_h2`].
+    pub fn is_h2(&self) -> bool {
+        self.h2.is_some()
+    }
+
     /// Forwards `req`, dropping the first `strip` bytes of its path (the route's prefix).
     ///
     /// The head is rewritten before the returned future exists, and the request lives in
@@ -109,10 +114,6 @@ impl HttpForwarder {
         let prepared = self.prepare(req, strip, down);
         async move {
             let req = prepared?;
-            if let Some(h2) = &self.h2 {
-                // Boxed: its future would otherwise enlarge every HTTP/1 request's.
-                return Box::pin(self.forward_h2(h2, req)).await;
-            }
             // A ready pooled connection takes the request now: hyper moves it into the
             // connection's queue at once, so this future holds only the wait for the answer.
             // Otherwise (the pool is empty, or its connection's task has not yet run since
@@ -216,7 +217,14 @@ impl HttpForwarder {
     /// A request as a stream on a shared HTTP/2 connection: the target in absolute form
     /// (`:authority` is the `Host` the upstream would have got), the response streamed on
     /// with its trailers. A gRPC call's `grpc-timeout` shortens the wait for the head.
-    async fn forward_h2(&self, h2: &h2::H2Pool, mut req: Request<RequestBody>) -> Result<Response<Body>, Error> {
+    pub async fn forward_h2(
+        &self,
+        req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream,
+    ) -> Result<Response<Body>, Error> {
+        let mut req = self.prepare(req, strip, down)?;
+        let Some(h2) = &self.h2 else { return Err(Error::Internal("an HTTP/1 upstream was sent a stream")) };
         let authority = match req.headers_mut().remove(header::HOST) {
             Some(host) => http::uri::Authority::try_from(host.as_bytes())
                 .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,

@@ -304,6 +304,9 @@ impl Proxy {
                             fwd.upgrade(Request::from_parts(parts, body), strip, &down, &route.upgrades, slot).await
                         })
                         .await
+                    } else if fwd.is_h2() {
+                        // Boxed: its future would otherwise enlarge every HTTP/1 request's.
+                        Box::pin(fwd.forward_h2(Request::from_parts(parts, body), strip, &down)).await
                     } else {
                         fwd.forward(Request::from_parts(parts, body), strip, &down).await
                     };
