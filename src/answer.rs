@@ -101,6 +101,8 @@ pub enum Error {
     Throttled(Denied),
     /// The route's concurrency cap is full: 503.
     OverCapacity,
+    /// The route's tunnels (`tunnels.max`) are all open: an upgrade is refused with 503.
+    TooManyTunnels,
     /// Limit `limit`'s store cannot decide and its policy refuses: 503.
     StoreUnavailable { limit: usize, retry_after_secs: u64 },
     /// The upstream failed: 502 or 504.
@@ -110,12 +112,13 @@ pub enum Error {
 }
 
 /// Every error kind, for metric handles resolved once per route.
-const KINDS: [&str; 11] = [
+const KINDS: [&str; 12] = [
     "bad_request",
     "client_body",
     "no_route",
     "throttled",
     "over_capacity",
+    "too_many_tunnels",
     "store_unavailable",
     "upstream_connect",
     "upstream_timeout",
@@ -128,7 +131,7 @@ impl Error {
     pub fn source(&self) -> Source {
         match self {
             Error::BadRequest(_) | Error::ClientBody(_) => Source::Downstream,
-            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity => Source::Policy,
+            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity | Error::TooManyTunnels => Source::Policy,
             Error::StoreUnavailable { .. } => Source::Store,
             Error::Upstream(_) => Source::Upstream,
             Error::Internal(_) => Source::Internal,
@@ -142,12 +145,13 @@ impl Error {
             Error::NoRoute => 2,
             Error::Throttled(_) => 3,
             Error::OverCapacity => 4,
-            Error::StoreUnavailable { .. } => 5,
-            Error::Upstream(UpstreamFailure::Connect) => 6,
-            Error::Upstream(UpstreamFailure::Timeout) => 7,
-            Error::Upstream(UpstreamFailure::Broken) => 8,
-            Error::Upstream(UpstreamFailure::BadResponse(_)) => 9,
-            Error::Internal(_) => 10,
+            Error::TooManyTunnels => 5,
+            Error::StoreUnavailable { .. } => 6,
+            Error::Upstream(UpstreamFailure::Connect) => 7,
+            Error::Upstream(UpstreamFailure::Timeout) => 8,
+            Error::Upstream(UpstreamFailure::Broken) => 9,
+            Error::Upstream(UpstreamFailure::BadResponse(_)) => 10,
+            Error::Internal(_) => 11,
         }
     }
 
@@ -161,7 +165,9 @@ impl Error {
             Error::BadRequest(_) | Error::ClientBody(_) => StatusCode::BAD_REQUEST,
             Error::NoRoute => StatusCode::NOT_FOUND,
             Error::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
-            Error::OverCapacity | Error::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Error::OverCapacity | Error::TooManyTunnels | Error::StoreUnavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Error::Upstream(UpstreamFailure::Timeout) => StatusCode::GATEWAY_TIMEOUT,
             Error::Upstream(_) => StatusCode::BAD_GATEWAY,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -319,6 +325,41 @@ impl RouteAnswers {
         resp
     }
 
+    /// The answer to a gRPC call (`content-type: application/grpc*`), counted: HTTP 200 with
+    /// the status in `grpc-status` (Trailers-Only), a `grpc-message`, and
+    /// `grpc-retry-pushback-ms` where tollgate knows when to retry (gRFC A6). See
+    /// [`grpc_status`] for the mapping.
+    pub fn respond_grpc(&self, err: &Error) -> Response<Body> {
+        self.counters[err.kind_index()].inc();
+        let message = match err {
+            Error::Throttled(denied) => {
+                let names: Vec<&str> = denied.limits.iter().map(|(i, _)| self.limit_name(*i)).collect();
+                format!(
+                    "route `{}`: limit `{}` admits no more requests now; retry after {} s",
+                    self.name,
+                    names.join("` and `"),
+                    denied.retry_after_secs
+                )
+            }
+            Error::NoRoute => "no route matches this call".to_owned(),
+            Error::StoreUnavailable { limit, .. } => {
+                format!("route `{}`: limit `{}` cannot be checked right now", self.name, self.limit_name(*limit))
+            }
+            _ => self.detail(err),
+        };
+        let mut resp = Response::new(Body::empty());
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(GRPC_STATUS, HeaderValue::from(u16::from(grpc_status(err))));
+        if let Ok(v) = HeaderValue::try_from(grpc_message(&message)) {
+            h.insert(GRPC_MESSAGE, v);
+        }
+        if let Some(secs) = err.retry_after_secs() {
+            h.insert(GRPC_PUSHBACK, HeaderValue::from(secs.saturating_mul(1000)));
+        }
+        resp
+    }
+
     fn limit_name(&self, i: usize) -> &str {
         self.limits.get(i).map_or("?", String::as_str)
     }
@@ -335,6 +376,7 @@ impl RouteAnswers {
             Error::OverCapacity => {
                 format!("route `{}` has reached its limit of requests in flight; retry shortly", self.name)
             }
+            Error::TooManyTunnels => format!("route `{}` has reached its limit of open tunnels", self.name),
             Error::Upstream(UpstreamFailure::Connect) => format!("could not connect to upstream `{up}`"),
             Error::Upstream(UpstreamFailure::Broken) => {
                 format!("upstream `{up}` closed the connection without a response")
@@ -419,11 +461,46 @@ impl RouteAnswers {
     }
 }
 
+const GRPC_STATUS: header::HeaderName = header::HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: header::HeaderName = header::HeaderName::from_static("grpc-message");
+const GRPC_PUSHBACK: header::HeaderName = header::HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// The gRPC status code of tollgate's answer to a call: throttled is `RESOURCE_EXHAUSTED`
+/// (8); over capacity, an unavailable limit store and a failed upstream are `UNAVAILABLE`
+/// (14), which clients may retry; an upstream that sent no head in time is
+/// `DEADLINE_EXCEEDED` (4); no route is `UNIMPLEMENTED` (12); a bad request and tollgate's
+/// own faults are `INTERNAL` (13), as gRPC maps HTTP 400 and 500.
+pub fn grpc_status(err: &Error) -> u8 {
+    match err {
+        Error::Throttled(_) => 8,
+        Error::OverCapacity | Error::TooManyTunnels | Error::StoreUnavailable { .. } => 14,
+        Error::Upstream(UpstreamFailure::Timeout) => 4,
+        Error::Upstream(_) => 14,
+        Error::NoRoute => 12,
+        Error::BadRequest(_) | Error::ClientBody(_) | Error::Internal(_) => 13,
+    }
+}
+
+/// `grpc-message`: percent-encoded UTF-8, printable ASCII other than `%` as is.
+fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(b"0123456789ABCDEF"[usize::from(b >> 4)]));
+            out.push(char::from(b"0123456789ABCDEF"[usize::from(b & 0xf)]));
+        }
+    }
+    out
+}
+
 /// The source of each kind, for the metric's `source` label.
 fn kind_source(kind: &str) -> Source {
     match kind {
         "bad_request" | "client_body" => Source::Downstream,
-        "no_route" | "throttled" | "over_capacity" => Source::Policy,
+        "no_route" | "throttled" | "over_capacity" | "too_many_tunnels" => Source::Policy,
         "store_unavailable" => Source::Store,
         "internal" => Source::Internal,
         _ => Source::Upstream,
@@ -435,6 +512,7 @@ fn problem_type(err: &Error) -> (Option<&'static str>, &'static str, &'static st
     match err {
         Error::Throttled(_) => (Some(IANA_BASE), "quota-exceeded", "Too many requests"),
         Error::OverCapacity => (Some(IANA_BASE), "temporary-reduced-capacity", "Too many requests in flight"),
+        Error::TooManyTunnels => (Some(IANA_BASE), "temporary-reduced-capacity", "Too many tunnels"),
         Error::StoreUnavailable { .. } => {
             (Some(IANA_BASE), "temporary-reduced-capacity", "Rate limit store unavailable")
         }

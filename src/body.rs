@@ -152,6 +152,9 @@ pin_project! {
         Full { data: Option<Bytes> },
         // An upstream body; `lease` goes back to its pool once the body ends.
         Upstream { #[pin] inner: Incoming, lease: Option<Lease>, quiet: Quiet },
+        // An HTTP/2 upstream's stream (trailers pass); `stream` is its place on the shared
+        // connection, given back when the body ends.
+        Stream { #[pin] inner: Incoming, idle: Idle, stream: Option<crate::forward::h2::Stream> },
     }
 }
 
@@ -190,6 +193,12 @@ impl Body {
             return Body::of(Kind::Upstream { inner, lease: None, quiet: Quiet::new(Duration::ZERO) });
         }
         Body::of(Kind::Upstream { inner, lease: Some(lease), quiet: Quiet::new(idle_timeout) })
+    }
+
+    /// A response streamed from an HTTP/2 upstream, trailers included; one that sends
+    /// nothing for `idle_timeout` (zero: no limit) fails.
+    pub fn stream(inner: Incoming, stream: crate::forward::h2::Stream, idle_timeout: Duration) -> Body {
+        Body::of(Kind::Stream { inner, idle: Idle::new(idle_timeout), stream: Some(stream) })
     }
 
     /// Copies the body into `tap` as it streams.
@@ -248,6 +257,21 @@ impl HttpBody for Body {
                     (Poll::Ready(polled.map(|r| r.map_err(BodyError::from))), ended)
                 }
             },
+            KindProj::Stream { inner, idle, stream } => match inner.poll_frame(cx) {
+                Poll::Pending if idle.expired(cx) => {
+                    stream.take();
+                    (Poll::Ready(Some(Err(BodyError::IdleTimeout(idle.after())))), true)
+                }
+                Poll::Pending => (Poll::Pending, false),
+                Poll::Ready(polled) => {
+                    idle.progress();
+                    let ended = !matches!(polled, Some(Ok(_)));
+                    if ended {
+                        stream.take();
+                    }
+                    (Poll::Ready(polled.map(|r| r.map_err(BodyError::from))), ended)
+                }
+            },
         };
         if let Poll::Ready(frame) = &polled {
             feed(this.tap, frame, ended);
@@ -261,14 +285,14 @@ impl HttpBody for Body {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
-            Kind::Upstream { inner, .. } => inner.is_end_stream(),
+            Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
-            Kind::Upstream { inner, .. } => inner.size_hint(),
+            Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.size_hint(),
         }
     }
 }

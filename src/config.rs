@@ -183,6 +183,42 @@ pub struct HttpUpstream {
     pub preserve_host: bool,
     /// `https://` upstreams: how to verify and what to present.
     pub tls: Option<UpstreamTls>,
+    pub protocol: UpstreamProtocol,
+    /// The HTTP/2 connections of an `h2c` upstream.
+    pub h2: UpstreamH2,
+}
+
+/// How tollgate speaks to an `http://` upstream. (`auto` reads as HTTP/1.1 until TLS
+/// upstreams bring ALPN; `h2` needs TLS and is refused for now.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    Http1,
+    /// HTTP/2 with prior knowledge, without TLS.
+    H2c,
+}
+
+/// An HTTP/2 upstream's shared connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamH2 {
+    /// Connections opened at most; past them, requests share the least busy one.
+    pub max_connections: usize,
+    /// Streams in flight on one connection before another is opened.
+    pub max_streams_per_connection: usize,
+    /// A PING after this long without frames (zero: none); no answer within `ping_timeout`
+    /// closes the connection.
+    pub ping_interval: Duration,
+    pub ping_timeout: Duration,
+}
+
+impl Default for UpstreamH2 {
+    fn default() -> Self {
+        UpstreamH2 {
+            max_connections: 4,
+            max_streams_per_connection: 100,
+            ping_interval: Duration::from_secs(30),
+            ping_timeout: Duration::from_secs(20),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +258,40 @@ pub struct Route {
     pub request_headers: Option<Arc<crate::forward::rules::HeaderRules>>,
     /// `response_headers`: applied to every answer of the route, tollgate's own included.
     pub response_headers: Option<Arc<crate::forward::rules::HeaderRules>>,
+    /// `Upgrade` protocols passed on to the upstream (lower case, `h2c` never); empty: none.
+    pub upgrades: Vec<http::HeaderValue>,
+    pub tunnels: Tunnels,
+}
+
+/// What bounds a route's tunnels (the connections an upgrade turned into byte streams).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tunnels {
+    /// A tunnel that carries no byte either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// Open tunnels at most; an upgrade beyond them is answered `503`.
+    pub max: usize,
+}
+
+impl Tunnels {
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+    pub const MAX: usize = 10_000;
+}
+
+/// An `upgrades:` entry: a protocol name (RFC 9110 §7.8 token, without a version), lower case.
+/// `h2c` is refused: forwarded, it would let a client speak HTTP/2 to the upstream past every
+/// route and limit (h2c smuggling).
+pub(crate) fn upgrade_token(token: &str) -> Result<http::HeaderValue, String> {
+    let lower = token.trim().to_ascii_lowercase();
+    if lower == "h2c" || lower.starts_with("h2c/") {
+        return Err("`h2c` is never forwarded: an upgrade to it would carry requests past every route and \
+                    limit (h2c smuggling)"
+            .to_owned());
+    }
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if lower.is_empty() || !lower.bytes().all(tchar) {
+        return Err(format!("`{}` is not a protocol name; expected e.g. websocket", token.escape_debug()));
+    }
+    http::HeaderValue::from_str(&lower).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,8 @@
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
 //! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores (local, Redis).
-//! - [`forward`]: pooled upstream client, header rewriting, built-in responder.
+//! - [`forward`]: pooled upstream client (HTTP/1.1, or shared HTTP/2 connections for `h2c`),
+//!   tunnels after a `101`, header rewriting, built-in responder.
 //! - [`body`]: the body types at both edges, with their read deadlines.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.

@@ -89,6 +89,12 @@ struct StaleLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteDirection {
+    route: Label,
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TimeoutKind {
     kind: &'static str,
 }
@@ -169,7 +175,19 @@ pub struct Metrics {
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
+    tunnels_open: Family<RouteLabel, Gauge>,
+    tunnel_bytes: Family<RouteDirection, Counter>,
     connections: ConnMetrics,
+}
+
+/// A route's tunnel handles: open tunnels, bytes each way.
+#[derive(Clone, Default)]
+pub struct TunnelMetrics {
+    pub open: Gauge,
+    /// Bytes from the client to the upstream.
+    pub bytes_up: Counter,
+    /// Bytes from the upstream to the client.
+    pub bytes_down: Counter,
 }
 
 /// The client listener's connection handles (unregistered ones for the admin listener).
@@ -225,6 +243,7 @@ pub struct RouteMetrics {
     pub upstream_seconds: Seconds,
     pub stale_throttled: Counter,
     pub stale_upstream_error: Counter,
+    pub tunnels: TunnelMetrics,
 }
 
 impl RouteMetrics {
@@ -287,6 +306,14 @@ impl Metrics {
             "Upstream responses cut off after sending nothing for the upstream's read_timeout",
             upstream_read_timeouts.clone(),
         );
+        let tunnels_open = Family::<RouteLabel, Gauge>::default();
+        registry.register("tunnels_open", "Tunnels (upgraded connections) open, by route", tunnels_open.clone());
+        let tunnel_bytes = Family::<RouteDirection, Counter>::default();
+        registry.register(
+            "tunnel_bytes",
+            "Bytes carried by tunnels, by route and direction (up: client to upstream)",
+            tunnel_bytes.clone(),
+        );
         let timeouts = Family::<TimeoutKind, Counter>::default();
         let kind = |kind| timeouts.get_or_create(&TimeoutKind { kind }).clone();
         let connections = ConnMetrics {
@@ -338,6 +365,8 @@ impl Metrics {
             concurrency_limit,
             errors,
             upstream_read_timeouts,
+            tunnels_open,
+            tunnel_bytes,
             connections,
         }
     }
@@ -345,11 +374,22 @@ impl Metrics {
     pub fn route(&self, route: &str) -> RouteMetrics {
         let class = |class| self.requests.get_or_create(&RouteClass { route: Label::new(route), class }).clone();
         let stale = |reason| self.stale.get_or_create(&StaleLabel { route: Label::new(route), reason }).clone();
+        // A closure each: a family's read guard lives to the end of the expression that takes
+        // it, and a second `get_or_create` on the same family in that expression would wait
+        // for it forever.
+        let bytes = |direction| {
+            self.tunnel_bytes.get_or_create(&RouteDirection { route: Label::new(route), direction }).clone()
+        };
         RouteMetrics {
             classes: [class("1xx"), class("2xx"), class("3xx"), class("4xx"), class("5xx")],
             upstream_seconds: self.upstream_seconds.get_or_create(&RouteLabel { route: Label::new(route) }).clone(),
             stale_throttled: stale("throttled"),
             stale_upstream_error: stale("upstream_error"),
+            tunnels: TunnelMetrics {
+                open: self.tunnels_open.get_or_create(&RouteLabel { route: Label::new(route) }).clone(),
+                bytes_up: bytes("up"),
+                bytes_down: bytes("down"),
+            },
         }
     }
 

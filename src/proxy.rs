@@ -50,6 +50,8 @@ struct Lane {
     metrics: RouteMetrics,
     /// The route keys on `Authorization` / `Cookie`, so copies may be kept per credential.
     keyed_on_credentials: bool,
+    /// One permit per open tunnel (`tunnels.max`).
+    tunnels: Arc<tokio::sync::Semaphore>,
 }
 
 pub struct Proxy {
@@ -165,6 +167,7 @@ impl Proxy {
                     gate,
                     metrics: metrics.route(&r.name),
                     keyed_on_credentials: keys_on_credentials(r),
+                    tunnels: Arc::new(tokio::sync::Semaphore::new(r.tunnels.max)),
                 }
             })
             .collect();
@@ -287,6 +290,8 @@ impl Proxy {
         let id_field = this.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
         // The id as text, for the log and rule values; read only where they need it.
         let request_id = || id.as_ref().map(RequestId::as_str);
+        // gRPC runs on HTTP/2 only: an HTTP/1 request costs one comparison here.
+        let grpc = parts.version == http::Version::HTTP_2 && forward::grpc::is_grpc(&parts.headers);
         let (idx, mut target) = match routed {
             Ok(found) => found,
             Err(e) => {
@@ -295,7 +300,11 @@ impl Proxy {
                     let peer = peer.addr.ip();
                     tracing::info!(target: "tollgate::access", %peer, %method, path, status, error = e.kind(), request_id = request_id());
                 }
-                let mut resp = this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version);
+                let mut resp = if grpc {
+                    this.unrouted.respond_grpc(&e)
+                } else {
+                    this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version)
+                };
                 if let Some((name, id)) = id_field {
                     set_id(resp.headers_mut(), name, id);
                 }
@@ -304,6 +313,7 @@ impl Proxy {
         };
         let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
         let mut log = Access::new(lane, route, &parts, this.config.log.access, id.as_ref());
+        log.grpc = grpc;
         let version = parts.version;
         // Values with variables read the request as the client sent it (its head is not
         // changed before it is forwarded; `{path}` is the client's path after a rewrite too).
@@ -377,7 +387,26 @@ impl Proxy {
                             .map(|r| (r, request_values.as_deref().unwrap_or_default())),
                     };
                     let sent = Instant::now();
-                    let out = fwd.forward(Request::from_parts(parts, body), strip, &down).await;
+                    // An upgrade the route passes on (`upgrades:`); only a flag is kept here, so
+                    // the request's future grows by a byte.
+                    let upgrade = fwd.tunnels()
+                        && !route.upgrades.is_empty()
+                        && forward::tunnel::wanted(&parts.headers, &parts.extensions, parts.version, &route.upgrades)
+                            .is_some();
+                    let out = if upgrade {
+                        // Boxed: rare, and its future would enlarge every request's.
+                        Box::pin(async {
+                            // A tunnel slot first; it goes with the tunnel, or back on any other answer.
+                            let slot = lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
+                            fwd.upgrade(Request::from_parts(parts, body), strip, &down, &route.upgrades, slot).await
+                        })
+                        .await
+                    } else if fwd.is_h2() {
+                        // Boxed: its future would otherwise enlarge every HTTP/1 request's.
+                        Box::pin(fwd.forward_h2(Request::from_parts(parts, body), strip, &down)).await
+                    } else {
+                        fwd.forward(Request::from_parts(parts, body), strip, &down).await
+                    };
                     let took = sent.elapsed();
                     lane.metrics.upstream_seconds.observe(took);
                     log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
@@ -390,12 +419,22 @@ impl Proxy {
             if let Some(head) = &head {
                 resp = this.after_upstream(route, lane, head, resp, &mut log);
             }
+            let mut permit = None;
             if let Some(mut a) = admission {
                 lane.gate.decorate(&mut a, &mut resp);
-                if let Some(mut permit) = a.permit {
-                    permit.answered(resp.status());
-                    resp.body_mut().hold(permit);
+                permit = a.permit;
+            }
+            if let Some(p) = &mut permit {
+                p.answered(resp.status());
+            }
+            if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                // The tunnel holds the concurrency slot and its tunnel slot for its life.
+                if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
+                    pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
                 }
+            }
+            if let Some(permit) = permit {
+                resp.body_mut().hold(permit);
             }
             resp
         };
@@ -435,6 +474,13 @@ impl Proxy {
         log: &mut Access,
     ) -> Response<Body> {
         log.error = Some(e.kind());
+        if log.grpc {
+            // A gRPC client reads the answer from grpc-status; a stale copy is never one.
+            if let Error::Throttled(d) = e {
+                log.note.retry_after_secs = Some(d.retry_after_secs);
+            }
+            return lane.answers.respond_grpc(e);
+        }
         if let Error::Throttled(d) = e {
             log.note = Note {
                 limit: d.limits.first().map(|l| l.0),
@@ -574,6 +620,8 @@ struct Access<'a> {
     /// The kind of error tollgate answered, if it did.
     error: Option<&'static str>,
     request_id: Option<&'a RequestId>,
+    /// A gRPC call: tollgate's own answers are gRPC statuses, never stale copies.
+    grpc: bool,
 }
 
 impl<'a> Access<'a> {
@@ -595,6 +643,7 @@ impl<'a> Access<'a> {
             stale: Stale::No,
             error: None,
             request_id,
+            grpc: false,
         }
     }
 

@@ -72,6 +72,8 @@ mod tests {
             rewrite: None,
             request_headers: None,
             response_headers: None,
+            upgrades: vec![],
+            tunnels: crate::config::Tunnels { idle_timeout: std::time::Duration::from_secs(1), max: 1 },
         }
     }
 

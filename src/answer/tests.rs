@@ -170,3 +170,36 @@ fn no_route_names_the_request_without_echoing_it_whole() {
     assert!(detail.len() < 300, "{detail}");
     assert!(metrics.encode(None).contains("tollgate_errors_total{route=\"-\",source=\"policy\",kind=\"no_route\"} 1"));
 }
+
+#[tokio::test]
+async fn grpc_calls_get_a_grpc_status_and_pushback_where_a_wait_is_known() {
+    let (g, a, _) = route("      - { name: slow, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n");
+    let parts = http::Request::new(()).into_parts().0;
+    let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts, tls_client: None };
+    assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
+    let cases = [
+        (denied(&g, 1).await, "8", Some("10000")),
+        (Error::OverCapacity, "14", Some("1000")),
+        (Error::StoreUnavailable { limit: 0, retry_after_secs: 3 }, "14", Some("3000")),
+        (Error::Upstream(UpstreamFailure::Connect), "14", None),
+        (Error::Upstream(UpstreamFailure::Timeout), "4", None),
+        (Error::NoRoute, "12", None),
+        (Error::BadRequest("bad"), "13", None),
+        (Error::Internal("x"), "13", None),
+    ];
+    for (err, code, pushback) in cases {
+        let resp = a.respond_grpc(&err);
+        assert_eq!(resp.status(), StatusCode::OK, "{err:?}");
+        let h = resp.headers();
+        assert_eq!(h[header::CONTENT_TYPE], "application/grpc");
+        assert_eq!(h["grpc-status"], code, "{err:?}");
+        assert_eq!(h.get("grpc-retry-pushback-ms").map(|v| v.to_str().unwrap()), pushback, "{err:?}");
+        assert!(!h["grpc-message"].is_empty());
+        assert!(http_body::Body::is_end_stream(resp.body()), "Trailers-Only: the status is in the head");
+    }
+}
+
+#[test]
+fn grpc_messages_are_percent_encoded() {
+    assert_eq!(grpc_message("route `r`: 100% é\n"), "route `r`: 100%25 %C3%A9%0A");
+}

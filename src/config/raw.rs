@@ -298,6 +298,26 @@ struct Upstream {
     server_name: Option<String>,
     client_cert: Option<super::edge::RawCertFiles>,
     tls_insecure_skip_verify: Option<bool>,
+    protocol: Option<Protocol>,
+    h2: Option<UpstreamH2>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Protocol {
+    Http1,
+    H2c,
+    H2,
+    Auto,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamH2 {
+    max_connections: Option<usize>,
+    max_streams_per_connection: Option<usize>,
+    ping_interval: Option<Dur>,
+    ping_timeout: Option<Dur>,
 }
 
 #[derive(Deserialize)]
@@ -337,6 +357,16 @@ struct Route {
     rewrite: Option<super::gateway::RawRewrite>,
     request_headers: Option<super::gateway::RawRules>,
     response_headers: Option<super::gateway::RawRules>,
+    upgrades: Option<Vec<String>>,
+    #[serde(default)]
+    tunnels: Tunnels,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Tunnels {
+    idle_timeout: Option<Dur>,
+    max: Option<usize>,
 }
 
 /// The longest `retry_after_spread`: an hour of extra waiting is already a long way from honest.
@@ -502,6 +532,32 @@ impl Config {
                     ))
                 }
             };
+            let upgrades = match route.upgrades {
+                None => vec![http::HeaderValue::from_static("websocket")],
+                Some(list) => {
+                    let mut out = Vec::with_capacity(list.len());
+                    for (j, token) in list.iter().enumerate() {
+                        let mut p = at(&["upgrades"]);
+                        p.push(Seg::Index(j));
+                        out.push(super::upgrade_token(token).map_err(|e| (p, e))?);
+                    }
+                    out
+                }
+            };
+            let tunnels = super::Tunnels {
+                idle_timeout: route.tunnels.idle_timeout.map_or(super::Tunnels::IDLE_TIMEOUT, |d| d.0),
+                max: match route.tunnels.max {
+                    Some(0) => return Err((at(&["tunnels", "max"]), "tunnels.max must be at least 1".to_owned())),
+                    Some(m) if m > tokio::sync::Semaphore::MAX_PERMITS => {
+                        return Err((
+                            at(&["tunnels", "max"]),
+                            format!("tunnels.max {m} is more than {} tunnels", tokio::sync::Semaphore::MAX_PERMITS),
+                        ))
+                    }
+                    Some(m) => m,
+                    None => super::Tunnels::MAX,
+                },
+            };
             routes.push(super::Route {
                 name,
                 host,
@@ -519,6 +575,8 @@ impl Config {
                 rewrite,
                 request_headers,
                 response_headers,
+                upgrades,
+                tunnels,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -584,6 +642,54 @@ impl Upstream {
                 } else {
                     None
                 };
+                let protocol =
+                    match self.protocol {
+                        None | Some(Protocol::Http1) | Some(Protocol::Auto) => super::UpstreamProtocol::Http1,
+                        Some(Protocol::H2c) if https => {
+                            return Err((
+                                at("protocol"),
+                                "`h2c` is HTTP/2 without TLS; this upstream is https:// (HTTP/2 over TLS, `h2`, \
+                             is not supported yet)"
+                                    .to_owned(),
+                            ))
+                        }
+                        Some(Protocol::H2c) => super::UpstreamProtocol::H2c,
+                        Some(Protocol::H2) => return Err((
+                            at("protocol"),
+                            "`h2` (HTTP/2 over TLS, chosen by ALPN) is not supported yet: https:// upstreams speak \
+                             HTTP/1.1; use `h2c` for HTTP/2 without TLS (prior knowledge)"
+                                .to_owned(),
+                        )),
+                    };
+                let h2 = match self.h2 {
+                    None => super::UpstreamH2::default(),
+                    Some(_) if protocol != super::UpstreamProtocol::H2c => {
+                        return Err((at("h2"), "`h2` settings apply to `protocol: h2c` upstreams".to_owned()))
+                    }
+                    Some(h) => {
+                        let d = super::UpstreamH2::default();
+                        let at_h2 = |f: &str| {
+                            let mut p = at("h2");
+                            p.push(key(f));
+                            p
+                        };
+                        let positive = |v: Option<usize>, dflt: usize, f: &str| match v {
+                            Some(0) => Err((at_h2(f), format!("`{f}` must be at least 1"))),
+                            Some(n) => Ok(n),
+                            None => Ok(dflt),
+                        };
+                        super::UpstreamH2 {
+                            max_connections: positive(h.max_connections, d.max_connections, "max_connections")?,
+                            max_streams_per_connection: positive(
+                                h.max_streams_per_connection,
+                                d.max_streams_per_connection,
+                                "max_streams_per_connection",
+                            )?,
+                            ping_interval: h.ping_interval.map_or(d.ping_interval, |v| v.0),
+                            ping_timeout: h.ping_timeout.map_or(d.ping_timeout, |v| v.0),
+                        }
+                    }
+                };
                 Ok(super::UpstreamKind::Http(super::HttpUpstream {
                     authority,
                     base_path,
@@ -594,6 +700,8 @@ impl Upstream {
                     pool_max_idle: self.pool_max_idle.unwrap_or(1024),
                     preserve_host: self.preserve_host.unwrap_or(true),
                     tls,
+                    protocol,
+                    h2,
                 }))
             }
             (None, Some(r)) => {
@@ -608,6 +716,8 @@ impl Upstream {
                     ("server_name", tls.server_name.is_some()),
                     ("client_cert", tls.client_cert.is_some()),
                     ("tls_insecure_skip_verify", tls.tls_insecure_skip_verify.is_some()),
+                    ("protocol", self.protocol.is_some()),
+                    ("h2", self.h2.is_some()),
                 ] {
                     if set {
                         return Err((at(field), format!("`{field}` applies to `url` upstreams, not to `respond`")));

@@ -201,19 +201,33 @@ impl Connector {
         // One write per small message instead of writev (measured: a small win).
         b.writev(false);
         match self.connect(Alpn::Http1).await? {
-            Connected::Plain(s) => spawn_h1(&b, s).await,
-            Connected::Tls(s) => spawn_h1(&b, s).await,
+            Connected::Plain(s) => spawn_h1(&b, s, false).await,
+            Connected::Tls(s) => spawn_h1(&b, s, false).await,
+        }
+    }
+
+    /// A new HTTP/1.1 connection whose task lets a `101` hand its socket (plain or TLS) to
+    /// `hyper::upgrade::on`: the upstream end of a tunnel.
+    ///
+    /// # Errors
+    /// As [`Connector::connect`], and a failed HTTP/1 handshake.
+    pub async fn http1_for_upgrade(&self) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
+        let b = http1::Builder::new();
+        match self.connect(Alpn::Http1).await? {
+            Connected::Plain(s) => spawn_h1(&b, s, true).await,
+            Connected::Tls(s) => spawn_h1(&b, s, true).await,
         }
     }
 }
 
-async fn spawn_h1<T>(b: &http1::Builder, io: T) -> Result<http1::SendRequest<RequestBody>, ConnectError>
+async fn spawn_h1<T>(b: &http1::Builder, io: T, upgrades: bool) -> Result<http1::SendRequest<RequestBody>, ConnectError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (send, conn) = b.handshake(TokioIo::new(io)).await.map_err(ConnectError::Handshake)?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        let ended = if upgrades { conn.with_upgrades().await } else { conn.await };
+        if let Err(e) = ended {
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
     });

@@ -69,6 +69,13 @@ impl Pool {
         Box::pin(self.connect()).await
     }
 
+    /// A new connection of its own for an upgrade request: after a `101` its socket becomes
+    /// the upstream end of a tunnel, so it is never taken from, nor given back to, the pool.
+    pub async fn connect_for_upgrade(&self) -> Result<Conn, ConnectError> {
+        let send = self.connector.http1_for_upgrade().await?;
+        Ok(Conn { send, deadline: crate::timer::Deadline::new() })
+    }
+
     fn pop(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = crate::timer::now_ms();

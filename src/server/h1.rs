@@ -47,7 +47,9 @@ where
 {
     let mut builder = state.settings.h1.clone();
     builder.timer(HeadTimer(state.clone()));
-    let conn = builder.serve_connection(io, service);
+    // With upgrades: a 101 hands the socket to the tunnel (`forward::tunnel`); the
+    // connection future then ends.
+    let conn = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(conn);
     let mut stopping = Stopping::new(stop);
     let mut asked = false;

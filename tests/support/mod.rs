@@ -143,8 +143,10 @@ impl Upstream {
                         let handler = handler.clone();
                         async move { Ok::<_, Infallible>(handler(req).await) }
                     });
-                    let _ =
-                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .with_upgrades()
+                        .await;
                 }));
             }
         });

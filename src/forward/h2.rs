@@ -1,0 +1,137 @@
+//! Shared HTTP/2 connections to one `protocol: h2c` upstream (prior knowledge, no TLS).
+//!
+//! Requests go as streams on the least busy open connection; a new connection is opened
+//! when every open one carries `max_streams_per_connection` streams, up to
+//! `max_connections`; past that the least busy one takes the stream anyway (HTTP/2 itself
+//! holds it until the upstream's own stream limit allows). A stream counts from checkout
+//! until its response body ends or is dropped ([`Stream`]). Idle connections are kept alive
+//! with PINGs; a closed one is dropped on the next checkout.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+
+use super::pool::ConnectError;
+use crate::body::RequestBody;
+use crate::config::UpstreamH2;
+
+pub type Send = http2::SendRequest<RequestBody>;
+
+struct Conn {
+    send: Send,
+    streams: Arc<AtomicUsize>,
+}
+
+/// One stream's place on its connection; given back on drop.
+pub struct Stream(Arc<AtomicUsize>);
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub struct H2Pool {
+    conns: std::sync::Mutex<Vec<Conn>>,
+    /// Held while connecting, so a burst opens one connection, not one per request.
+    connecting: tokio::sync::Mutex<()>,
+    addr: String,
+    connect_timeout: Duration,
+    cfg: UpstreamH2,
+}
+
+impl H2Pool {
+    pub fn new(addr: String, connect_timeout: Duration, cfg: UpstreamH2) -> H2Pool {
+        H2Pool {
+            conns: std::sync::Mutex::new(Vec::new()),
+            connecting: tokio::sync::Mutex::new(()),
+            addr,
+            connect_timeout,
+            cfg,
+        }
+    }
+
+    /// A connection for one more stream.
+    ///
+    /// # Errors
+    /// No connection is open and none can be made.
+    pub async fn checkout(&self) -> Result<(Send, Stream), ConnectError> {
+        if let Some(got) = self.pick(true) {
+            return Ok(got);
+        }
+        let _connecting = self.connecting.lock().await;
+        // Another checkout may have connected while this one waited.
+        if let Some(got) = self.pick(true) {
+            return Ok(got);
+        }
+        match self.connect().await {
+            Ok(conn) => {
+                let got = (conn.send.clone(), take(&conn.streams));
+                self.lock().push(conn);
+                Ok(got)
+            }
+            // The upstream refuses a new connection, but an open one may still carry it.
+            Err(e) => self.pick(false).ok_or(e),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        self.conns.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The least busy open connection: only one under the stream bound while more
+    /// connections may be opened (`bounded`), else any.
+    fn pick(&self, bounded: bool) -> Option<(Send, Stream)> {
+        let mut conns = self.lock();
+        conns.retain(|c| !c.send.is_closed());
+        let least = conns.iter().min_by_key(|c| c.streams.load(Ordering::Relaxed))?;
+        let busy = least.streams.load(Ordering::Relaxed);
+        if bounded && busy >= self.cfg.max_streams_per_connection && conns.len() < self.cfg.max_connections {
+            return None;
+        }
+        Some((least.send.clone(), take(&least.streams)))
+    }
+
+    async fn connect(&self) -> Result<Conn, ConnectError> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr.as_str()))
+            .await
+            .map_err(|_| ConnectError::Timeout)?
+            .map_err(ConnectError::Io)?;
+        let _ = stream.set_nodelay(true);
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder.timer(TokioTimer::new());
+        if !self.cfg.ping_interval.is_zero() {
+            builder
+                .keep_alive_interval(self.cfg.ping_interval)
+                .keep_alive_timeout(self.cfg.ping_timeout)
+                .keep_alive_while_idle(true);
+        }
+        let handshake = builder.handshake(TokioIo::new(stream));
+        let (send, conn) = tokio::time::timeout(self.connect_timeout, handshake)
+            .await
+            .map_err(|_| ConnectError::Timeout)?
+            .map_err(ConnectError::Handshake)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+            }
+        });
+        Ok(Conn { send, streams: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    /// Open connections (tests).
+    pub fn open(&self) -> usize {
+        let mut conns = self.lock();
+        conns.retain(|c| !c.send.is_closed());
+        conns.len()
+    }
+}
+
+fn take(streams: &Arc<AtomicUsize>) -> Stream {
+    streams.fetch_add(1, Ordering::Relaxed);
+    Stream(streams.clone())
+}

@@ -1,0 +1,271 @@
+//! Upgrades and tunnels: a real WebSocket client (tokio-tungstenite) through tollgate to a
+//! real hyper upstream that upgrades, and what is never tunnelled.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderMap, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+
+use crate::support::{full, get, proxy_yaml, Tollgate, Upstream};
+
+/// Generous bound for anything that should happen at once.
+const SOON: Duration = Duration::from_secs(10);
+
+/// An upstream that answers WebSocket upgrades with an echo (and closes after echoing
+/// `bye`), and plain requests with `200 plain`; records each request's headers.
+async fn ws_upstream(seen: Arc<Mutex<Vec<HeaderMap>>>) -> Upstream {
+    Upstream::start(move |mut req| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(req.headers().clone());
+            let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
+                return Response::new(full("plain"));
+            };
+            let on = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                let Ok(io) = on.await else { return };
+                let mut ws = WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, None).await;
+                while let Some(Ok(msg)) = ws.next().await {
+                    if !(msg.is_text() || msg.is_binary()) {
+                        continue;
+                    }
+                    let bye = msg.to_text().is_ok_and(|t| t == "bye");
+                    if ws.send(msg).await.is_err() {
+                        return;
+                    }
+                    if bye {
+                        let _ = ws.close(None).await;
+                        // Wait for the client's Close reply, then drop the socket.
+                        while let Some(Ok(_)) = ws.next().await {}
+                        return;
+                    }
+                }
+            });
+            Response::builder()
+                .status(101)
+                .header("connection", "upgrade")
+                .header("upgrade", "websocket")
+                .header("sec-websocket-accept", derive_accept_key(key.as_bytes()))
+                .body(full(""))
+                .unwrap()
+        }
+    })
+    .await
+}
+
+fn yaml(up: &Upstream, route_extra: &str) -> String {
+    proxy_yaml(up.addr, "", &format!("  - name: ws\n    upstream: up\n{route_extra}"))
+}
+
+type Client = WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
+
+async fn connect(tg: &Tollgate) -> Result<Client, WsError> {
+    let url = format!("ws://{}/chat", tg.addr);
+    tokio::time::timeout(SOON, tokio_tungstenite::connect_async(url)).await.unwrap().map(|(ws, _)| ws)
+}
+
+async fn next(ws: &mut Client) -> Option<Result<Message, WsError>> {
+    tokio::time::timeout(SOON, ws.next()).await.expect("the tunnel stalled")
+}
+
+fn metric(tg: &Tollgate, line_start: &str) -> Option<f64> {
+    let text = tg.shared.load().metrics().encode(None);
+    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Polls `cond` until it holds (bounded); the tunnel's task ends a moment after its sockets.
+async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn websocket_echoes_small_and_large_messages_and_counts_the_tunnel() {
+    let seen = Arc::default();
+    let up = ws_upstream(Arc::clone(&seen)).await;
+    let tg = Tollgate::start(&yaml(&up, "")).await;
+    let mut ws = connect(&tg).await.unwrap();
+    {
+        let h = &seen.lock().unwrap()[0];
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert!(h.contains_key("sec-websocket-key"));
+        assert!(h["via"].to_str().unwrap().contains("tollgate"));
+    }
+    ws.send(Message::text("hello")).await.unwrap();
+    assert_eq!(next(&mut ws).await.unwrap().unwrap(), Message::text("hello"));
+    // Far beyond the tunnel's buffer and the sockets' windows: both directions at once.
+    let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    match next(&mut ws).await.unwrap().unwrap() {
+        Message::Binary(b) => assert!(b[..] == big[..], "the large message came back changed"),
+        other => panic!("expected the binary echo, got {other:?}"),
+    }
+    assert_eq!(metric(&tg, "tollgate_tunnels_open{route=\"ws\"}"), Some(1.0));
+    let up_bytes = metric(&tg, "tollgate_tunnel_bytes_total{route=\"ws\",direction=\"up\"}").unwrap();
+    assert!(up_bytes > f64::from(4u32 << 20), "{up_bytes}");
+    ws.close(None).await.unwrap();
+    // The server's Close reply, then the end of the stream.
+    while let Some(Ok(_)) = next(&mut ws).await {}
+    assert!(eventually(|| metric(&tg, "tollgate_tunnels_open{route=\"ws\"}") == Some(0.0)).await);
+}
+
+#[tokio::test]
+async fn the_upstream_closing_closes_the_client_side() {
+    let up = ws_upstream(Arc::default()).await;
+    let tg = Tollgate::start(&yaml(&up, "")).await;
+    let mut ws = connect(&tg).await.unwrap();
+    ws.send(Message::text("bye")).await.unwrap();
+    assert_eq!(next(&mut ws).await.unwrap().unwrap(), Message::text("bye"));
+    match next(&mut ws).await {
+        Some(Ok(Message::Close(_))) => {}
+        other => panic!("expected the upstream's Close, got {other:?}"),
+    }
+    // The client's Close reply reaches the upstream, which closes; the tunnel ends.
+    while let Some(Ok(_)) = next(&mut ws).await {}
+    assert!(eventually(|| metric(&tg, "tollgate_tunnels_open{route=\"ws\"}") == Some(0.0)).await);
+}
+
+#[tokio::test]
+async fn a_silent_tunnel_is_closed_after_its_idle_timeout() {
+    let up = ws_upstream(Arc::default()).await;
+    let tg = Tollgate::start(&yaml(&up, "    tunnels: { idle_timeout: 300ms }\n")).await;
+    let mut ws = connect(&tg).await.unwrap();
+    ws.send(Message::text("one")).await.unwrap();
+    assert_eq!(next(&mut ws).await.unwrap().unwrap(), Message::text("one"));
+    // Nothing more is sent: tollgate closes both sides (no Close frame, the socket ends).
+    match next(&mut ws).await {
+        None | Some(Err(_)) => {}
+        Some(Ok(m)) => panic!("expected the tunnel to end, got {m:?}"),
+    }
+    assert!(eventually(|| metric(&tg, "tollgate_tunnels_open{route=\"ws\"}") == Some(0.0)).await);
+}
+
+#[tokio::test]
+async fn a_tunnel_holds_its_concurrency_slot_until_it_closes() {
+    let up = ws_upstream(Arc::default()).await;
+    let tg = Tollgate::start(&yaml(&up, "    concurrency: 1\n")).await;
+    let mut ws = connect(&tg).await.unwrap();
+    ws.send(Message::text("x")).await.unwrap();
+    assert_eq!(next(&mut ws).await.unwrap().unwrap(), Message::text("x"));
+    let (s, _, _) = get(tg.addr, "/plain").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "the open tunnel holds the only slot");
+    ws.close(None).await.unwrap();
+    while let Some(Ok(_)) = next(&mut ws).await {}
+    let mut last = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..200 {
+        last = get(tg.addr, "/plain").await.0;
+        if last == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(last, StatusCode::OK, "the slot came back when the tunnel closed");
+}
+
+#[tokio::test]
+async fn tunnels_beyond_the_route_bound_are_refused() {
+    let up = ws_upstream(Arc::default()).await;
+    let tg = Tollgate::start(&yaml(&up, "    tunnels: { max: 1 }\n")).await;
+    let mut first = connect(&tg).await.unwrap();
+    first.send(Message::text("x")).await.unwrap();
+    assert_eq!(next(&mut first).await.unwrap().unwrap(), Message::text("x"));
+    match connect(&tg).await {
+        Err(WsError::Http(resp)) => assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE),
+        other => panic!("expected a 503, got {:?}", other.map(|_| ())),
+    }
+    // Plain requests on the route are not tunnels.
+    assert_eq!(get(tg.addr, "/plain").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn an_upstream_refusing_the_upgrade_gives_an_ordinary_answer() {
+    let up = Upstream::start(|_req| async {
+        Response::builder().status(403).header("connection", "close").body(full("no sockets here")).unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&yaml(&up, "")).await;
+    match connect(&tg).await {
+        Err(WsError::Http(resp)) => {
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+            assert!(resp.headers().get("upgrade").is_none());
+            assert_eq!(resp.body().as_deref(), Some(&b"no sockets here"[..]));
+        }
+        other => panic!("expected the upstream's 403, got {:?}", other.map(|_| ())),
+    }
+}
+
+/// Sends `head` raw and returns the whole answer (the server closes after it).
+async fn raw(tg: &Tollgate, head: &str) -> String {
+    let mut s = TcpStream::connect(tg.addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(SOON, s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn upgrade_h2c_and_unlisted_protocols_are_never_forwarded() {
+    let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+    let up = ws_upstream(Arc::clone(&seen)).await;
+    let tg = Tollgate::start(&format!(
+        "{}  - name: nows\n    match: {{ path_prefix: /nows }}\n    upstream: up\n    upgrades: []\n",
+        proxy_yaml(up.addr, "", "")
+    ))
+    .await;
+    let answer = raw(
+        &tg,
+        "GET /nows/x HTTP/1.1\r\nhost: x\r\nconnection: Upgrade, HTTP2-Settings, close\r\nupgrade: h2c\r\n\
+         http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("plain"), "{answer}");
+    let answer = raw(
+        &tg,
+        "GET /nows/x HTTP/1.1\r\nhost: x\r\nconnection: upgrade, close\r\nupgrade: websocket\r\n\
+         sec-websocket-version: 13\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    for h in seen.lock().unwrap().iter() {
+        for name in ["upgrade", "http2-settings", "connection"] {
+            assert!(!h.contains_key(name), "{name} reached the upstream: {h:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn h2c_in_upgrades_is_refused_by_config() {
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  up: { url: 'http://127.0.0.1:1' }\nroutes:\n  - upstream: up\n    \
+                upgrades: [websocket, h2c]\n";
+    let e = tollgate::config::Config::from_yaml(std::path::Path::new("t.yaml"), yaml).unwrap_err().to_string();
+    assert!(e.contains("routes[0].upgrades[1]") && e.contains("h2c smuggling"), "{e}");
+}
+
+#[tokio::test]
+async fn a_101_to_a_protocol_not_offered_is_a_bad_gateway() {
+    let up = Upstream::start(|_req| async {
+        Response::builder().status(101).header("connection", "upgrade").header("upgrade", "h2c").body(full("")).unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&yaml(&up, "")).await;
+    match connect(&tg).await {
+        Err(WsError::Http(resp)) => assert_eq!(resp.status(), StatusCode::BAD_GATEWAY),
+        other => panic!("expected a 502, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(metric(&tg, "tollgate_tunnels_open{route=\"ws\"}"), Some(0.0));
+}
