@@ -58,9 +58,10 @@ fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
             let k = n.min(*max_delay / step + 1);
             State::LeakyBucket(leaky::Meter { tat: Timestamp::ZERO + step.get() * k })
         }
-        Algorithm::FixedWindow { limit, .. } => {
+        Algorithm::FixedWindow { limit, window, calendar } => {
             let k = n.min(limit.get() / cost);
-            State::FixedWindow(fixed::Window { start: Timestamp::ZERO, count: k * cost })
+            let (start, end) = fixed::Bounds { window: *window, calendar: calendar.as_ref() }.at(Timestamp::ZERO);
+            State::FixedWindow(fixed::Window { start, end, count: k * cost })
         }
         Algorithm::SlidingWindow { limit, .. } => {
             let k = n.min(limit.get() / cost);
@@ -134,7 +135,13 @@ pub fn describe(limit: &LimitConfig) -> String {
                 )
             }
         }
-        Algorithm::FixedWindow { window, limit: n } => format!(
+        Algorithm::FixedWindow { limit: n, calendar: Some(cal), .. } => format!(
+            "{n} per calendar {cal}{per_request} (windows start at its boundaries; months and DST days differ in length); request {} {}; across a boundary up to {} can pass in a moment",
+            (n.get() / c).saturating_add(1),
+            retry_note(overrun(&limit.algorithm, n.get() / c, c)),
+            n.get().saturating_mul(2)
+        ),
+        Algorithm::FixedWindow { window, limit: n, calendar: None } => format!(
             "{n} per {} window aligned to the clock{per_request}; request {} {}; across a window boundary up to {} can pass in a moment",
             dur(window.get()),
             (n.get() / c).saturating_add(1),
@@ -233,7 +240,7 @@ mod tests {
             for max_delay in [0, a, 3 * a + 1, 50 * a].map(Span::from_micros) {
                 algs.push(Algorithm::LeakyBucket { interval: nzs(a), max_delay });
             }
-            algs.push(Algorithm::FixedWindow { window: nzs(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::FixedWindow { window: nzs(a * 1000), limit: nz(b), calendar: None });
             algs.push(Algorithm::SlidingWindow { window: nzs(a * 1000), limit: nz(b) });
             algs.push(Algorithm::SlidingLog { window: nzs(a * 1000), limit: nz(b) });
         }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::units::{Dur, Rate};
 use super::{key, Invalid, Seg};
-use crate::limit::{self, Algorithm, KeyPart, KeySpec, NonZeroSpan, Span};
+use crate::limit::{self, Algorithm, Calendar, CalendarUnit, KeyPart, KeySpec, NonZeroSpan, Span};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +31,8 @@ pub struct RawLimit {
     mode: Mode,
     lease: Option<u64>,
     max_keys: Option<usize>,
+    /// Fixed window only: `utc` or an IANA zone; windows align to its calendar.
+    calendar: Option<String>,
 }
 
 fn route_key() -> KeyList {
@@ -242,6 +244,27 @@ impl RawLimit {
         only("warmup", self.warmup.is_some(), &[A::TokenBucket], "token_bucket")?;
         only("max_delay", self.max_delay.is_some(), &[A::LeakyBucket], "leaky_bucket")?;
         only("lease", self.lease.is_some() && self.store != StoreKind::Redis, &[], "limits with `store: redis`")?;
+        only("calendar", self.calendar.is_some(), &[A::FixedWindow], "fixed_window")?;
+        let calendar = match &self.calendar {
+            None => None,
+            Some(zone) => {
+                let unit = match (self.rate.month, self.rate.period.as_secs(), self.rate.period.subsec_nanos()) {
+                    (true, ..) => CalendarUnit::Month,
+                    (false, 3_600, 0) => CalendarUnit::Hour,
+                    (false, 86_400, 0) => CalendarUnit::Day,
+                    _ => {
+                        return Err((
+                            at("rate"),
+                            format!(
+                                "a calendar window is one hour, day or month: write the rate per h, d or month, not {}",
+                                self.rate
+                            ),
+                        ))
+                    }
+                };
+                Some(Calendar::new(zone, unit).map_err(|e| (at("calendar"), e))?)
+            }
+        };
 
         let period = self.rate.period_micros();
         let per_unit = period / self.rate.quantity;
@@ -260,12 +283,15 @@ impl RawLimit {
                 }
             }
             A::FixedWindow | A::SlidingWindow | A::SlidingLog => {
-                let window = NonZeroSpan::from_micros(period)
-                    .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?;
+                let window = match &calendar {
+                    Some(c) => c.longest(),
+                    None => NonZeroSpan::from_micros(period)
+                        .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?,
+                };
                 let limit = NonZeroU64::new(self.rate.quantity)
                     .ok_or_else(|| (at("rate"), "the limit must be at least 1".to_owned()))?;
                 match self.algorithm {
-                    A::FixedWindow => Algorithm::FixedWindow { window, limit },
+                    A::FixedWindow => Algorithm::FixedWindow { window, limit, calendar },
                     A::SlidingWindow => Algorithm::SlidingWindow { window, limit },
                     _ => Algorithm::SlidingLog { window, limit },
                 }

@@ -290,3 +290,37 @@ fn an_error_at_the_end_of_the_text_points_inside_it() {
         }
     }
 }
+
+#[test]
+fn calendar_windows_are_checked_where_written() {
+    const UP: &str = "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n";
+    let cases = [
+        (
+            "      - { algorithm: fixed_window, rate: 5/month, calendar: Mars/Base }\n",
+            "routes[0].limits[0].calendar",
+            "is not a time zone",
+        ),
+        (
+            "      - { algorithm: fixed_window, rate: 5/2d, calendar: utc }\n",
+            "routes[0].limits[0].rate",
+            "one hour, day or month",
+        ),
+        (
+            "      - { algorithm: token_bucket, rate: 5/d, calendar: utc }\n",
+            "routes[0].limits[0].calendar",
+            "fixed_window only",
+        ),
+    ];
+    for (limit, path, needle) in cases {
+        let e = err(&format!("{UP}{limit}"));
+        assert_eq!((e.line, e.path.as_str()), (5, path), "{e}");
+        assert!(e.message.contains(needle), "{e}");
+    }
+    let ok = format!("{UP}      - {{ algorithm: fixed_window, rate: 1000/month, calendar: Europe/Berlin }}\n");
+    let c = Config::from_yaml(Path::new("proxy.yaml"), &ok).unwrap();
+    let crate::limit::Algorithm::FixedWindow { calendar: Some(cal), .. } = &c.routes[0].limits[0].algorithm else {
+        panic!("no calendar")
+    };
+    assert_eq!(cal.unit(), crate::limit::CalendarUnit::Month);
+    assert_eq!(c.routes[0].limits[0].rate.to_string(), "1000/month");
+}

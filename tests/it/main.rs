@@ -15,6 +15,7 @@ mod limits;
 mod listener;
 mod live_reload;
 mod operate;
+mod products;
 mod redis;
 mod server;
 mod stale;

@@ -112,6 +112,14 @@ pub fn refund(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64)
     }
 }
 
+/// Charges `cost` more units at `now` (a response cost above its estimate), at the per-unit
+/// charge of a decision at `now`; `tat` may pass `now + tau` (a debt) but not `cap`.
+pub fn debit(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64, cap: Timestamp) {
+    let start = if st.is_idle(w, now) { now } else { st.start };
+    st.tat = (st.tat.max(now) + charge(t, w, start, now) * cost).min(cap);
+    st.start = start;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

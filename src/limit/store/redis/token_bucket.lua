@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  state: a string "tat" (no warm-up) or "tat:start" (µs since the unix epoch)
 -- ARGV[1]  op: "d" decide | "l" lease (take at least ARGV[2], at most ARGV[6] units) | "r" refund
+--          | "b" debit (charge c more, tat may pass now + B*T, at most now + 2^51)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  T: interval (µs per unit)
 -- ARGV[4]  B: burst (units)
@@ -10,7 +11,7 @@
 -- ARGV[6]  N: lease size (units; read by "l" only)
 -- ARGV[7]  optional now (µs) — tests only; production omits it and the script reads TIME
 -- Reply "d"/"l": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r": 0
+-- Reply "r", "b": 0
 -- Writes: SET with PX = time until the state is initial again (tat + W - now), or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, t, b, w, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -46,6 +47,13 @@ if op == 'r' then
   tat = math.max(tat - c * charge(start), now)
   if tat <= now and start == now then tat = 0 end -- refunded a cold start: cold again
   store(tat, start)
+  return 0
+end
+
+if op == 'b' then
+  local st = start
+  if cold(tat) then st = now end
+  store(math.min(math.max(tat, now) + c * charge(st), now + 2251799813685248), st)
   return 0
 end
 

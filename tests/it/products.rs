@@ -1,0 +1,164 @@
+//! API products (issue 25): calendar quotas, costs taken from the response, plans per client.
+//! Throttling math runs on a manual clock; the Redis store runs against a real redis-server.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use tollgate::limit::store::redis::Target;
+use tollgate::limit::{
+    Algorithm, Calendar, CalendarUnit, Decision, KeyHash, LocalStore, ManualClock, RedisClient, RedisConfig,
+    RedisStore, Span, Timestamp,
+};
+
+use crate::support::redis::RedisNode;
+use crate::support::{get, Tollgate};
+
+/// µs of an RFC 3339 instant.
+fn t(s: &str) -> Timestamp {
+    let ts: jiff::Timestamp = s.parse().unwrap();
+    Timestamp::from_micros(u64::try_from(ts.as_microsecond()).unwrap())
+}
+
+fn redis_client(node: &RedisNode) -> Arc<RedisClient> {
+    let mut cfg = RedisConfig::new(Target::Single(node.url()));
+    cfg.timeout = Duration::from_millis(500);
+    RedisClient::new(cfg).unwrap()
+}
+
+fn redis_store(client: &Arc<RedisClient>, name: &str, alg: &Algorithm) -> RedisStore {
+    RedisStore::new(client.clone(), name, alg.clone(), None, LocalStore::new(alg.clone(), 1_000))
+}
+
+fn month(zone: &str, limit: u64) -> Algorithm {
+    let cal = Calendar::new(zone, CalendarUnit::Month).unwrap();
+    Algorithm::FixedWindow { window: cal.longest(), limit: NonZeroU64::new(limit).unwrap(), calendar: Some(cal) }
+}
+
+fn day(zone: &str, limit: u64) -> Algorithm {
+    let cal = Calendar::new(zone, CalendarUnit::Day).unwrap();
+    Algorithm::FixedWindow { window: cal.longest(), limit: NonZeroU64::new(limit).unwrap(), calendar: Some(cal) }
+}
+
+const HOUR: u64 = 3_600_000_000;
+
+/// The same decisions from the local store and from Redis (the script picks the calendar
+/// boundaries the store passes), step by step.
+async fn both_agree(alg: &Algorithm, name: &str, steps: &[(&str, Decision)]) {
+    let node = RedisNode::start();
+    let client = redis_client(&node);
+    client.connect().await.unwrap();
+    let local = LocalStore::new(alg.clone(), 16);
+    let shared = redis_store(&client, name, alg);
+    for (i, (when, want)) in steps.iter().enumerate() {
+        assert_eq!(local.decide(KeyHash(7), t(when), 1), *want, "step {i} at {when} (local)");
+        assert_eq!(shared.decide_at(KeyHash(7), t(when), 1).await.unwrap(), *want, "step {i} at {when} (redis)");
+    }
+    assert_eq!(client.metrics().snapshot().fallbacks, 0);
+}
+
+fn allow(remaining: u64, reset: u64) -> Decision {
+    Decision::Allow { remaining, reset: Span::from_micros(reset) }
+}
+
+fn deny(retry_after: u64) -> Decision {
+    Decision::Deny { retry_after: Span::from_micros(retry_after), reset: Span::from_micros(retry_after) }
+}
+
+#[tokio::test]
+async fn monthly_quota_resets_on_the_first_in_both_stores() {
+    // February 2026 in New York: 28 days, and the month starts at 05:00 UTC.
+    let steps = [
+        ("2026-02-28T04:00:00Z", allow(1, 25 * HOUR)),
+        ("2026-02-28T05:00:00Z", allow(0, 24 * HOUR)),
+        ("2026-03-01T04:59:59Z", deny(1_000_000)),
+        // 1 March 00:00 EST; March is 31 days less the hour lost on the 8th (DST).
+        ("2026-03-01T05:00:00Z", allow(1, (31 * 24 - 1) * HOUR)),
+    ];
+    both_agree(&month("America/New_York", 2), "cal-month", &steps).await;
+}
+
+#[tokio::test]
+async fn daily_quota_on_a_daylight_saving_day_in_both_stores() {
+    // 2026-10-25 in Berlin has 25 hours (03:00 CEST → 02:00 CET).
+    let steps = [
+        ("2026-10-25T00:00:00+02:00", allow(0, 25 * HOUR)),
+        ("2026-10-25T23:30:00+01:00", deny(HOUR / 2)),
+        ("2026-10-26T00:00:00+01:00", allow(0, 24 * HOUR)),
+    ];
+    both_agree(&day("Europe/Berlin", 1), "cal-day", &steps).await;
+}
+
+#[tokio::test]
+async fn calendar_quota_through_the_proxy_tells_the_seconds_to_the_boundary() {
+    let clock = ManualClock::new(t("2026-01-31T23:00:00Z"));
+    let yaml = "upstreams:\n  d: { respond: { body: ok } }\nroutes:\n  - name: api\n    upstream: d\n    limits:\n      - { name: monthly, algorithm: fixed_window, rate: 2/month, calendar: utc }\n";
+    let tg = Tollgate::start_with_clock(yaml, clock.clone()).await;
+    let (s, h, _) = get(tg.addr, "/").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["ratelimit"], r#""monthly";r=1;t=3600"#);
+    // w is the longest month (31 days and an hour): the longest Retry-After it sends.
+    assert_eq!(h["ratelimit-policy"], r#""monthly";q=2;w=2682000"#);
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK);
+    let (s, h, _) = get(tg.addr, "/").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(h["retry-after"], "3600");
+    clock.set(t("2026-02-01T00:00:00Z"));
+    let (s, h, _) = get(tg.addr, "/").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["ratelimit"], r#""monthly";r=1;t=2419200"#, "28 days of February");
+}
+
+fn every_algorithm() -> Vec<Algorithm> {
+    let nz = |n| NonZeroU64::new(n).unwrap();
+    let nzs = |n| tollgate::limit::NonZeroSpan::from_micros(n).unwrap();
+    vec![
+        Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(3), warmup: Span::ZERO },
+        Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(3), warmup: Span::from_secs(10) },
+        Algorithm::LeakyBucket { interval: nzs(1_000_000), max_delay: Span::from_secs(2) },
+        Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(3), calendar: None },
+        month("utc", 3),
+        Algorithm::SlidingWindow { window: nzs(60_000_000), limit: nz(3) },
+        Algorithm::SlidingLog { window: nzs(60_000_000), limit: nz(3) },
+    ]
+}
+
+#[tokio::test]
+async fn a_debit_below_zero_makes_later_requests_wait_in_both_stores() {
+    let node = RedisNode::start();
+    let client = redis_client(&node);
+    client.connect().await.unwrap();
+    let t0 = t("2026-05-10T10:00:00Z");
+    let s = |secs: u64| t0 + Span::from_secs(secs);
+    for (i, alg) in every_algorithm().into_iter().enumerate() {
+        let local = LocalStore::new(alg.clone(), 16);
+        let shared = redis_store(&client, &format!("debit{i}"), &alg);
+        let k = KeyHash(9);
+        // Admitted on an estimate of 1, the response said 6: 5 more are owed.
+        assert!(local.decide(k, s(0), 1).is_admitted(), "{alg:?}");
+        assert!(shared.decide_at(k, s(0), 1).await.unwrap().is_admitted(), "{alg:?}");
+        local.debit(k, s(0), 5);
+        shared.debit_at(k, s(0), 5).await;
+        for at in [0, 1, 4, 59, 60, 61, 120] {
+            let want = local.decide(k, s(at), 1);
+            let got = shared.decide_at(k, s(at), 1).await.unwrap();
+            assert_eq!(got, want, "{alg:?} at +{at}s");
+            if at == 0 {
+                let Decision::Deny { retry_after, .. } = want else { panic!("{alg:?}: {want:?} after a debt") };
+                // A bucket that owes 3 past empty (6 taken of 3) waits for 4 tokens.
+                if matches!(alg, Algorithm::TokenBucket { warmup, .. } if warmup.is_zero()) {
+                    assert_eq!(retry_after, Span::from_secs(4), "honest Retry-After");
+                }
+            }
+        }
+        // A refund gives back what a response cost less than its estimate.
+        let k = KeyHash(10);
+        assert!(local.decide(k, s(0), 3).is_admitted());
+        assert!(shared.decide_at(k, s(0), 3).await.unwrap().is_admitted());
+        local.refund(k, s(0), 2);
+        shared.refund_at(k, s(0), 2).await;
+        assert_eq!(shared.decide_at(k, s(0), 2).await.unwrap(), local.decide(k, s(0), 2), "{alg:?}");
+    }
+    assert_eq!(client.metrics().snapshot().fallbacks, 0);
+}
