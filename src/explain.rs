@@ -165,6 +165,12 @@ pub fn describe(limit: &LimitConfig) -> String {
     if limit.store == StoreKind::Redis {
         line.push_str("; shared by all instances through Redis");
     }
+    if let Some(h) = &limit.response_cost {
+        let _ = write!(
+            line,
+            "; each request is admitted on an estimate of {c} and then charged the number in the response's `{h}` header (more is debited, less refunded; a debt makes the next requests wait)"
+        );
+    }
     if limit.mode == Mode::Shadow {
         line.push_str(" [shadow: counted and logged, never rejects]");
     }

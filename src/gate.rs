@@ -5,12 +5,18 @@
 //! one denies, the admissions of the others are refunded (decide-then-refund; a refund is
 //! exact for every algorithm, so no double charge remains). Shadow limits are charged and
 //! refunded the same way, so they count exactly what they would if they enforced.
+//!
+//! A limit with `cost.response_header` admits on its estimate; the admission keeps its key
+//! (the "ticket"), and [`Gate::settle`] debits or refunds the difference when the response
+//! head arrives. Requests in flight are admitted on their estimates, so a key can overrun its
+//! quota by at most the sum of (actual − estimate) of its requests in flight; the debt is then
+//! repaid by waiting (Retry-After counts it, uncapped).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::HeaderValue;
+use http::header::{HeaderMap, HeaderValue};
 use http::Response;
 use smallvec::SmallVec;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -33,6 +39,8 @@ pub struct Limit {
     /// Last time a shadow denial was logged (µs), so a flood logs once a second.
     shadow_logged: AtomicU64,
     pub metrics: LimitMetrics,
+    /// With `cost.response_header`: responses whose header could not be read.
+    cost_unread: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 /// A route's limits and concurrency cap.
@@ -41,6 +49,8 @@ pub struct Gate {
     limits: Vec<Limit>,
     cap: Option<Cap>,
     policy: Option<HeaderValue>,
+    /// Some limit takes its cost from the response.
+    settles: bool,
 }
 
 struct Cap {
@@ -66,6 +76,9 @@ pub struct Admission {
     pub permit: Option<OwnedSemaphorePermit>,
     pub note: Note,
     ratelimit: Option<HeaderValue>,
+    /// Limits whose cost the response settles, with the key they charged (empty otherwise:
+    /// no allocation).
+    owed: Vec<(usize, KeyHash)>,
 }
 
 /// Decision of one limit for this request.
@@ -78,7 +91,7 @@ struct Decided {
 impl Limit {
     pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
         let (_, window_secs) = ratelimit::policy_numbers(&config.algorithm);
-        Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics }
+        Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics, cost_unread: None }
     }
 
     /// Live keys in this limit's in-process state (for Redis: denials and leases held locally).
@@ -122,7 +135,12 @@ impl Limit {
     /// Retry-After seconds of a denial: rounded up, and never longer than the limit's period
     /// (no request of an allowed cost ever waits longer than that for a fresh quota).
     fn retry_after_secs(&self, retry_after: Span) -> u64 {
-        ratelimit::retry_after_secs(retry_after).min(self.window_secs.max(1))
+        let secs = ratelimit::retry_after_secs(retry_after);
+        // A debt (a response that cost more than its estimate) can take longer than a period.
+        if self.config.response_cost.is_some() {
+            return secs;
+        }
+        secs.min(self.window_secs.max(1))
     }
 
     /// Retry-After seconds of a [`Decision::Never`]: the longest a denial of this limit sends,
@@ -152,8 +170,15 @@ impl Gate {
         let limits: Vec<Limit> = route
             .limits
             .iter()
-            .map(|l| Limit::new(l.clone(), store_for(l), metrics.limit(&route.name, &l.name)))
+            .map(|l| {
+                let mut limit = Limit::new(l.clone(), store_for(l), metrics.limit(&route.name, &l.name));
+                if l.response_cost.is_some() {
+                    limit.cost_unread = Some(metrics.cost_unread(&route.name, &l.name));
+                }
+                limit
+            })
             .collect();
+        let settles = limits.iter().any(|l| l.config.response_cost.is_some());
         let enforced = limits.iter().filter(|l| l.enforced()).map(|l| (l.config.name.as_str(), &l.config.algorithm));
         let policy = if route.ratelimit_headers { ratelimit::policy(enforced) } else { None };
         Gate {
@@ -164,6 +189,7 @@ impl Gate {
                 .as_ref()
                 .map(|c| Cap { slots: Arc::new(Semaphore::new(c.max)), max_wait: c.max_wait }),
             policy,
+            settles,
         }
     }
 
@@ -254,12 +280,51 @@ impl Gate {
                 note.limit = Some(d.limit);
             }
         }
+        let owed = if self.settles {
+            decided
+                .iter()
+                .filter(|d| self.limits[d.limit].config.response_cost.is_some() && d.decision.is_admitted())
+                .map(|d| (d.limit, d.key))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(Admission {
             wait: Duration::from_micros(note.delayed_us),
             permit,
             note,
             ratelimit: self.ratelimit_admitted(&decided),
+            owed,
         })
+    }
+
+    /// True when `admission` waits for its response's cost ([`Gate::settle`]).
+    pub fn owes(admission: &Admission) -> bool {
+        !admission.owed.is_empty()
+    }
+
+    /// Settles the costs taken from the response head `headers` at `now`: each limit with
+    /// `cost.response_header` debits `actual − estimate` (refunds when negative). A header that
+    /// is missing or not a whole number debits nothing and counts in
+    /// `tollgate_response_cost_unread`. Runs once per admission.
+    pub async fn settle(&self, admission: &mut Admission, headers: &HeaderMap, now: Timestamp) {
+        for (i, key) in std::mem::take(&mut admission.owed) {
+            let limit = &self.limits[i];
+            let Some(name) = &limit.config.response_cost else { continue };
+            let actual = headers.get(name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<u64>().ok());
+            let Some(actual) = actual else {
+                if let Some(c) = &limit.cost_unread {
+                    c.inc();
+                }
+                continue;
+            };
+            let estimate = limit.config.cost;
+            if actual > estimate {
+                limit.store.debit(key, now, actual - estimate).await;
+            } else if actual < estimate {
+                limit.store.refund(key, now, estimate - actual).await.ok();
+            }
+        }
     }
 
     async fn acquire(&self, cap: &Cap) -> Option<OwnedSemaphorePermit> {

@@ -291,6 +291,11 @@ impl Proxy {
                     }
                 }
             };
+            // A cost taken from the response: debited or refunded now that the head is here.
+            // Boxed, so that routes without one carry no larger future.
+            if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
+                Box::pin(lane.gate.settle(a, resp.headers(), this.clock.now())).await;
+            }
             if let Some(head) = &head {
                 resp = this.after_upstream(route, lane, head, resp, &mut log);
             }

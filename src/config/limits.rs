@@ -25,8 +25,8 @@ pub struct RawLimit {
     key: KeyList,
     #[serde(default)]
     store: StoreKind,
-    #[serde(default = "one")]
-    cost: u64,
+    #[serde(default)]
+    cost: RawCost,
     #[serde(default)]
     mode: Mode,
     lease: Option<u64>,
@@ -39,8 +39,42 @@ fn route_key() -> KeyList {
     KeyList(vec!["route".to_owned()])
 }
 
-fn one() -> u64 {
-    1
+/// `cost: 3`, or `cost: { estimate: 1, response_header: x-tokens-used }`.
+enum RawCost {
+    Fixed(u64),
+    Response(RawResponseCost),
+}
+
+impl Default for RawCost {
+    fn default() -> Self {
+        RawCost::Fixed(1)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawCost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawCost;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number, or { estimate: N, response_header: NAME }")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawCost, E> {
+                Ok(RawCost::Fixed(v))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawCost, A::Error> {
+                RawResponseCost::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawCost::Response)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResponseCost {
+    estimate: u64,
+    response_header: String,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
@@ -106,7 +140,11 @@ pub struct LimitConfig {
     pub rate: Rate,
     pub key: KeySpec,
     pub store: StoreKind,
+    /// Units charged at admission (with `response_cost`: the estimate).
     pub cost: u64,
+    /// The response header whose number is the request's real cost: the difference from
+    /// `cost` is debited (or refunded) when the response head arrives.
+    pub response_cost: Option<http::HeaderName>,
     pub mode: Mode,
     /// Redis only: tokens taken per call and spent locally.
     pub lease: Option<NonZeroU64>,
@@ -309,14 +347,26 @@ impl RawLimit {
         check_exact(&algorithm).map_err(|e| {
             (at(if self.burst.is_some() && self.algorithm == A::TokenBucket { "burst" } else { "rate" }), e)
         })?;
-        if self.cost == 0 {
+        let (cost, response_cost) = match self.cost {
+            RawCost::Fixed(n) => (n, None),
+            RawCost::Response(r) => {
+                let name = http::HeaderName::from_bytes(r.response_header.as_bytes()).map_err(|_| {
+                    (
+                        at("cost"),
+                        format!("`{}` is not a header name (response_header)", r.response_header.escape_debug()),
+                    )
+                })?;
+                (r.estimate, Some(name))
+            }
+        };
+        if cost == 0 {
             return Err((at("cost"), "cost must be at least 1".to_owned()));
         }
         let max = limit::max_cost(&algorithm);
-        if self.cost > max {
+        if cost > max {
             return Err((
                 at("cost"),
-                format!("cost {} can never be admitted: this limit admits at most {max} at once", self.cost),
+                format!("cost {cost} can never be admitted: this limit admits at most {max} at once"),
             ));
         }
         if self.key.0.is_empty() {
@@ -341,7 +391,8 @@ impl RawLimit {
             rate: self.rate,
             key,
             store: self.store,
-            cost: self.cost,
+            cost,
+            response_cost,
             mode: self.mode,
             lease,
             max_keys,

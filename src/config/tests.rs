@@ -324,3 +324,19 @@ fn calendar_windows_are_checked_where_written() {
     assert_eq!(cal.unit(), crate::limit::CalendarUnit::Month);
     assert_eq!(c.routes[0].limits[0].rate.to_string(), "1000/month");
 }
+
+#[test]
+fn response_cost_is_checked_where_written() {
+    const UP: &str = "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n";
+    let limit = |cost: &str| format!("{UP}      - {{ algorithm: token_bucket, rate: 10/s, cost: {cost} }}\n");
+    let e = err(&limit("{ estimate: 1, response_header: 'x y' }"));
+    assert_eq!(e.path, "routes[0].limits[0].cost", "{e}");
+    assert!(e.message.contains("not a header name"), "{e}");
+    let e = err(&limit("{ estimate: 1 }"));
+    assert!(e.message.contains("response_header"), "{e}");
+    let e = err(&limit("{ estimate: 11, response_header: x-n }"));
+    assert!(e.message.contains("admits at most 10"), "{e}");
+    let c = Config::from_yaml(Path::new("p.yaml"), &limit("{ estimate: 2, response_header: X-Tokens }")).unwrap();
+    let l = &c.routes[0].limits[0];
+    assert_eq!((l.cost, l.response_cost.as_ref().map(|h| h.as_str())), (2, Some("x-tokens")));
+}

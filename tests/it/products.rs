@@ -13,7 +13,7 @@ use tollgate::limit::{
 };
 
 use crate::support::redis::RedisNode;
-use crate::support::{get, Tollgate};
+use crate::support::{full, get, get_with, proxy_yaml, Tollgate, Upstream};
 
 /// µs of an RFC 3339 instant.
 fn t(s: &str) -> Timestamp {
@@ -161,4 +161,93 @@ async fn a_debit_below_zero_makes_later_requests_wait_in_both_stores() {
         assert_eq!(shared.decide_at(k, s(0), 2).await.unwrap(), local.decide(k, s(0), 2), "{alg:?}");
     }
     assert_eq!(client.metrics().snapshot().fallbacks, 0);
+}
+
+/// An upstream that answers `x-tokens-used` with the request's `x-want` (none without it).
+async fn llm() -> Upstream {
+    Upstream::start(|req| async move {
+        let mut resp = http::Response::new(full("answer"));
+        if let Some(v) = req.headers().get("x-want") {
+            resp.headers_mut().insert("x-tokens-used", v.clone());
+        }
+        resp
+    })
+    .await
+}
+
+/// A request as client `key` whose response costs `want` (`None`: no cost header).
+async fn ask(tg: &Tollgate, key: &str, want: Option<&str>) -> (StatusCode, http::HeaderMap) {
+    let mut h = vec![("x-api-key", key)];
+    if let Some(w) = want {
+        h.push(("x-want", w));
+    }
+    let (s, h, _) = get_with(tg.addr, "/v1/chat", &h).await;
+    (s, h)
+}
+
+/// 10 tokens an hour, burst 10, each request admitted on an estimate of 1.
+fn tokens_yaml(up: std::net::SocketAddr, store: &str, redis: &str) -> String {
+    format!(
+        "{redis}{}",
+        proxy_yaml(
+            up,
+            "",
+            &format!(
+                "  - name: api\n    upstream: up\n    limits:\n      - name: tokens\n        algorithm: token_bucket\n        rate: 10/h\n        burst: 10\n        key: header:x-api-key\n        store: {store}\n        cost: {{ estimate: 1, response_header: x-tokens-used }}\n"
+            )
+        )
+    )
+}
+
+/// The cost scenario, the same through both stores: debit, refund, a missing header, a debt.
+async fn response_cost_scenario(tg: &Tollgate, admin: std::net::SocketAddr) {
+    let remaining = |h: &http::HeaderMap| h["ratelimit"].to_str().unwrap().to_owned();
+    // 8 tokens used: 1 at admission, 7 debited when the head arrived.
+    let (s, h) = ask(tg, "k1", Some("8")).await;
+    assert_eq!((s, remaining(&h).as_str()), (StatusCode::OK, r#""tokens";r=9;t=360"#), "admitted on the estimate");
+    let (s, h) = ask(tg, "k1", Some("0")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(remaining(&h).starts_with(r#""tokens";r=1;"#), "8 debited before this one: {h:?}");
+    // That one cost 0: its estimate was refunded. A missing header debits nothing.
+    let (s, h) = ask(tg, "k1", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(remaining(&h).starts_with(r#""tokens";r=1;"#), "the refund came back: {h:?}");
+    let (s, _) = ask(tg, "k1", Some("oops")).await;
+    assert_eq!(s, StatusCode::OK);
+    // 10 of 10 used. A request can still not start...
+    let (s, h) = ask(tg, "k1", Some("20")).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(h["retry-after"], "360");
+    // ... but another client can, and its response costs 20 of its 10: a debt of 10.
+    assert_eq!(ask(tg, "k2", Some("20")).await.0, StatusCode::OK);
+    let (s, h) = ask(tg, "k2", Some("1")).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    // Repaid at 10 an hour: 10 owed plus the 1 asked for is 11 tokens, 6 × 11 = 66 minutes,
+    // past the bucket's own period (the cap of Retry-After without a response cost).
+    assert_eq!(h["retry-after"], "3960");
+    let (_, _, body) = get(admin, "/metrics").await;
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    assert!(text.contains(r#"tollgate_response_cost_unread_total{route="api",limit="tokens"} 2"#), "{text}");
+}
+
+#[tokio::test]
+async fn response_cost_is_debited_and_refunded_in_the_local_store() {
+    let up = llm().await;
+    let clock = ManualClock::new(t("2026-05-10T10:00:00Z"));
+    let tg = Tollgate::start_with_clock(&tokens_yaml(up.addr, "local", ""), clock).await;
+    let admin = tg.start_admin().await;
+    response_cost_scenario(&tg, admin).await;
+}
+
+#[tokio::test]
+async fn response_cost_is_debited_and_refunded_in_redis() {
+    let node = RedisNode::start();
+    let up = llm().await;
+    let redis = format!("redis: {{ url: '{}', timeout: 500ms, on_error: deny }}\n", node.url());
+    let tg = Tollgate::start(&tokens_yaml(up.addr, "redis", &redis)).await;
+    let admin = tg.start_admin().await;
+    response_cost_scenario(&tg, admin).await;
+    // One script call per settled response: 7 decisions, the 3 responses whose cost differs
+    // from the estimate, and the first call's NOSCRIPT (the script is loaded then).
+    assert_eq!(node.calls("evalsha"), 7 + 3 + 1);
 }
