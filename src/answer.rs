@@ -101,6 +101,8 @@ pub enum Error {
     Throttled(Denied),
     /// The route's concurrency cap is full: 503.
     OverCapacity,
+    /// The client's plan tier is `deny`: 403.
+    Forbidden,
     /// Limit `limit`'s store cannot decide and its policy refuses: 503.
     StoreUnavailable { limit: usize, retry_after_secs: u64 },
     /// The upstream failed: 502 or 504.
@@ -110,7 +112,7 @@ pub enum Error {
 }
 
 /// Every error kind, for metric handles resolved once per route.
-const KINDS: [&str; 11] = [
+const KINDS: [&str; 12] = [
     "bad_request",
     "client_body",
     "no_route",
@@ -122,13 +124,14 @@ const KINDS: [&str; 11] = [
     "upstream_broken",
     "upstream_bad_response",
     "internal",
+    "forbidden",
 ];
 
 impl Error {
     pub fn source(&self) -> Source {
         match self {
             Error::BadRequest(_) | Error::ClientBody(_) => Source::Downstream,
-            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity => Source::Policy,
+            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity | Error::Forbidden => Source::Policy,
             Error::StoreUnavailable { .. } => Source::Store,
             Error::Upstream(_) => Source::Upstream,
             Error::Internal(_) => Source::Internal,
@@ -148,6 +151,7 @@ impl Error {
             Error::Upstream(UpstreamFailure::Broken) => 8,
             Error::Upstream(UpstreamFailure::BadResponse(_)) => 9,
             Error::Internal(_) => 10,
+            Error::Forbidden => 11,
         }
     }
 
@@ -160,6 +164,7 @@ impl Error {
         match self {
             Error::BadRequest(_) | Error::ClientBody(_) => StatusCode::BAD_REQUEST,
             Error::NoRoute => StatusCode::NOT_FOUND,
+            Error::Forbidden => StatusCode::FORBIDDEN,
             Error::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::OverCapacity | Error::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Error::Upstream(UpstreamFailure::Timeout) => StatusCode::GATEWAY_TIMEOUT,
@@ -327,6 +332,7 @@ impl RouteAnswers {
                 format!("upstream `{up}` sent a response that cannot be passed on: {why}")
             }
             Error::Internal(why) => format!("tollgate failed to serve the request: {why}"),
+            Error::Forbidden => format!("route `{}`: this client's plan does not allow requests", self.name),
             Error::BadRequest(why) => (*why).to_owned(),
             Error::NoRoute | Error::Throttled(_) | Error::StoreUnavailable { .. } => String::new(),
         }
@@ -400,7 +406,7 @@ impl RouteAnswers {
 fn kind_source(kind: &str) -> Source {
     match kind {
         "bad_request" | "client_body" => Source::Downstream,
-        "no_route" | "throttled" | "over_capacity" => Source::Policy,
+        "no_route" | "throttled" | "over_capacity" | "forbidden" => Source::Policy,
         "store_unavailable" => Source::Store,
         "internal" => Source::Internal,
         _ => Source::Upstream,
@@ -425,6 +431,7 @@ fn problem_type(err: &Error) -> (Option<&'static str>, &'static str, &'static st
             (None, "upstream-bad-response", "Upstream sent an invalid response")
         }
         Error::Internal(_) => (None, "internal", "Internal error"),
+        Error::Forbidden => (None, "plan-denied", "Forbidden by the client's plan"),
     }
 }
 

@@ -7,6 +7,7 @@
 mod guard;
 mod limits;
 mod locate;
+pub mod plans;
 mod raw;
 mod redis;
 pub mod units;
@@ -61,6 +62,10 @@ pub struct Config {
     pub problem_type_base: String,
     /// Present when the file has a `redis:` section (required by any `store: redis` limit).
     pub redis: Option<crate::limit::RedisConfig>,
+    /// The `plans:` section (client tiers), with its clients file read.
+    pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
+    /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).
+    pub warnings: Vec<String>,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
     /// What the text looked like before parsing (nesting, what aliases repeat).
@@ -269,6 +274,20 @@ impl Config {
             ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
         })?;
         config.shape = shape;
+        if let Some(plans) = config.plans.as_mut() {
+            let plans = std::sync::Arc::make_mut(plans);
+            config.warnings = plans::load_clients(plans, file).map_err(|message| {
+                let segs = [key("plans"), key("clients")];
+                let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
+                ConfigError {
+                    file: file.to_owned(),
+                    line,
+                    column,
+                    path: locate::render(&segs),
+                    message: redact(&message),
+                }
+            })?;
+        }
         Ok(config)
     }
 

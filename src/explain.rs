@@ -49,7 +49,7 @@ fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
             let (charge, admitted) = if warmup.is_zero() { (t, fits) } else { (t * 3, fits.div_ceil(3)) };
             let k = n.min(admitted);
             let tat = Timestamp::ZERO + charge * k.saturating_mul(cost);
-            State::TokenBucket(gcra::Gcra { tat, start: Timestamp::ZERO })
+            State::TokenBucket(gcra::Gcra { tat, start: Timestamp::ZERO, per: Span::ZERO })
         }
         Algorithm::LeakyBucket { interval, max_delay } => {
             // Request k + 1 waits k · cost · T, admitted while that is at most max_delay.
@@ -189,13 +189,37 @@ fn per_second(interval: NonZeroSpan) -> String {
 /// The whole explanation of `config`.
 pub fn explain(config: &Config) -> String {
     let mut out = String::new();
+    if let Some(p) = &config.plans {
+        let _ = writeln!(
+            out,
+            "plans: a client is named by {}; tiers {}; a client not in the map, or a request without the value, is `{}`",
+            p.of,
+            p.tiers.iter().map(|t| format!("`{}`", t.name)).collect::<Vec<_>>().join(", "),
+            p.tiers.get(usize::from(p.default)).map_or("?", |t| t.name.as_str())
+        );
+    }
     for r in &config.routes {
         let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
         if r.limits.is_empty() && r.concurrency.is_none() {
             let _ = writeln!(out, "  no limits");
         }
         for l in &r.limits {
-            let _ = writeln!(out, "  {}", describe(l));
+            match (&l.plan, &config.plans) {
+                (Some(plan), Some(plans)) => {
+                    let _ = writeln!(out, "  plan limit `{}` ({}), by the client's tier:", l.name, who(l));
+                    for (tier, alg) in plans.tiers.iter().zip(&plan.algorithms) {
+                        let line = match alg {
+                            _ if tier.deny => "every request is refused (403)".to_owned(),
+                            None => "not limited by it".to_owned(),
+                            Some(alg) => describe(&LimitConfig { algorithm: alg.clone(), ..l.clone() }),
+                        };
+                        let _ = writeln!(out, "    tier `{}`: {line}", tier.name);
+                    }
+                }
+                _ => {
+                    let _ = writeln!(out, "  {}", describe(l));
+                }
+            }
         }
         if let Some(c) = &r.concurrency {
             let wait = if c.max_wait.is_zero() {

@@ -9,12 +9,14 @@
 //! - [`time`]: [`Timestamp`], [`Span`], [`NonZeroSpan`].
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - [`key`]: [`KeySpec`] → [`KeyHash`], and [`TrustedProxies`] for the client IP.
+//! - [`plan`]: [`plan::Plans`] (client → tier) and the tier parameters of `plan: true` limits.
 //! - [`store`]: [`Store`]: [`LocalStore`] (a sharded in-process map) or [`RedisStore`] (shared).
 
 pub mod algo;
 pub mod calendar;
 pub mod clock;
 pub mod key;
+pub mod plan;
 pub mod store;
 pub mod time;
 

@@ -64,6 +64,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e.to_string(), ExitCode::from(2)),
     };
+    for w in &config.warnings {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "warning: {w}");
+    }
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),

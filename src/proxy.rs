@@ -17,6 +17,7 @@ use crate::cache::{Cache, StaleReason};
 use crate::config::{Config, LimitConfig, Route, StoreKind, UpstreamKind};
 use crate::forward::{self, Downstream, HttpForwarder};
 use crate::gate::{Gate, Limit, Note};
+use crate::limit::plan::Directory;
 use crate::limit::store::redis::fallback_algorithm;
 use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
 use crate::metrics::{Metrics, RouteMetrics};
@@ -32,7 +33,10 @@ fn redis_store(client: &Arc<RedisClient>, route: &str, l: &LimitConfig) -> Arc<S
     let fallback = LocalStore::new(fallback_algorithm(&l.algorithm, client.config().instances), l.max_keys);
     // Route and limit names are `[A-Za-z0-9._-]`: `route/limit` is unique per config.
     let name = format!("{route}/{}", l.name);
-    Arc::new(Store::Redis(Box::new(RedisStore::new(client.clone(), &name, l.algorithm.clone(), l.lease, fallback))))
+    let store = RedisStore::new(client.clone(), &name, l.algorithm.clone(), l.lease, fallback);
+    // A plan limit's tiers share the limit's Redis keys: one state per client.
+    let store = if l.plan.is_some() { store.for_plan() } else { store };
+    Arc::new(Store::Redis(Box::new(store)))
 }
 
 /// Where a route sends admitted requests.
@@ -131,6 +135,7 @@ impl Proxy {
             })
         });
         let type_base: Arc<str> = Arc::from(config.problem_type_base.as_str());
+        let directory = config.plans.as_ref().map(|p| Arc::new(Directory::new(p.clone(), redis.clone())));
         let lanes = config
             .routes
             .iter()
@@ -146,7 +151,10 @@ impl Proxy {
                         _ => Limit::local_store(l),
                     })
                 };
-                let gate = Gate::new(r, &metrics, &mut store_for);
+                let mut gate = Gate::new(r, &metrics, &mut store_for);
+                if let Some(d) = &directory {
+                    gate.set_directory(d.clone(), r.ratelimit_headers);
+                }
                 let upstream = config.upstream(r);
                 let facts = RouteFacts {
                     name: &r.name,

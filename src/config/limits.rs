@@ -12,13 +12,13 @@ use super::units::{Dur, Rate};
 use super::{key, Invalid, Seg};
 use crate::limit::{self, Algorithm, Calendar, CalendarUnit, KeyPart, KeySpec, NonZeroSpan, Span};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
-    name: Option<String>,
+    pub(super) name: Option<String>,
     algorithm: AlgorithmName,
-    rate: Rate,
-    burst: Option<u64>,
+    pub(super) rate: Option<Rate>,
+    pub(super) burst: Option<u64>,
     max_delay: Option<Dur>,
     warmup: Option<Dur>,
     #[serde(default = "route_key")]
@@ -33,6 +33,9 @@ pub struct RawLimit {
     max_keys: Option<usize>,
     /// Fixed window only: `utc` or an IANA zone; windows align to its calendar.
     calendar: Option<String>,
+    /// Rate and burst come from the client's tier (`plans.tiers`).
+    #[serde(default)]
+    pub(super) plan: bool,
 }
 
 fn route_key() -> KeyList {
@@ -40,6 +43,7 @@ fn route_key() -> KeyList {
 }
 
 /// `cost: 3`, or `cost: { estimate: 1, response_header: x-tokens-used }`.
+#[derive(Clone)]
 enum RawCost {
     Fixed(u64),
     Response(RawResponseCost),
@@ -70,7 +74,7 @@ impl<'de> Deserialize<'de> for RawCost {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct RawResponseCost {
     estimate: u64,
@@ -106,6 +110,7 @@ pub enum Mode {
 }
 
 /// `key: client_ip` or `key: [client_ip, header:X-Tenant]`.
+#[derive(Clone)]
 struct KeyList(Vec<String>);
 
 impl<'de> Deserialize<'de> for KeyList {
@@ -145,6 +150,9 @@ pub struct LimitConfig {
     /// The response header whose number is the request's real cost: the difference from
     /// `cost` is debited (or refunded) when the response head arrives.
     pub response_cost: Option<http::HeaderName>,
+    /// `plan: true`: the parameters per tier (`algorithm` is then the default tier's, or the
+    /// first tier's that names this limit).
+    pub plan: Option<std::sync::Arc<crate::limit::plan::PlanTiers>>,
     pub mode: Mode,
     /// Redis only: tokens taken per call and spent locally.
     pub lease: Option<NonZeroU64>,
@@ -270,6 +278,9 @@ impl RawLimit {
     /// `at(field)` is the path of a field of this limit; `index` names unnamed limits.
     pub fn validate(self, index: usize, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<LimitConfig, Invalid> {
         use AlgorithmName as A;
+        let rate = self.rate.ok_or_else(|| {
+            (at("rate"), "`rate` is required (or `plan: true`, with the rate of each tier in `plans.tiers`)".to_owned())
+        })?;
         let name = self.name.unwrap_or_else(|| format!("limit-{index}"));
         check_name(&name).map_err(|e| (at("name"), e))?;
         let only = |field: &str, set: bool, algs: &[A], what: &str| -> Result<(), Invalid> {
@@ -286,7 +297,7 @@ impl RawLimit {
         let calendar = match &self.calendar {
             None => None,
             Some(zone) => {
-                let unit = match (self.rate.month, self.rate.period.as_secs(), self.rate.period.subsec_nanos()) {
+                let unit = match (rate.month, rate.period.as_secs(), rate.period.subsec_nanos()) {
                     (true, ..) => CalendarUnit::Month,
                     (false, 3_600, 0) => CalendarUnit::Hour,
                     (false, 86_400, 0) => CalendarUnit::Day,
@@ -295,7 +306,7 @@ impl RawLimit {
                             at("rate"),
                             format!(
                                 "a calendar window is one hour, day or month: write the rate per h, d or month, not {}",
-                                self.rate
+                                rate
                             ),
                         ))
                     }
@@ -304,15 +315,15 @@ impl RawLimit {
             }
         };
 
-        let period = self.rate.period_micros();
-        let per_unit = period / self.rate.quantity;
+        let period = rate.period_micros();
+        let per_unit = period / rate.quantity;
         let algorithm = match self.algorithm {
             A::TokenBucket | A::LeakyBucket => {
                 let interval = NonZeroSpan::from_micros(per_unit).ok_or_else(|| {
-                    (at("rate"), format!("{} is faster than one per microsecond; use a lower rate", self.rate))
+                    (at("rate"), format!("{} is faster than one per microsecond; use a lower rate", rate))
                 })?;
                 if self.algorithm == A::TokenBucket {
-                    let burst = self.burst.unwrap_or(self.rate.quantity);
+                    let burst = self.burst.unwrap_or(rate.quantity);
                     let burst =
                         NonZeroU64::new(burst).ok_or_else(|| (at("burst"), "burst must be at least 1".to_owned()))?;
                     Algorithm::TokenBucket { interval, burst, warmup: self.warmup.map_or(Span::ZERO, span) }
@@ -326,7 +337,7 @@ impl RawLimit {
                     None => NonZeroSpan::from_micros(period)
                         .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?,
                 };
-                let limit = NonZeroU64::new(self.rate.quantity)
+                let limit = NonZeroU64::new(rate.quantity)
                     .ok_or_else(|| (at("rate"), "the limit must be at least 1".to_owned()))?;
                 match self.algorithm {
                     A::FixedWindow => Algorithm::FixedWindow { window, limit, calendar },
@@ -335,12 +346,12 @@ impl RawLimit {
                 }
             }
         };
-        if self.algorithm == A::SlidingLog && self.rate.quantity > 100_000 {
+        if self.algorithm == A::SlidingLog && rate.quantity > 100_000 {
             return Err((
                 at("rate"),
                 format!(
                     "sliding_log keeps one entry per admitted request: {} per window is too many; use sliding_window",
-                    self.rate.quantity
+                    rate.quantity
                 ),
             ));
         }
@@ -388,11 +399,12 @@ impl RawLimit {
         Ok(LimitConfig {
             name,
             algorithm,
-            rate: self.rate,
+            rate,
             key,
             store: self.store,
             cost,
             response_cost,
+            plan: None,
             mode: self.mode,
             lease,
             max_keys,

@@ -40,6 +40,7 @@ pub struct Config {
     #[serde(default)]
     problems: Problems,
     redis: Option<super::redis::RawRedis>,
+    plans: Option<super::plans::RawPlans>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -362,6 +363,7 @@ impl Config {
             ));
         }
         let redis = self.redis.map(|r| r.validate()).transpose()?;
+        let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -449,7 +451,7 @@ impl Config {
             }
             let mut limits = Vec::with_capacity(route.limits.len());
             for (j, raw) in route.limits.into_iter().enumerate() {
-                let limit = raw.validate(j, &|field| limit_path(i, j, field))?;
+                let limit = super::plans::Validated::limit(plans.as_mut(), raw, j, &|field| limit_path(i, j, field))?;
                 if limit.store == super::StoreKind::Redis {
                     super::redis::check_limit(&limit, redis.is_some(), &|field| limit_path(i, j, field))?;
                     if let Some(r) = on_error_local {
@@ -497,6 +499,8 @@ impl Config {
             },
             problem_type_base: type_base,
             redis,
+            plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
+            warnings: Vec::new(),
             upstreams,
             routes,
             shape: super::Shape::default(),

@@ -340,3 +340,69 @@ fn response_cost_is_checked_where_written() {
     let l = &c.routes[0].limits[0];
     assert_eq!((l.cost, l.response_cost.as_ref().map(|h| h.as_str())), (2, Some("x-tokens")));
 }
+
+#[test]
+fn plan_mistakes_are_refused_where_they_are_written() {
+    let yaml = |tiers: &str, limit: &str| {
+        format!(
+            "plans:\n  of: header:x-key\n  clients: /nonexistent/clients.yaml\n  default: free\n  tiers:\n{tiers}upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n      - {limit}\n"
+        )
+    };
+    let free = "    free:\n      fast: { rate: 5/s }\n";
+    let cases = [
+        // a plan limit that no tier names
+        (yaml(free, "{ name: slow, algorithm: token_bucket, plan: true }"), 12, "routes[0].limits[0].plan", "no tier"),
+        // a tier entry that names no plan limit
+        (
+            yaml(
+                "    free:\n      fast: { rate: 5/s }\n      typo: { rate: 1/s }\n",
+                "{ name: fast, algorithm: token_bucket, plan: true }",
+            ),
+            8,
+            "plans.tiers.free.typo",
+            "no `plan: true` limit",
+        ),
+        // a plan limit with its own rate
+        (
+            yaml(free, "{ name: fast, algorithm: token_bucket, plan: true, rate: 1/s }"),
+            12,
+            "routes[0].limits[0].rate",
+            "from the client's tier",
+        ),
+        // a bad rate in a tier is reported at the tier
+        (
+            yaml(
+                "    free:\n      fast: { rate: 5/s, burst: 0 }\n",
+                "{ name: fast, algorithm: token_bucket, plan: true }",
+            ),
+            7,
+            "plans.tiers.free.fast.burst",
+            "at least 1",
+        ),
+        (
+            yaml(free, "{ name: fast, algorithm: leaky_bucket, plan: true }"),
+            12,
+            "routes[0].limits[0].algorithm",
+            "token_bucket or a window",
+        ),
+        (
+            yaml(free, "{ name: fast, algorithm: token_bucket }").replace("default: free", "default: gold"),
+            4,
+            "plans.default",
+            "unknown tier `gold`",
+        ),
+        (
+            yaml(free, "{ name: fast, algorithm: token_bucket, plan: true }"),
+            3,
+            "plans.clients",
+            "cannot read the clients file",
+        ),
+    ];
+    for (text, line, path, needle) in &cases {
+        let e = err(text);
+        assert_eq!((e.line, e.path.as_str()), (*line, *path), "{e}");
+        assert!(e.message.contains(needle), "{e}");
+    }
+    let e = err(&yaml(free, "{ name: fast, algorithm: token_bucket, plan: true }").replace("plans:", "plans_:"));
+    assert!(e.message.contains("unknown field"), "{e}");
+}

@@ -251,3 +251,137 @@ async fn response_cost_is_debited_and_refunded_in_redis() {
     // from the estimate, and the first call's NOSCRIPT (the script is loaded then).
     assert_eq!(node.calls("evalsha"), 7 + 3 + 1);
 }
+
+/// Tiers `free` (3 an hour, burst 3, and 5 a month), `pro` (10 an hour, burst 10, no monthly
+/// quota) and `blocked`; clients from `clients` (a file path or a redis_hash map).
+fn plans_yaml(clients: &str, store: &str, redis: &str) -> String {
+    format!(
+        "{redis}plans:
+  of: header:x-api-key
+  clients: {clients}
+  default: free
+  tiers:
+    free:
+      per-hour: {{ rate: 3/h, burst: 3 }}
+      monthly: {{ rate: 5/month }}
+    pro:
+      per-hour: {{ rate: 10/h, burst: 10 }}
+    blocked: deny
+upstreams:
+  d: {{ respond: {{ body: ok }} }}
+routes:
+  - name: api
+    upstream: d
+    limits:
+      - {{ name: per-hour, algorithm: token_bucket, plan: true, key: header:x-api-key, store: {store} }}
+      - {{ name: monthly, algorithm: fixed_window, calendar: utc, plan: true, key: header:x-api-key, store: {store} }}
+"
+    )
+}
+
+/// A clients file in a fresh folder under /tmp.
+fn clients_file(text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-plans-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("clients.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Requests of client `key` admitted in a row (stops at the first refusal, at most 20).
+async fn admitted(tg: &Tollgate, key: &str) -> usize {
+    for n in 0..20 {
+        if get_with(tg.addr, "/", &[("x-api-key", key)]).await.0 != StatusCode::OK {
+            return n;
+        }
+    }
+    20
+}
+
+/// Swaps in the config read again, as a reload does (unchanged limits keep their state).
+fn reload(tg: &Tollgate, yaml: &str) {
+    let config = tollgate::config::Config::from_yaml(std::path::Path::new("test.yaml"), yaml).unwrap();
+    let old = tg.shared.load();
+    let next = tollgate::proxy::Proxy::build(config, old.clock().clone(), old.metrics().clone(), Some(&old));
+    tg.shared.store(Arc::new(next));
+}
+
+#[tokio::test]
+async fn tiers_from_a_file_with_default_deny_and_a_policy_per_tier() {
+    let path = clients_file("key-pro: pro\nkey-bad: blocked\nkey-typo: gold\n");
+    let yaml = plans_yaml(&format!("'{}'", path.display()), "local", "");
+    let config = tollgate::config::Config::from_yaml(std::path::Path::new("test.yaml"), &yaml).unwrap();
+    assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+    let w = &config.warnings[0];
+    assert!(w.contains("clients.yaml:3:") && w.contains("unknown tier `gold`") && w.contains("`free`"), "{w}");
+    let tg = Tollgate::start_with_clock(&yaml, ManualClock::new(t("2026-05-10T10:00:00Z"))).await;
+
+    let (s, h, _) = get_with(tg.addr, "/", &[("x-api-key", "key-pro")]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["ratelimit-policy"], r#""per-hour";q=10;w=3600"#, "pro has no monthly quota");
+    assert_eq!(h["ratelimit"], r#""per-hour";r=9;t=360"#);
+    for key in ["key-typo", "someone"] {
+        let (s, h, _) = get_with(tg.addr, "/", &[("x-api-key", key)]).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(h["ratelimit-policy"], r#""per-hour";q=3;w=3600, "monthly";q=5;w=2682000"#, "{key} is free");
+    }
+    // Without the header: the default tier, one shared "missing" key.
+    let (s, h, _) = get(tg.addr, "/").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(h["ratelimit-policy"].to_str().unwrap().contains("monthly"));
+    let (s, h, body) = get_with(tg.addr, "/", &[("x-api-key", "key-bad")]).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert!(String::from_utf8_lossy(&body).contains("plan-denied"), "{body:?}");
+    // Free: 3 an hour. Pro: 10, of which one is spent.
+    assert_eq!(admitted(&tg, "someone").await, 2);
+    assert_eq!(admitted(&tg, "key-pro").await, 9);
+}
+
+#[tokio::test]
+async fn a_move_between_tiers_in_the_file_keeps_the_spent_quota() {
+    let path = clients_file("key-a: free\n");
+    let yaml = plans_yaml(&format!("'{}'", path.display()), "local", "");
+    let tg = Tollgate::start_with_clock(&yaml, ManualClock::new(t("2026-05-10T10:00:00Z"))).await;
+    assert_eq!(admitted(&tg, "key-a").await, 3, "free: 3 of 3");
+    std::fs::write(&path, "key-a: pro\n").unwrap();
+    reload(&tg, &yaml);
+    // 3 of pro's 10 are spent already: 7 left, not 10 and not 0.
+    assert_eq!(admitted(&tg, "key-a").await, 7);
+    // Back to free: 10 spent of 3, the bucket owes 7 more than it holds.
+    std::fs::write(&path, "key-a: free\n").unwrap();
+    reload(&tg, &yaml);
+    let (s, h, _) = get_with(tg.addr, "/", &[("x-api-key", "key-a")]).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    // 10 owed at 20 minutes each (3 an hour): one more fits once 8 are repaid, 160 minutes,
+    // longer than the bucket's period (a debt is not capped).
+    assert_eq!(h["retry-after"], "9600", "{h:?}");
+}
+
+#[tokio::test]
+async fn tiers_from_a_redis_hash_through_the_cache_and_state_in_redis() {
+    let node = RedisNode::start();
+    node.cli(&["HSET", "tollgate:clients", "key-r", "free", "key-x", "blocked"]);
+    let redis = format!("redis: {{ url: '{}', timeout: 500ms, on_error: deny }}\n", node.url());
+    let yaml = plans_yaml("{ redis_hash: 'tollgate:clients', cache: 100ms }", "redis", &redis);
+    let tg = Tollgate::start(&yaml).await;
+    assert_eq!(get_with(tg.addr, "/", &[("x-api-key", "key-x")]).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(admitted(&tg, "key-r").await, 3, "free: 3 of 3");
+    node.cli(&["HSET", "tollgate:clients", "key-r", "pro"]);
+    // Within the cache's TTL the tier may still be the old one; after it, the new one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, h, _) = get_with(tg.addr, "/", &[("x-api-key", "key-r")]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["ratelimit-policy"], r#""per-hour";q=10;w=3600"#);
+    assert!(h["ratelimit"].to_str().unwrap().starts_with(r#""per-hour";r=6;"#), "3 of 10 were spent: {h:?}");
+    assert_eq!(admitted(&tg, "key-r").await, 6);
+    // One state per client in Redis whatever its tier: two limits, two keys of key-r.
+    let keys: Vec<_> = node.tollgate_keys().into_iter().filter(|(k, _)| k.starts_with("tollgate:{")).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+}

@@ -71,6 +71,22 @@ impl LocalStore {
         self.lock(key).decide(&self.alg, key.0, now, cost)
     }
 
+    /// [`LocalStore::decide`] with other parameters of the same algorithm: a plan limit keeps
+    /// one state per client and decides it with the parameters of the client's tier.
+    pub fn decide_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) -> Decision {
+        self.lock(key).decide(alg, key.0, now, cost)
+    }
+
+    /// [`LocalStore::refund`] with the parameters of a plan tier.
+    pub fn refund_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) {
+        self.lock(key).refund(alg, key.0, now, cost);
+    }
+
+    /// [`LocalStore::debit`] with the parameters of a plan tier.
+    pub fn debit_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) {
+        self.lock(key).debit(alg, key.0, now, cost);
+    }
+
     /// Undoes an admission of `cost` for `key` made at `now` (see [`crate::limit::refund`]).
     /// A key without an entry was decided against its shard's overflow state: refund that.
     pub fn refund(&self, key: KeyHash, now: Timestamp, cost: u64) {

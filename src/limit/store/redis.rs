@@ -236,6 +236,16 @@ impl RedisStore {
         }
     }
 
+    /// The store of one tier of a plan limit: every tier's store of the limit shares its
+    /// Redis keys (one state per client, whatever its tier), and token-bucket states record
+    /// the interval they were charged at so a client that changes tier keeps the units it owes.
+    /// No leases.
+    pub fn for_plan(mut self) -> RedisStore {
+        self.script = self.script.for_plan();
+        self.lease = None;
+        self
+    }
+
     pub fn algorithm(&self) -> &Algorithm {
         &self.alg
     }

@@ -31,6 +31,8 @@ pub struct AlgScript {
     token_bucket: bool,
     /// Fixed window: its calendar, whose boundaries near `now` each call passes.
     calendar: Option<Calendar>,
+    /// Token bucket of a plan limit: the state records its interval (see the script).
+    plan: bool,
     fixed: bool,
 }
 
@@ -58,7 +60,14 @@ impl AlgScript {
             token_bucket: matches!(alg, Algorithm::TokenBucket { .. }),
             calendar,
             fixed: matches!(alg, Algorithm::FixedWindow { .. }),
+            plan: false,
         }
+    }
+
+    /// The script of one tier of a plan limit: token-bucket states carry their interval.
+    pub fn for_plan(mut self) -> AlgScript {
+        self.plan = true;
+        self
     }
 
     /// SHA1 of the script (what EVALSHA sends).
@@ -90,7 +99,7 @@ impl AlgScript {
             inv.arg(*p);
         }
         if self.token_bucket {
-            inv.arg(lease);
+            inv.arg(lease).arg(u8::from(self.plan));
         }
         if self.fixed {
             // b0 <= local < b1 <= b2: this window and the next; zeros = aligned to the epoch.
