@@ -79,6 +79,9 @@ impl HttpForwarder {
     /// # Errors
     /// [`Error::Upstream`] when the upstream cannot be reached or fails before its response
     /// head; [`Error::ClientBody`] when the client's body fails first.
+    // Inlined into the proxy's request future: called once, its future is then built in place
+    // instead of returned and copied (measured: ~150 instructions a request of memcpy).
+    #[inline]
     pub fn forward<'a>(
         &'a self,
         req: Request<Incoming>,

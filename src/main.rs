@@ -229,7 +229,7 @@ fn summary(config: &Config) -> String {
                 "       limit {}: {} {} key [{}] store {store}",
                 l.name,
                 tollgate::config::algorithm_name(&l.algorithm),
-                l.rate,
+                if l.plan.is_some() { "(rate by plan tier)".to_owned() } else { l.rate.to_string() },
                 key.join(", ")
             );
         }

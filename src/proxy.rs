@@ -264,8 +264,8 @@ impl Proxy {
                 match lane.gate.check(&ctx, this.clock.now()).await {
                     Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
                     Ok(a) => {
-                        if !a.wait.is_zero() {
-                            Box::pin(tokio::time::sleep(a.wait)).await;
+                        if !a.wait().is_zero() {
+                            Box::pin(tokio::time::sleep(a.wait())).await;
                         }
                         log.note = a.note;
                         admission = Some(a);

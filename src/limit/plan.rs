@@ -88,25 +88,47 @@ impl Directory {
 
     /// The tier of a client whose `of` value is `value` (`None`: the request has none).
     pub async fn tier(&self, value: Option<&[u8]>) -> TierId {
-        let Some(value) = value else { return self.plans.default };
-        match &self.plans.clients {
-            Clients::File { map, .. } => map.get(value).copied().unwrap_or(self.plans.default),
-            Clients::Redis { hash, .. } => {
-                let Some((client, cache)) = &self.redis else { return self.plans.default };
-                if let Some(t) = cache.get(value) {
-                    return t;
-                }
-                // Boxed: rare (once per client per TTL), and it would enlarge every lookup.
-                match Box::pin(client.hget(hash, value)).await {
-                    Some(found) => {
-                        let t = found.and_then(|name| self.plans.tier(&name)).unwrap_or(self.plans.default);
-                        cache.insert(value.into(), t);
-                        t
-                    }
-                    // Redis did not answer: the default tier, not cached, so the next request asks again.
-                    None => self.plans.default,
-                }
-            }
+        match self.lookup(value) {
+            Lookup::Tier(t) => t,
+            Lookup::Fetch(v) => self.fetch(v).await,
         }
     }
+
+    /// The tier when it is known without waiting: from the file, or the Redis cache.
+    pub fn lookup(&self, value: Option<&[u8]>) -> Lookup {
+        let Some(value) = value else { return Lookup::Tier(self.plans.default) };
+        match &self.plans.clients {
+            Clients::File { map, .. } => Lookup::Tier(map.get(value).copied().unwrap_or(self.plans.default)),
+            Clients::Redis { .. } => match &self.redis {
+                None => Lookup::Tier(self.plans.default),
+                Some((_, cache)) => match cache.get(value) {
+                    Some(t) => Lookup::Tier(t),
+                    None => Lookup::Fetch(value.into()),
+                },
+            },
+        }
+    }
+
+    /// Reads a client's tier from the Redis hash (a cache miss) and caches it.
+    pub async fn fetch(&self, value: Box<[u8]>) -> TierId {
+        let (Clients::Redis { hash, .. }, Some((client, cache))) = (&self.plans.clients, &self.redis) else {
+            return self.plans.default;
+        };
+        match client.hget(hash, &value).await {
+            Some(found) => {
+                let t = found.and_then(|name| self.plans.tier(&name)).unwrap_or(self.plans.default);
+                cache.insert(value, t);
+                t
+            }
+            // Redis did not answer: the default tier, not cached, so the next request asks again.
+            None => self.plans.default,
+        }
+    }
+}
+
+/// What [`Directory::lookup`] found.
+pub enum Lookup {
+    Tier(TierId),
+    /// Not cached: [`Directory::fetch`] this client value.
+    Fetch(Box<[u8]>),
 }
