@@ -85,6 +85,8 @@ pub struct Denied {
     pub limits: SmallVec<[(usize, u64); 2]>,
     /// The longest of their waits: the request is admissible after all of them.
     pub retry_after_secs: u64,
+    /// The client's own `RateLimit-Policy` when it is not the route's (a plan tier's).
+    pub policy: Option<Box<HeaderValue>>,
 }
 
 /// Why tollgate answers a request itself.
@@ -357,7 +359,7 @@ impl RouteAnswers {
         let secs = denied.retry_after_secs;
         let slot = usize::try_from(secs.saturating_sub(1)).ok().filter(|&s| s < CACHED_SECS);
         match (&denied.limits[..], slot) {
-            ([(limit, _)], Some(slot)) if *limit < self.too_many.len() => {
+            ([(limit, _)], Some(slot)) if *limit < self.too_many.len() && denied.policy.is_none() => {
                 self.too_many[*limit][slot].get_or_init(|| self.render_too_many(denied)).response()
             }
             _ => self.render_too_many(denied).into_response(),
@@ -386,7 +388,7 @@ impl RouteAnswers {
         doc.strings("violated-policies", names());
         doc.number("retry-after", secs);
         let mut rendered = Rendered::new(StatusCode::TOO_MANY_REQUESTS, doc.finish(), Some(secs));
-        if let Some(policy) = &self.policy {
+        if let Some(policy) = denied.policy.as_deref().or(self.policy.as_ref()) {
             let mut rl = String::with_capacity(48);
             for (i, wait) in &denied.limits {
                 ratelimit::item(&mut rl, self.limit_name(*i));

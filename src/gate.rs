@@ -500,7 +500,9 @@ impl Gate {
             })
             .collect();
         let retry_after_secs = limits.iter().map(|l| l.1).max().unwrap_or(1);
-        Denied { limits, retry_after_secs }
+        // A plan tier's own policy (the route's is the answers' default).
+        let policy = tier.and_then(|t| self.tier_policies.get(usize::from(t))?.clone()).map(Box::new);
+        Denied { limits, retry_after_secs, policy }
     }
 
     fn ratelimit_admitted(&self, decided: &[Decided]) -> Option<HeaderValue> {

@@ -342,6 +342,14 @@ async fn tiers_from_a_file_with_default_deny_and_a_policy_per_tier() {
     // Free: 3 an hour. Pro: 10, of which one is spent.
     assert_eq!(admitted(&tg, "someone").await, 2);
     assert_eq!(admitted(&tg, "key-pro").await, 9);
+    // Its 429 shows its own tier's policy too, not the route's default one.
+    let (s, h, _) = get_with(tg.addr, "/", &[("x-api-key", "key-pro")]).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(h["ratelimit-policy"], r#""per-hour";q=10;w=3600"#);
+    assert_eq!(h["retry-after"], "360");
+    let (s, h, _) = get_with(tg.addr, "/", &[("x-api-key", "someone")]).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(h["ratelimit-policy"], r#""per-hour";q=3;w=3600, "monthly";q=5;w=2682000"#);
 }
 
 #[tokio::test]
