@@ -8,6 +8,8 @@
 #   benches/instr.sh /tmp/old/tollgate target/release/tollgate      # N=20000 PATH_=/
 #   PORT_VAR=REJECT_PORT benches/instr.sh target/release/tollgate     # the 429 path
 #   H2=1 benches/instr.sh target/release/tollgate                       # h2c, 10 streams a connection
+#   PORT_VAR=PLAN_PORT benches/instr.sh target/release/tollgate       # a plan limit (tier lookup)
+#   HEADER='x-api-key: bench-key' benches/instr.sh target/release/tollgate   # pass, same request
 #
 # Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
 # 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
@@ -27,13 +29,16 @@ for bin in "$@"; do
   url=http://127.0.0.1:18291$path
   # The 429 path: a limit of 1/s admits next to nothing, however slowly valgrind runs.
   if [[ $port_var == REJECT_PORT ]]; then env+=(REJECT_PORT=18292 REJECT_RATE=1 REJECT_BURST=1); url=http://127.0.0.1:18292$path; fi
+  # A plan limit (tier looked up from a clients file by x-api-key), same parameters as the pass path.
+  hdr=(); [[ -n ${HEADER:-} ]] && hdr=(-H "$HEADER")
+  if [[ $port_var == PLAN_PORT ]]; then env+=(PLAN_PORT=18293); url=http://127.0.0.1:18293$path; hdr=(-H 'x-api-key: bench-key'); fi
   env "${env[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "$bin" bench \
     2>"$work/vg.log" &
   for _ in $(seq 100); do curl -s -o /dev/null "$url" && break; sleep 0.2; done
   pgrep -f "valgrind.bin.*$work/cg.out" > "$work/tg.pid"
-  h2load "${proto[@]}" -n 2000 -c 50 "$url" >/dev/null
+  h2load "${proto[@]}" "${hdr[@]}" -n 2000 -c 50 "$url" >/dev/null
   callgrind_control -i on "$(cat "$work/tg.pid")" >/dev/null 2>&1
-  h2load "${proto[@]}" -n "$n" -c 50 "$url" | grep -E "^status codes" || true
+  h2load "${proto[@]}" "${hdr[@]}" -n "$n" -c 50 "$url" | grep -E "^status codes" || true
   callgrind_control -d "$(cat "$work/tg.pid")" >/dev/null 2>&1
   kill "$(cat "$work/tg.pid")"; wait 2>/dev/null || true; rm "$work/tg.pid"
   ir=$(cat "$work"/cg.out.* | awk '/^summary:/{s+=$2} END{print s}')

@@ -41,7 +41,7 @@ fn hot_algorithms() -> Vec<(&'static str, Algorithm)> {
     vec![
         ("token_bucket", Algorithm::TokenBucket { interval: us(1_000), burst: nz(100), warmup: Span::ZERO }),
         ("leaky_bucket", Algorithm::LeakyBucket { interval: us(1_000), max_delay: Span::from_micros(100_000) }),
-        ("fixed_window", Algorithm::FixedWindow { window: us(sec), limit }),
+        ("fixed_window", Algorithm::FixedWindow { window: us(sec), limit, calendar: None }),
         ("sliding_window", Algorithm::SlidingWindow { window: us(sec), limit }),
         ("sliding_log", Algorithm::SlidingLog { window: us(sec), limit: nz(100) }),
     ]
@@ -54,7 +54,7 @@ fn many_algorithms() -> Vec<(&'static str, Algorithm)> {
     vec![
         ("token_bucket", Algorithm::TokenBucket { interval: us(min), burst: limit, warmup: Span::ZERO }),
         ("leaky_bucket", Algorithm::LeakyBucket { interval: us(1_000), max_delay: Span::from_micros(10_000_000) }),
-        ("fixed_window", Algorithm::FixedWindow { window: us(10 * min), limit }),
+        ("fixed_window", Algorithm::FixedWindow { window: us(10 * min), limit, calendar: None }),
         ("sliding_window", Algorithm::SlidingWindow { window: us(10 * min), limit }),
         ("sliding_log", Algorithm::SlidingLog { window: us(10 * min), limit }),
     ]

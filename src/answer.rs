@@ -85,6 +85,8 @@ pub struct Denied {
     pub limits: SmallVec<[(usize, u64); 2]>,
     /// The longest of their waits: the request is admissible after all of them.
     pub retry_after_secs: u64,
+    /// The client's own `RateLimit-Policy` when it is not the route's (a plan tier's).
+    pub policy: Option<Box<HeaderValue>>,
 }
 
 /// Why tollgate answers a request itself.
@@ -103,6 +105,8 @@ pub enum Error {
     OverCapacity,
     /// The route's tunnels (`tunnels.max`) are all open: an upgrade is refused with 503.
     TooManyTunnels,
+    /// The client's plan tier is `deny`: 403.
+    Forbidden,
     /// Limit `limit`'s store cannot decide and its policy refuses: 503.
     StoreUnavailable { limit: usize, retry_after_secs: u64 },
     /// The upstream failed: 502 or 504.
@@ -112,7 +116,7 @@ pub enum Error {
 }
 
 /// Every error kind, for metric handles resolved once per route.
-const KINDS: [&str; 12] = [
+const KINDS: [&str; 13] = [
     "bad_request",
     "client_body",
     "no_route",
@@ -125,13 +129,16 @@ const KINDS: [&str; 12] = [
     "upstream_broken",
     "upstream_bad_response",
     "internal",
+    "forbidden",
 ];
 
 impl Error {
     pub fn source(&self) -> Source {
         match self {
             Error::BadRequest(_) | Error::ClientBody(_) => Source::Downstream,
-            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity | Error::TooManyTunnels => Source::Policy,
+            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity | Error::TooManyTunnels | Error::Forbidden => {
+                Source::Policy
+            }
             Error::StoreUnavailable { .. } => Source::Store,
             Error::Upstream(_) => Source::Upstream,
             Error::Internal(_) => Source::Internal,
@@ -152,6 +159,7 @@ impl Error {
             Error::Upstream(UpstreamFailure::Broken) => 9,
             Error::Upstream(UpstreamFailure::BadResponse(_)) => 10,
             Error::Internal(_) => 11,
+            Error::Forbidden => 12,
         }
     }
 
@@ -164,6 +172,7 @@ impl Error {
         match self {
             Error::BadRequest(_) | Error::ClientBody(_) => StatusCode::BAD_REQUEST,
             Error::NoRoute => StatusCode::NOT_FOUND,
+            Error::Forbidden => StatusCode::FORBIDDEN,
             Error::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::OverCapacity | Error::TooManyTunnels | Error::StoreUnavailable { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -389,6 +398,7 @@ impl RouteAnswers {
                 format!("upstream `{up}` sent a response that cannot be passed on: {why}")
             }
             Error::Internal(why) => format!("tollgate failed to serve the request: {why}"),
+            Error::Forbidden => format!("route `{}`: this client's plan does not allow requests", self.name),
             Error::BadRequest(why) => (*why).to_owned(),
             Error::NoRoute | Error::Throttled(_) | Error::StoreUnavailable { .. } => String::new(),
         }
@@ -415,7 +425,7 @@ impl RouteAnswers {
         let secs = denied.retry_after_secs;
         let slot = usize::try_from(secs.saturating_sub(1)).ok().filter(|&s| s < CACHED_SECS);
         match (&denied.limits[..], slot) {
-            ([(limit, _)], Some(slot)) if *limit < self.too_many.len() => {
+            ([(limit, _)], Some(slot)) if *limit < self.too_many.len() && denied.policy.is_none() => {
                 self.too_many[*limit][slot].get_or_init(|| self.render_too_many(denied)).response()
             }
             _ => self.render_too_many(denied).into_response(),
@@ -444,7 +454,7 @@ impl RouteAnswers {
         doc.strings("violated-policies", names());
         doc.number("retry-after", secs);
         let mut rendered = Rendered::new(StatusCode::TOO_MANY_REQUESTS, doc.finish(), Some(secs));
-        if let Some(policy) = &self.policy {
+        if let Some(policy) = denied.policy.as_deref().or(self.policy.as_ref()) {
             let mut rl = String::with_capacity(48);
             for (i, wait) in &denied.limits {
                 ratelimit::item(&mut rl, self.limit_name(*i));
@@ -468,7 +478,8 @@ const GRPC_PUSHBACK: header::HeaderName = header::HeaderName::from_static("grpc-
 /// The gRPC status code of tollgate's answer to a call: throttled is `RESOURCE_EXHAUSTED`
 /// (8); over capacity, an unavailable limit store and a failed upstream are `UNAVAILABLE`
 /// (14), which clients may retry; an upstream that sent no head in time is
-/// `DEADLINE_EXCEEDED` (4); no route is `UNIMPLEMENTED` (12); a bad request and tollgate's
+/// `DEADLINE_EXCEEDED` (4); no route is `UNIMPLEMENTED` (12); a plan's `deny` tier is
+/// `PERMISSION_DENIED` (7); a bad request and tollgate's
 /// own faults are `INTERNAL` (13), as gRPC maps HTTP 400 and 500.
 pub fn grpc_status(err: &Error) -> u8 {
     match err {
@@ -477,6 +488,7 @@ pub fn grpc_status(err: &Error) -> u8 {
         Error::Upstream(UpstreamFailure::Timeout) => 4,
         Error::Upstream(_) => 14,
         Error::NoRoute => 12,
+        Error::Forbidden => 7,
         Error::BadRequest(_) | Error::ClientBody(_) | Error::Internal(_) => 13,
     }
 }
@@ -500,7 +512,7 @@ fn grpc_message(text: &str) -> String {
 fn kind_source(kind: &str) -> Source {
     match kind {
         "bad_request" | "client_body" => Source::Downstream,
-        "no_route" | "throttled" | "over_capacity" | "too_many_tunnels" => Source::Policy,
+        "no_route" | "throttled" | "over_capacity" | "too_many_tunnels" | "forbidden" => Source::Policy,
         "store_unavailable" => Source::Store,
         "internal" => Source::Internal,
         _ => Source::Upstream,
@@ -526,6 +538,7 @@ fn problem_type(err: &Error) -> (Option<&'static str>, &'static str, &'static st
             (None, "upstream-bad-response", "Upstream sent an invalid response")
         }
         Error::Internal(_) => (None, "internal", "Internal error"),
+        Error::Forbidden => (None, "plan-denied", "Forbidden by the client's plan"),
     }
 }
 

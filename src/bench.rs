@@ -6,6 +6,8 @@
 //!   the path that never rejects.
 //! - `REJECT_PORT` (optional): the same, limited to `REJECT_RATE`/s with burst `REJECT_BURST`.
 //! - `H2_PORT` (optional): the pass config again; h2c is detected on every port.
+//! - `PLAN_PORT` (optional): the pass limit as a `plan: true` limit, clients named by
+//!   `x-api-key` from a clients file (`bench-key: pro`): the cost of a plan lookup.
 //! - `BENCH_REDIS_URL` (optional): every listener's limit keeps its state in that Redis
 //!   (`store: redis`), taking `BENCH_LEASE` tokens per Redis call when that is set.
 //! - `BENCH_RATE` / `BENCH_BURST` (optional): the pass limit instead of 1000000/s, burst
@@ -95,6 +97,31 @@ routes:
     )
 }
 
+/// The YAML of the plan listener: the pass limit's parameters in tier `pro`.
+pub fn plan_yaml(listen: &str, upstream: &str, clients: &str) -> String {
+    format!(
+        "listen: {listen}
+plans:
+  of: header:x-api-key
+  clients: '{clients}'
+  default: free
+  tiers:
+    free:
+      per-client: {{ rate: 10/s, burst: 10 }}
+    pro:
+      per-client: {{ rate: 1000000/s, burst: 100000000 }}
+upstreams:
+  up:
+    url: http://{upstream}
+routes:
+  - name: bench
+    upstream: up
+    limits:
+      - {{ name: per-client, algorithm: token_bucket, plan: true, key: client_ip }}
+"
+    )
+}
+
 /// Reads the harness's environment and serves until SIGTERM.
 ///
 /// # Errors
@@ -132,6 +159,11 @@ pub fn run_from_env() -> anyhow::Result<()> {
         let rate = env("REJECT_RATE").unwrap_or_else(|| "1000".into());
         let burst: u64 = env("REJECT_BURST").unwrap_or_else(|| "100".into()).parse().context("REJECT_BURST")?;
         yamls.push(bench_yaml(&format!("{host}:{port}"), &upstream, &format!("{rate}/s"), burst, &store));
+    }
+    if let Some(port) = env("PLAN_PORT") {
+        let clients = std::env::temp_dir().join(format!("tollgate-bench-clients-{}.yaml", std::process::id()));
+        std::fs::write(&clients, "bench-key: pro\n").context("writing the bench clients file")?;
+        yamls.push(plan_yaml(&format!("{host}:{port}"), &upstream, &clients.display().to_string()));
     }
     if let Some(port) = env("H2_PORT") {
         yamls.push(bench_yaml(&format!("{host}:{port}"), &upstream, "1000000/s", 100_000_000, &store));
@@ -205,5 +237,14 @@ mod tests {
                 assert_eq!(config.request_id.is_none(), store.no_request_id, "{yaml}");
             }
         }
+    }
+
+    #[test]
+    fn the_plan_config_is_valid() {
+        let clients = std::env::temp_dir().join(format!("tollgate-bench-test-clients-{}.yaml", std::process::id()));
+        std::fs::write(&clients, "bench-key: pro\n").unwrap();
+        let yaml = plan_yaml("127.0.0.1:18020", "127.0.0.1:18000", &clients.display().to_string());
+        let config = Config::from_yaml(Path::new("bench.yaml"), &yaml).unwrap();
+        assert!(config.warnings.is_empty() && config.routes[0].limits[0].plan.is_some());
     }
 }

@@ -9,6 +9,7 @@ mod gateway;
 mod guard;
 mod limits;
 mod locate;
+pub mod plans;
 mod raw;
 mod redis;
 pub mod units;
@@ -71,6 +72,10 @@ pub struct Config {
     pub redis: Option<crate::limit::RedisConfig>,
     /// The field that carries request ids; `None` when they are off (`request_id.enabled`).
     pub request_id: Option<HeaderName>,
+    /// The `plans:` section (client tiers), with its clients file read.
+    pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
+    /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).
+    pub warnings: Vec<String>,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
     /// What the text looked like before parsing (nesting, what aliases repeat).
@@ -366,6 +371,20 @@ impl Config {
             let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
             ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
         })?;
+        if let Some(plans) = config.plans.as_mut() {
+            let plans = std::sync::Arc::make_mut(plans);
+            config.warnings = plans::load_clients(plans, file).map_err(|message| {
+                let segs = [key("plans"), key("clients")];
+                let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
+                ConfigError {
+                    file: file.to_owned(),
+                    line,
+                    column,
+                    path: locate::render(&segs),
+                    message: redact(&message),
+                }
+            })?;
+        }
         Ok(config)
     }
 

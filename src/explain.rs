@@ -54,7 +54,7 @@ fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
             let (charge, admitted) = if warmup.is_zero() { (t, fits) } else { (t * 3, fits.div_ceil(3)) };
             let k = n.min(admitted);
             let tat = Timestamp::ZERO + charge * k.saturating_mul(cost);
-            State::TokenBucket(gcra::Gcra { tat, start: Timestamp::ZERO })
+            State::TokenBucket(gcra::Gcra { tat, start: Timestamp::ZERO, per: Span::ZERO })
         }
         Algorithm::LeakyBucket { interval, max_delay } => {
             // Request k + 1 waits k · cost · T, admitted while that is at most max_delay.
@@ -63,9 +63,10 @@ fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
             let k = n.min(*max_delay / step + 1);
             State::LeakyBucket(leaky::Meter { tat: Timestamp::ZERO + step.get() * k })
         }
-        Algorithm::FixedWindow { limit, .. } => {
+        Algorithm::FixedWindow { limit, window, calendar } => {
             let k = n.min(limit.get() / cost);
-            State::FixedWindow(fixed::Window { start: Timestamp::ZERO, count: k * cost })
+            let (start, end) = fixed::Bounds { window: *window, calendar: calendar.as_ref() }.at(Timestamp::ZERO);
+            State::FixedWindow(fixed::Window { start, end, count: k * cost })
         }
         Algorithm::SlidingWindow { limit, .. } => {
             let k = n.min(limit.get() / cost);
@@ -139,7 +140,13 @@ pub fn describe(limit: &LimitConfig) -> String {
                 )
             }
         }
-        Algorithm::FixedWindow { window, limit: n } => format!(
+        Algorithm::FixedWindow { limit: n, calendar: Some(cal), .. } => format!(
+            "{n} per calendar {cal}{per_request} (windows start at its boundaries; months and DST days differ in length); request {} {}; across a boundary up to {} can pass in a moment",
+            (n.get() / c).saturating_add(1),
+            retry_note(overrun(&limit.algorithm, n.get() / c, c)),
+            n.get().saturating_mul(2)
+        ),
+        Algorithm::FixedWindow { window, limit: n, calendar: None } => format!(
             "{n} per {} window aligned to the clock{per_request}; request {} {}; across a window boundary up to {} can pass in a moment",
             dur(window.get()),
             (n.get() / c).saturating_add(1),
@@ -162,6 +169,12 @@ pub fn describe(limit: &LimitConfig) -> String {
     let mut line = format!("{} `{}`: {body}", who(limit), limit.name);
     if limit.store == StoreKind::Redis {
         line.push_str("; shared by all instances through Redis");
+    }
+    if let Some(h) = &limit.response_cost {
+        let _ = write!(
+            line,
+            "; each request is admitted on an estimate of {c} and then charged the number in the response's `{h}` header (more is debited, less refunded; a debt makes the next requests wait)"
+        );
     }
     if limit.mode == Mode::Shadow {
         line.push_str(" [shadow: counted and logged, never rejects]");
@@ -247,6 +260,15 @@ pub fn listeners(config: &Config) -> String {
 
 pub fn explain(config: &Config) -> String {
     let mut out = String::new();
+    if let Some(p) = &config.plans {
+        let _ = writeln!(
+            out,
+            "plans: a client is named by {}; tiers {}; a client not in the map, or a request without the value, is `{}`",
+            p.of,
+            p.tiers.iter().map(|t| format!("`{}`", t.name)).collect::<Vec<_>>().join(", "),
+            p.tiers.get(usize::from(p.default)).map_or("?", |t| t.name.as_str())
+        );
+    }
     if config.listeners.len() > 1 || config.listeners.iter().any(|l| !l.is_plain()) {
         out.push_str(&listeners(config));
     }
@@ -259,7 +281,22 @@ pub fn explain(config: &Config) -> String {
             let _ = writeln!(out, "  no limits");
         }
         for l in &r.limits {
-            let _ = writeln!(out, "  {}", describe(l));
+            match (&l.plan, &config.plans) {
+                (Some(plan), Some(plans)) => {
+                    let _ = writeln!(out, "  plan limit `{}` ({}), by the client's tier:", l.name, who(l));
+                    for (tier, alg) in plans.tiers.iter().zip(&plan.algorithms) {
+                        let line = match alg {
+                            _ if tier.deny => "every request is refused (403)".to_owned(),
+                            None => "not limited by it".to_owned(),
+                            Some(alg) => describe(&LimitConfig { algorithm: alg.clone(), ..l.clone() }),
+                        };
+                        let _ = writeln!(out, "    tier `{}`: {line}", tier.name);
+                    }
+                }
+                _ => {
+                    let _ = writeln!(out, "  {}", describe(l));
+                }
+            }
         }
         if let Some(c) = &r.concurrency {
             let wait = if c.max_wait.is_zero() {
@@ -330,7 +367,7 @@ mod tests {
             for max_delay in [0, a, 3 * a + 1, 50 * a].map(Span::from_micros) {
                 algs.push(Algorithm::LeakyBucket { interval: nzs(a), max_delay });
             }
-            algs.push(Algorithm::FixedWindow { window: nzs(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::FixedWindow { window: nzs(a * 1000), limit: nz(b), calendar: None });
             algs.push(Algorithm::SlidingWindow { window: nzs(a * 1000), limit: nz(b) });
             algs.push(Algorithm::SlidingLog { window: nzs(a * 1000), limit: nz(b) });
         }

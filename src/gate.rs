@@ -6,12 +6,18 @@
 //! one denies, the admissions of the others are refunded (decide-then-refund; a refund is
 //! exact for every algorithm, so no double charge remains). Shadow limits are charged and
 //! refunded the same way, so they count exactly what they would if they enforced.
+//!
+//! A limit with `cost.response_header` admits on its estimate; the admission keeps its key
+//! (the "ticket"), and [`Gate::settle`] debits or refunds the difference when the response
+//! head arrives. Requests in flight are admitted on their estimates, so a key can overrun its
+//! quota by at most the sum of (actual − estimate) of its requests in flight; the debt is then
+//! repaid by waiting (Retry-After counts it, uncapped).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::HeaderValue;
+use http::header::{HeaderMap, HeaderValue};
 use http::Response;
 use smallvec::SmallVec;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -23,7 +29,8 @@ pub use adaptive::{Gradient, Window};
 use crate::answer::{Denied, Error};
 use crate::body::Body;
 use crate::config::{LimitConfig, Mode, Route};
-use crate::limit::{Decision, KeyCtx, KeyHash, LocalStore, Span, Store, StoreError, Timestamp};
+use crate::limit::plan::{Directory, Lookup, TierId};
+use crate::limit::{Algorithm, Decision, KeyCtx, KeyHash, KeyPart, LocalStore, Span, Store, StoreError, Timestamp};
 use crate::metrics::{LimitMetrics, Metrics};
 use crate::ratelimit::{self, RATELIMIT, RATELIMIT_POLICY};
 
@@ -38,6 +45,18 @@ pub struct Limit {
     /// Last time a shadow denial was logged (µs), so a flood logs once a second.
     shadow_logged: AtomicU64,
     pub metrics: LimitMetrics,
+    /// With `cost.response_header`: responses whose header could not be read.
+    cost_unread: Option<prometheus_client::metrics::counter::Counter>,
+    /// `plan: true`: by tier, its parameters and store (`None`: the tier is not limited by it).
+    tiers: Option<Vec<Option<TierLimit>>>,
+}
+
+/// A plan limit in one tier. Local: the limit's one store, decided with these parameters.
+/// Redis: a store per tier on the same Redis keys (see [`crate::limit::RedisStore::for_plan`]).
+struct TierLimit {
+    alg: Algorithm,
+    store: Arc<Store>,
+    window_secs: u64,
 }
 
 /// A route's limits and concurrency cap.
@@ -49,6 +68,12 @@ pub struct Gate {
     /// `retry_after_spread`: a denial's waits get `next % (spread + 1)` extra seconds.
     spread: u64,
     next: AtomicU64,
+    /// Some limit takes its cost from the response.
+    settles: bool,
+    /// Some limit is `plan: true`: the client's tier is looked up first.
+    directory: Option<Arc<Directory>>,
+    /// `RateLimit-Policy` by tier (plan routes only).
+    tier_policies: Vec<Option<HeaderValue>>,
 }
 
 enum Cap {
@@ -85,14 +110,36 @@ pub struct Note {
     pub delayed_us: u64,
 }
 
-/// An admitted request: wait `wait` first (leaky-bucket shaping), hold `permit` until the
-/// response body ends, and put `ratelimit` on the answer.
+/// An admitted request: wait [`Admission::wait`] first (leaky-bucket shaping), hold `permit`
+/// until the response body ends, and put `ratelimit` on the answer. Kept at 128 bytes: it is
+/// moved with the request's future, and a larger value is moved by `memcpy` calls.
 #[derive(Default)]
 pub struct Admission {
-    pub wait: Duration,
     pub permit: Option<Slot>,
     pub note: Note,
     ratelimit: Option<HeaderValue>,
+    /// Only on routes with plan limits or costs from the response.
+    product: Option<Box<Product>>,
+}
+
+/// What an admission of an API product route remembers.
+#[derive(Default)]
+struct Product {
+    /// Limits whose cost the response settles, with the key they charged.
+    owed: SmallVec<[(usize, KeyHash); 2]>,
+    /// The client's plan tier, on routes with plan limits.
+    tier: Option<TierId>,
+}
+
+impl Admission {
+    /// How long to wait before forwarding (leaky-bucket shaping).
+    pub fn wait(&self) -> Duration {
+        Duration::from_micros(self.note.delayed_us)
+    }
+
+    fn tier(&self) -> Option<TierId> {
+        self.product.as_ref().and_then(|p| p.tier)
+    }
 }
 
 /// Decision of one limit for this request.
@@ -105,7 +152,7 @@ struct Decided {
 impl Limit {
     pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
         let (_, window_secs) = ratelimit::policy_numbers(&config.algorithm);
-        Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics }
+        Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics, cost_unread: None, tiers: None }
     }
 
     /// Live keys in this limit's in-process state (for Redis: denials and leases held locally).
@@ -129,34 +176,72 @@ impl Limit {
     }
 
     /// The local store answers at once; Redis applies its `on_error` policy itself and fails
-    /// only with `on_error: deny`.
-    async fn decide(&self, key: KeyHash, now: Timestamp) -> Result<Decision, StoreError> {
-        match &*self.store {
-            Store::Local(s) => Ok(s.decide(key, now, self.config.cost)),
+    /// only with `on_error: deny`. A plan limit decides with the parameters of `tier`.
+    async fn decide(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp) -> Result<Decision, StoreError> {
+        let (store, alg) = self.store_in(tier);
+        match (&**store, alg) {
+            (Store::Local(s), None) => Ok(s.decide(key, now, self.config.cost)),
+            (Store::Local(s), Some(alg)) => Ok(s.decide_as(alg, key, now, self.config.cost)),
             // Boxed: the Redis future is large, and an unboxed one would make every local
             // decision's future as large (and memcpy'd as such).
-            Store::Redis(s) => Box::pin(s.decide(key, now, self.config.cost)).await,
+            (Store::Redis(s), _) => Box::pin(s.decide(key, now, self.config.cost)).await,
         }
     }
 
-    async fn refund(&self, key: KeyHash, now: Timestamp) {
-        match &*self.store {
-            Store::Local(s) => s.refund(key, now, self.config.cost),
-            Store::Redis(s) => Box::pin(s.refund(key, now, self.config.cost)).await,
+    /// Gives back `cost` charged for `key` (in `tier`, for a plan limit).
+    async fn refund(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp, cost: u64) {
+        let (store, alg) = self.store_in(tier);
+        match (&**store, alg) {
+            (Store::Local(s), None) => s.refund(key, now, cost),
+            (Store::Local(s), Some(alg)) => s.refund_as(alg, key, now, cost),
+            (Store::Redis(s), _) => Box::pin(s.refund(key, now, cost)).await,
+        }
+    }
+
+    /// The store and, for a plan limit in `tier`, the parameters to decide with.
+    fn store_in(&self, tier: Option<TierId>) -> (&Arc<Store>, Option<&Algorithm>) {
+        match tier.and_then(|t| self.in_tier(t)) {
+            Some(t) => (&t.store, Some(&t.alg)),
+            None => (&self.store, None),
+        }
+    }
+
+    /// This plan limit in `tier`: `None` when the tier is not limited by it.
+    fn in_tier(&self, tier: TierId) -> Option<&TierLimit> {
+        self.tiers.as_ref()?.get(usize::from(tier))?.as_ref()
+    }
+
+    async fn debit(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp, cost: u64) {
+        let (store, alg) = self.store_in(tier);
+        match (&**store, alg) {
+            (Store::Local(s), None) => s.debit(key, now, cost),
+            (Store::Local(s), Some(alg)) => s.debit_as(alg, key, now, cost),
+            (Store::Redis(s), _) => Box::pin(s.debit(key, now, cost)).await,
         }
     }
 
     /// Retry-After seconds of a denial: rounded up, and never longer than the limit's period
     /// (no request of an allowed cost ever waits longer than that for a fresh quota).
-    fn retry_after_secs(&self, retry_after: Span) -> u64 {
-        ratelimit::retry_after_secs(retry_after).min(self.window_secs.max(1))
+    fn retry_after_secs(&self, tier: Option<TierId>, retry_after: Span) -> u64 {
+        let secs = ratelimit::retry_after_secs(retry_after);
+        // A debt (a response that cost more than its estimate, or units spent in a larger
+        // tier) can take longer than a period.
+        if self.config.response_cost.is_some() || self.tiers.is_some() {
+            return secs;
+        }
+        secs.min(self.period_secs(tier))
+    }
+
+    /// The longest Retry-After of this limit (in `tier`, for a plan limit).
+    fn period_secs(&self, tier: Option<TierId>) -> u64 {
+        tier.and_then(|t| self.in_tier(t)).map_or(self.window_secs, |t| t.window_secs).max(1)
     }
 
     /// Retry-After seconds of a [`Decision::Never`]: the longest a denial of this limit sends,
     /// its period. Config validation keeps every configured cost within what the limit (and
     /// its Redis fallback) admits, so this answers only a store that disagrees with it.
-    fn never_secs(&self) -> u64 {
-        self.window_secs.max(1)
+    fn never_secs(&self, tier: Option<TierId>) -> u64 {
+        self.period_secs(tier)
     }
 
     /// `retry_after`: `None` for a [`Decision::Never`].
@@ -179,8 +264,34 @@ impl Gate {
         let limits: Vec<Limit> = route
             .limits
             .iter()
-            .map(|l| Limit::new(l.clone(), store_for(l), metrics.limit(&route.name, &l.name)))
+            .map(|l| {
+                let store = store_for(l);
+                let mut limit = Limit::new(l.clone(), store.clone(), metrics.limit(&route.name, &l.name));
+                if l.response_cost.is_some() {
+                    limit.cost_unread = Some(metrics.cost_unread(&route.name, &l.name));
+                }
+                if let Some(plan) = &l.plan {
+                    let tiers = plan
+                        .algorithms
+                        .iter()
+                        .map(|alg| {
+                            let alg = alg.as_ref()?;
+                            // Local: one state per client in the limit's store. Redis: a store
+                            // per tier on the same keys.
+                            let store = match &*store {
+                                Store::Local(_) => store.clone(),
+                                Store::Redis(_) => store_for(&LimitConfig { algorithm: alg.clone(), ..l.clone() }),
+                            };
+                            let window_secs = ratelimit::policy_numbers(alg).1;
+                            Some(TierLimit { alg: alg.clone(), store, window_secs })
+                        })
+                        .collect();
+                    limit.tiers = Some(tiers);
+                }
+                limit
+            })
             .collect();
+        let settles = limits.iter().any(|l| l.config.response_cost.is_some());
         let enforced = limits.iter().filter(|l| l.enforced()).map(|l| (l.config.name.as_str(), &l.config.algorithm));
         let policy = if route.ratelimit_headers { ratelimit::policy(enforced) } else { None };
         Gate {
@@ -199,6 +310,50 @@ impl Gate {
             policy,
             spread: route.retry_after_spread,
             next: AtomicU64::new(0),
+            settles,
+            directory: None,
+            tier_policies: Vec::new(),
+        }
+    }
+
+    /// Gives a gate with `plan: true` limits the client directory (tiers are looked up before
+    /// the limits decide), and renders each tier's RateLimit-Policy: the quota of the limits
+    /// that apply in that tier.
+    pub fn set_directory(&mut self, directory: Arc<Directory>, ratelimit_headers: bool) {
+        if !self.limits.iter().any(|l| l.tiers.is_some()) {
+            return;
+        }
+        let tiers = directory.plans().tiers.len();
+        self.tier_policies = (0..tiers)
+            .map(|t| {
+                let t = TierId::try_from(t).ok()?;
+                if !ratelimit_headers {
+                    return None;
+                }
+                let enforced = self.limits.iter().filter(|l| l.enforced()).filter_map(|l| match &l.tiers {
+                    None => Some((l.config.name.as_str(), &l.config.algorithm)),
+                    Some(_) => l.in_tier(t).map(|tl| (l.config.name.as_str(), &tl.alg)),
+                });
+                ratelimit::policy(enforced)
+            })
+            .collect();
+        self.directory = Some(directory);
+    }
+
+    /// The client's tier from the file or the cache, without waiting; a client value to fetch
+    /// from Redis otherwise (no buffer is held across an await).
+    fn lookup_tier(directory: &Directory, ctx: &KeyCtx<'_>) -> Lookup {
+        use crate::limit::key::MAX_PART_BYTES;
+        match &directory.plans().of {
+            // The common case reads the header in place: no buffer to clear.
+            KeyPart::Header(name) => {
+                directory.lookup(ctx.parts.headers.get(name).map(|v| &v.as_bytes()[..v.len().min(MAX_PART_BYTES)]))
+            }
+            part => {
+                let mut buf = [0u8; MAX_PART_BYTES];
+                let value = part.value(ctx, &mut buf);
+                directory.lookup(value)
+            }
         }
     }
 
@@ -222,15 +377,33 @@ impl Gate {
     /// [`Error::Throttled`] when an enforced limit denies, [`Error::OverCapacity`] when the
     /// cap is full, [`Error::StoreUnavailable`] when a store cannot decide and refuses.
     pub async fn check(&self, ctx: &KeyCtx<'_>, now: Timestamp) -> Result<Admission, Error> {
+        let tier = match &self.directory {
+            None => None,
+            Some(d) => {
+                let t = match Gate::lookup_tier(d, ctx) {
+                    Lookup::Tier(t) => t,
+                    // Boxed: a Redis cache miss, once per client per TTL.
+                    Lookup::Fetch(value) => Box::pin(d.fetch(value)).await,
+                };
+                if d.plans().tiers.get(usize::from(t)).is_some_and(|t| t.deny) {
+                    return Err(Error::Forbidden);
+                }
+                Some(t)
+            }
+        };
         let mut decided: SmallVec<[Decided; 4]> = SmallVec::new();
         let mut denied = false;
         for (i, limit) in self.limits.iter().enumerate() {
+            if limit.tiers.is_some() && tier.is_some_and(|t| limit.in_tier(t).is_none()) {
+                // This tier is not limited by it.
+                continue;
+            }
             let key = limit.config.key.hash(ctx);
-            let decision = match limit.decide(key, now).await {
+            let decision = match limit.decide(tier, key, now).await {
                 Ok(d) => d,
                 Err(e) => {
                     // Fail closed (`on_error: deny`): nothing stays charged anywhere.
-                    self.refund_admitted(&decided, now).await;
+                    self.refund_admitted(&decided, tier, now).await;
                     tracing::debug!(route = %self.route, limit = %limit.config.name, error = %e, "limit store unavailable");
                     let secs = match &e {
                         StoreError::Unavailable { retry_after, .. } => retry_after.as_secs().max(1),
@@ -262,8 +435,8 @@ impl Gate {
             decided.push(Decided { limit: i, key, decision });
         }
         if denied {
-            self.refund_admitted(&decided, now).await;
-            return Err(Error::Throttled(self.denied(&decided)));
+            self.refund_admitted(&decided, tier, now).await;
+            return Err(Error::Throttled(self.denied(&decided, tier)));
         }
 
         let permit = match &self.cap {
@@ -271,7 +444,7 @@ impl Gate {
             Some(cap) => match self.acquire(cap).await {
                 Some(p) => Some(p),
                 None => {
-                    self.refund_admitted(&decided, now).await;
+                    self.refund_admitted(&decided, tier, now).await;
                     return Err(Error::OverCapacity);
                 }
             },
@@ -289,12 +462,46 @@ impl Gate {
                 note.limit = Some(d.limit);
             }
         }
-        Ok(Admission {
-            wait: Duration::from_micros(note.delayed_us),
-            permit,
-            note,
-            ratelimit: self.ratelimit_admitted(&decided),
-        })
+        let product = (self.settles || tier.is_some()).then(|| {
+            let owed = decided
+                .iter()
+                .filter(|d| self.limits[d.limit].config.response_cost.is_some() && d.decision.is_admitted())
+                .map(|d| (d.limit, d.key))
+                .collect();
+            Box::new(Product { owed, tier })
+        });
+        Ok(Admission { permit, note, ratelimit: self.ratelimit_admitted(&decided), product })
+    }
+
+    /// True when `admission` waits for its response's cost ([`Gate::settle`]).
+    pub fn owes(admission: &Admission) -> bool {
+        admission.product.as_ref().is_some_and(|p| !p.owed.is_empty())
+    }
+
+    /// Settles the costs taken from the response head `headers` at `now`: each limit with
+    /// `cost.response_header` debits `actual − estimate` (refunds when negative). A header that
+    /// is missing or not a whole number debits nothing and counts in
+    /// `tollgate_response_cost_unread`. Runs once per admission.
+    pub async fn settle(&self, admission: &mut Admission, headers: &HeaderMap, now: Timestamp) {
+        let tier = admission.tier();
+        let owed = admission.product.as_mut().map(|p| std::mem::take(&mut p.owed)).unwrap_or_default();
+        for (i, key) in owed {
+            let limit = &self.limits[i];
+            let Some(name) = &limit.config.response_cost else { continue };
+            let actual = headers.get(name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<u64>().ok());
+            let Some(actual) = actual else {
+                if let Some(c) = &limit.cost_unread {
+                    c.inc();
+                }
+                continue;
+            };
+            let estimate = limit.config.cost;
+            if actual > estimate {
+                limit.debit(tier, key, now, actual - estimate).await;
+            } else if actual < estimate {
+                limit.refund(tier, key, now, estimate - actual).await;
+            }
+        }
     }
 
     async fn acquire(&self, cap: &Cap) -> Option<Slot> {
@@ -323,21 +530,22 @@ impl Gate {
     }
 
     /// Gives back every admission of a request that is refused, shadow limits' included.
-    async fn refund_admitted(&self, decided: &[Decided], now: Timestamp) {
+    async fn refund_admitted(&self, decided: &[Decided], tier: Option<TierId>, now: Timestamp) {
         for d in decided.iter().filter(|d| d.decision.is_admitted()) {
-            self.limits[d.limit].refund(d.key, now).await;
+            let limit = &self.limits[d.limit];
+            limit.refund(tier, d.key, now, limit.config.cost).await;
         }
     }
 
     /// The enforced limits that denied, with their waits.
-    fn denied(&self, decided: &[Decided]) -> Denied {
+    fn denied(&self, decided: &[Decided], tier: Option<TierId>) -> Denied {
         let limits: SmallVec<[(usize, u64); 2]> = decided
             .iter()
             .filter_map(|d| {
                 let limit = &self.limits[d.limit];
                 let secs = match d.decision {
-                    Decision::Deny { retry_after, .. } => limit.retry_after_secs(retry_after),
-                    Decision::Never { .. } => limit.never_secs(),
+                    Decision::Deny { retry_after, .. } => limit.retry_after_secs(tier, retry_after),
+                    Decision::Never { .. } => limit.never_secs(tier),
                     Decision::Allow { .. } | Decision::Delay { .. } => return None,
                 };
                 limit.enforced().then_some((d.limit, secs))
@@ -353,7 +561,9 @@ impl Gate {
             }
         }
         let retry_after_secs = limits.iter().map(|l| l.1).max().unwrap_or(1);
-        Denied { limits, retry_after_secs }
+        // A plan tier's own policy (the route's is the answers' default).
+        let policy = tier.and_then(|t| self.tier_policies.get(usize::from(t))?.clone()).map(Box::new);
+        Denied { limits, retry_after_secs, policy }
     }
 
     fn ratelimit_admitted(&self, decided: &[Decided]) -> Option<HeaderValue> {
@@ -371,7 +581,11 @@ impl Gate {
 
     /// Puts the RateLimit headers of an admitted request on its answer.
     pub fn decorate(&self, admission: &mut Admission, resp: &mut Response<Body>) {
-        if let (Some(policy), Some(rl)) = (&self.policy, admission.ratelimit.take()) {
+        let policy = match admission.tier() {
+            Some(t) => self.tier_policies.get(usize::from(t)).and_then(Option::as_ref),
+            None => self.policy.as_ref(),
+        };
+        if let (Some(policy), Some(rl)) = (policy, admission.ratelimit.take()) {
             let h = resp.headers_mut();
             h.insert(RATELIMIT_POLICY, policy.clone());
             h.insert(RATELIMIT, rl);
@@ -400,6 +614,13 @@ mod tests {
         gate.check(&ctx, Timestamp::from_micros(now)).await
     }
 
+    #[test]
+    fn an_admission_stays_128_bytes() {
+        // Moved with the request's future: past 128 bytes the moves become memcpy calls
+        // (measured: about 300 instructions a request more).
+        assert!(std::mem::size_of::<Admission>() <= 128, "{}", std::mem::size_of::<Admission>());
+    }
+
     #[tokio::test]
     async fn shadow_admissions_are_refunded_when_another_limit_rejects() {
         // The shadow bucket holds 2; the enforced window admits 1 a minute.
@@ -422,8 +643,8 @@ mod tests {
         let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
         assert_eq!(d.retry_after_secs, 10);
         // A window's wait is measured from now; it is never longer than a window.
-        assert_eq!(g.limits[0].retry_after_secs(Span::MAX), 10);
-        assert_eq!(g.limits[0].retry_after_secs(Span::from_micros(3_000_001)), 4);
+        assert_eq!(g.limits[0].retry_after_secs(None, Span::MAX), 10);
+        assert_eq!(g.limits[0].retry_after_secs(None, Span::from_micros(3_000_001)), 4);
     }
 
     #[tokio::test]
@@ -449,7 +670,7 @@ mod tests {
             let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
             // The bucket's period: 4 × 10 s, the longest Retry-After it sends.
             assert_eq!((&d.limits[..], d.retry_after_secs), (&[(0, 40)][..], 40));
-            assert_eq!(limit.never_secs(), 40);
+            assert_eq!(limit.never_secs(None), 40);
             assert_eq!(limit.metrics.throttled.get(), 1);
         }
     }

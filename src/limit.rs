@@ -5,18 +5,23 @@
 //!
 //! # Layout
 //! - [`algo`]: the five algorithms ([`Algorithm`], [`State`], [`decide`], [`refund`]).
+//! - [`calendar`]: [`Calendar`] windows (hour, day, month in a time zone) for fixed windows.
 //! - [`time`]: [`Timestamp`], [`Span`], [`NonZeroSpan`].
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - [`key`]: [`KeySpec`] → [`KeyHash`], and [`TrustedProxies`] for the client IP.
+//! - [`plan`]: [`plan::Plans`] (client → tier) and the tier parameters of `plan: true` limits.
 //! - [`store`]: [`Store`]: [`LocalStore`] (a sharded in-process map) or [`RedisStore`] (shared).
 
 pub mod algo;
+pub mod calendar;
 pub mod clock;
 pub mod key;
+pub mod plan;
 pub mod store;
 pub mod time;
 
-pub use algo::{decide, max_cost, refund, Algorithm, State};
+pub use algo::{debit, decide, max_cost, refund, Algorithm, State};
+pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
 pub use store::{LocalStore, RedisClient, RedisConfig, RedisStore, Store, StoreError};

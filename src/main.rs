@@ -137,6 +137,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e.to_string(), ExitCode::from(2)),
     };
+    for w in &config.warnings {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "warning: {w}");
+    }
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),
@@ -390,7 +394,7 @@ fn summary(config: &Config) -> String {
                 "       limit {}: {} {} key [{}] store {store}",
                 l.name,
                 tollgate::config::algorithm_name(&l.algorithm),
-                l.rate,
+                if l.plan.is_some() { "(rate by plan tier)".to_owned() } else { l.rate.to_string() },
                 key.join(", ")
             );
         }

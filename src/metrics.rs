@@ -171,6 +171,7 @@ pub struct Metrics {
     stale: Family<StaleLabel, Counter>,
     upstream_seconds: Family<RouteLabel, Seconds>,
     local_keys: Family<RouteLimit, Gauge>,
+    cost_unread: Family<RouteLimit, Counter>,
     in_flight: Gauge,
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
@@ -286,6 +287,12 @@ impl Metrics {
         );
         let local_keys = Family::<RouteLimit, Gauge>::default();
         registry.register("local_store_keys", "Live keys in the in-process store", local_keys.clone());
+        let cost_unread = Family::<RouteLimit, Counter>::default();
+        registry.register(
+            "response_cost_unread",
+            "Responses of a limit with cost.response_header whose header was missing or not a number (nothing debited)",
+            cost_unread.clone(),
+        );
         let in_flight = Gauge::default();
         registry.register("requests_in_flight", "Requests being served", in_flight.clone());
         let concurrency_limit = Family::<RouteLabel, Gauge>::default();
@@ -361,6 +368,7 @@ impl Metrics {
             stale,
             upstream_seconds,
             local_keys,
+            cost_unread,
             in_flight,
             concurrency_limit,
             errors,
@@ -414,6 +422,12 @@ impl Metrics {
                 .get_or_create(&RouteLimit { route: Label::new(route), limit: Label::new(limit) })
                 .clone(),
         }
+    }
+
+    /// Responses of a limit with `cost.response_header` whose header was missing or not a
+    /// number (only such limits have the series).
+    pub fn cost_unread(&self, route: &str, limit: &str) -> Counter {
+        self.cost_unread.get_or_create(&RouteLimit { route: Label::new(route), limit: Label::new(limit) }).clone()
     }
 
     /// The counter of answers of `kind` (from `source`) on `route`.

@@ -32,7 +32,7 @@ pub fn policy_numbers(alg: &Algorithm) -> (u64, u64) {
                 (1, interval.get().as_secs_ceil())
             }
         }
-        Algorithm::FixedWindow { window, limit }
+        Algorithm::FixedWindow { window, limit, .. }
         | Algorithm::SlidingWindow { window, limit }
         | Algorithm::SlidingLog { window, limit } => (limit.get(), window.get().as_secs_ceil().max(1)),
     }
@@ -97,7 +97,7 @@ mod tests {
         let nz = |n| NonZeroU64::new(n).unwrap();
         let nzs = |us| NonZeroSpan::from_micros(us).unwrap();
         let tb = Algorithm::TokenBucket { interval: nzs(100_000), burst: nz(20), warmup: Span::ZERO };
-        let fw = Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(100) };
+        let fw = Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(100), calendar: None };
         let v = policy([("a", &tb), ("b", &fw)].into_iter()).unwrap();
         assert_eq!(v, "\"a\";q=20;w=2, \"b\";q=100;w=60");
         assert!(policy(std::iter::empty()).is_none());

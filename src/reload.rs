@@ -61,6 +61,9 @@ fn build(
     live_format: bool,
 ) -> Result<Built, ConfigError> {
     let mut config = Config::load(path)?;
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
     adjust(&mut config);
     let running = &old.config;
     let mut restart_needed = Vec::new();

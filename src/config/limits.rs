@@ -10,35 +10,75 @@ use serde::Deserialize;
 
 use super::units::{Dur, Rate};
 use super::{key, Invalid, Seg};
-use crate::limit::{self, Algorithm, KeyPart, KeySpec, NonZeroSpan, Span};
+use crate::limit::{self, Algorithm, Calendar, CalendarUnit, KeyPart, KeySpec, NonZeroSpan, Span};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
-    name: Option<String>,
+    pub(super) name: Option<String>,
     algorithm: AlgorithmName,
-    rate: Rate,
-    burst: Option<u64>,
+    pub(super) rate: Option<Rate>,
+    pub(super) burst: Option<u64>,
     max_delay: Option<Dur>,
     warmup: Option<Dur>,
     #[serde(default = "route_key")]
     key: KeyList,
     #[serde(default)]
     store: StoreKind,
-    #[serde(default = "one")]
-    cost: u64,
+    #[serde(default)]
+    cost: RawCost,
     #[serde(default)]
     mode: Mode,
     lease: Option<u64>,
     max_keys: Option<usize>,
+    /// Fixed window only: `utc` or an IANA zone; windows align to its calendar.
+    calendar: Option<String>,
+    /// Rate and burst come from the client's tier (`plans.tiers`).
+    #[serde(default)]
+    pub(super) plan: bool,
 }
 
 fn route_key() -> KeyList {
     KeyList(vec!["route".to_owned()])
 }
 
-fn one() -> u64 {
-    1
+/// `cost: 3`, or `cost: { estimate: 1, response_header: x-tokens-used }`.
+#[derive(Clone)]
+enum RawCost {
+    Fixed(u64),
+    Response(RawResponseCost),
+}
+
+impl Default for RawCost {
+    fn default() -> Self {
+        RawCost::Fixed(1)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawCost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawCost;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number, or { estimate: N, response_header: NAME }")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawCost, E> {
+                Ok(RawCost::Fixed(v))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawCost, A::Error> {
+                RawResponseCost::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawCost::Response)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawResponseCost {
+    estimate: u64,
+    response_header: String,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
@@ -70,6 +110,7 @@ pub enum Mode {
 }
 
 /// `key: client_ip` or `key: [client_ip, header:X-Tenant]`.
+#[derive(Clone)]
 struct KeyList(Vec<String>);
 
 impl<'de> Deserialize<'de> for KeyList {
@@ -104,7 +145,14 @@ pub struct LimitConfig {
     pub rate: Rate,
     pub key: KeySpec,
     pub store: StoreKind,
+    /// Units charged at admission (with `response_cost`: the estimate).
     pub cost: u64,
+    /// The response header whose number is the request's real cost: the difference from
+    /// `cost` is debited (or refunded) when the response head arrives.
+    pub response_cost: Option<http::HeaderName>,
+    /// `plan: true`: the parameters per tier (`algorithm` is then the default tier's, or the
+    /// first tier's that names this limit).
+    pub plan: Option<std::sync::Arc<crate::limit::plan::PlanTiers>>,
     pub mode: Mode,
     /// Redis only: tokens taken per call and spent locally.
     pub lease: Option<NonZeroU64>,
@@ -342,6 +390,9 @@ impl RawLimit {
     /// `at(field)` is the path of a field of this limit; `index` names unnamed limits.
     pub fn validate(self, index: usize, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<LimitConfig, Invalid> {
         use AlgorithmName as A;
+        let rate = self.rate.ok_or_else(|| {
+            (at("rate"), "`rate` is required (or `plan: true`, with the rate of each tier in `plans.tiers`)".to_owned())
+        })?;
         let name = self.name.unwrap_or_else(|| format!("limit-{index}"));
         check_name(&name).map_err(|e| (at("name"), e))?;
         let only = |field: &str, set: bool, algs: &[A], what: &str| -> Result<(), Invalid> {
@@ -354,16 +405,37 @@ impl RawLimit {
         only("warmup", self.warmup.is_some(), &[A::TokenBucket], "token_bucket")?;
         only("max_delay", self.max_delay.is_some(), &[A::LeakyBucket], "leaky_bucket")?;
         only("lease", self.lease.is_some() && self.store != StoreKind::Redis, &[], "limits with `store: redis`")?;
+        only("calendar", self.calendar.is_some(), &[A::FixedWindow], "fixed_window")?;
+        let calendar = match &self.calendar {
+            None => None,
+            Some(zone) => {
+                let unit = match (rate.month, rate.period.as_secs(), rate.period.subsec_nanos()) {
+                    (true, ..) => CalendarUnit::Month,
+                    (false, 3_600, 0) => CalendarUnit::Hour,
+                    (false, 86_400, 0) => CalendarUnit::Day,
+                    _ => {
+                        return Err((
+                            at("rate"),
+                            format!(
+                                "a calendar window is one hour, day or month: write the rate per h, d or month, not {}",
+                                rate
+                            ),
+                        ))
+                    }
+                };
+                Some(Calendar::new(zone, unit).map_err(|e| (at("calendar"), e))?)
+            }
+        };
 
-        let period = self.rate.period_micros();
-        let per_unit = period / self.rate.quantity;
+        let period = rate.period_micros();
+        let per_unit = period / rate.quantity;
         let algorithm = match self.algorithm {
             A::TokenBucket | A::LeakyBucket => {
                 let interval = NonZeroSpan::from_micros(per_unit).ok_or_else(|| {
-                    (at("rate"), format!("{} is faster than one per microsecond; use a lower rate", self.rate))
+                    (at("rate"), format!("{} is faster than one per microsecond; use a lower rate", rate))
                 })?;
                 if self.algorithm == A::TokenBucket {
-                    let burst = self.burst.unwrap_or(self.rate.quantity);
+                    let burst = self.burst.unwrap_or(rate.quantity);
                     let burst =
                         NonZeroU64::new(burst).ok_or_else(|| (at("burst"), "burst must be at least 1".to_owned()))?;
                     Algorithm::TokenBucket { interval, burst, warmup: self.warmup.map_or(Span::ZERO, span) }
@@ -372,37 +444,52 @@ impl RawLimit {
                 }
             }
             A::FixedWindow | A::SlidingWindow | A::SlidingLog => {
-                let window = NonZeroSpan::from_micros(period)
-                    .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?;
-                let limit = NonZeroU64::new(self.rate.quantity)
+                let window = match &calendar {
+                    Some(c) => c.longest(),
+                    None => NonZeroSpan::from_micros(period)
+                        .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?,
+                };
+                let limit = NonZeroU64::new(rate.quantity)
                     .ok_or_else(|| (at("rate"), "the limit must be at least 1".to_owned()))?;
                 match self.algorithm {
-                    A::FixedWindow => Algorithm::FixedWindow { window, limit },
+                    A::FixedWindow => Algorithm::FixedWindow { window, limit, calendar },
                     A::SlidingWindow => Algorithm::SlidingWindow { window, limit },
                     _ => Algorithm::SlidingLog { window, limit },
                 }
             }
         };
-        if self.algorithm == A::SlidingLog && self.rate.quantity > 100_000 {
+        if self.algorithm == A::SlidingLog && rate.quantity > 100_000 {
             return Err((
                 at("rate"),
                 format!(
                     "sliding_log keeps one entry per admitted request: {} per window is too many; use sliding_window",
-                    self.rate.quantity
+                    rate.quantity
                 ),
             ));
         }
         check_exact(&algorithm).map_err(|e| {
             (at(if self.burst.is_some() && self.algorithm == A::TokenBucket { "burst" } else { "rate" }), e)
         })?;
-        if self.cost == 0 {
+        let (cost, response_cost) = match self.cost {
+            RawCost::Fixed(n) => (n, None),
+            RawCost::Response(r) => {
+                let name = http::HeaderName::from_bytes(r.response_header.as_bytes()).map_err(|_| {
+                    (
+                        at("cost"),
+                        format!("`{}` is not a header name (response_header)", r.response_header.escape_debug()),
+                    )
+                })?;
+                (r.estimate, Some(name))
+            }
+        };
+        if cost == 0 {
             return Err((at("cost"), "cost must be at least 1".to_owned()));
         }
         let max = limit::max_cost(&algorithm);
-        if self.cost > max {
+        if cost > max {
             return Err((
                 at("cost"),
-                format!("cost {} can never be admitted: this limit admits at most {max} at once", self.cost),
+                format!("cost {cost} can never be admitted: this limit admits at most {max} at once"),
             ));
         }
         if self.key.0.is_empty() {
@@ -424,10 +511,12 @@ impl RawLimit {
         Ok(LimitConfig {
             name,
             algorithm,
-            rate: self.rate,
+            rate,
             key,
             store: self.store,
-            cost: self.cost,
+            cost,
+            response_cost,
+            plan: None,
             mode: self.mode,
             lease,
             max_keys,

@@ -42,6 +42,7 @@ pub struct Config {
     redis: Option<super::redis::RawRedis>,
     #[serde(default)]
     request_id: super::gateway::RawRequestId,
+    plans: Option<super::plans::RawPlans>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -407,6 +408,7 @@ impl Config {
         }
         let redis = self.redis.map(|r| r.validate()).transpose()?;
         let request_id = self.request_id.validate()?;
+        let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -504,7 +506,7 @@ impl Config {
             }
             let mut limits = Vec::with_capacity(route.limits.len());
             for (j, raw) in route.limits.into_iter().enumerate() {
-                let limit = raw.validate(j, &|field| limit_path(i, j, field))?;
+                let limit = super::plans::Validated::limit(plans.as_mut(), raw, j, &|field| limit_path(i, j, field))?;
                 if limit.store == super::StoreKind::Redis {
                     super::redis::check_limit(&limit, redis.is_some(), &|field| limit_path(i, j, field))?;
                     if let Some(r) = on_error_local {
@@ -612,6 +614,8 @@ impl Config {
             problem_type_base: type_base,
             redis,
             request_id,
+            plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
+            warnings: Vec::new(),
             upstreams,
             routes,
             shape: super::Shape::default(),

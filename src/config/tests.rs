@@ -301,3 +301,119 @@ fn an_error_at_the_end_of_the_text_points_inside_it() {
         }
     }
 }
+
+#[test]
+fn calendar_windows_are_checked_where_written() {
+    const UP: &str = "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n";
+    let cases = [
+        (
+            "      - { algorithm: fixed_window, rate: 5/month, calendar: Mars/Base }\n",
+            "routes[0].limits[0].calendar",
+            "is not a time zone",
+        ),
+        (
+            "      - { algorithm: fixed_window, rate: 5/2d, calendar: utc }\n",
+            "routes[0].limits[0].rate",
+            "one hour, day or month",
+        ),
+        (
+            "      - { algorithm: token_bucket, rate: 5/d, calendar: utc }\n",
+            "routes[0].limits[0].calendar",
+            "fixed_window only",
+        ),
+    ];
+    for (limit, path, needle) in cases {
+        let e = err(&format!("{UP}{limit}"));
+        assert_eq!((e.line, e.path.as_str()), (5, path), "{e}");
+        assert!(e.message.contains(needle), "{e}");
+    }
+    let ok = format!("{UP}      - {{ algorithm: fixed_window, rate: 1000/month, calendar: Europe/Berlin }}\n");
+    let c = Config::from_yaml(Path::new("proxy.yaml"), &ok).unwrap();
+    let crate::limit::Algorithm::FixedWindow { calendar: Some(cal), .. } = &c.routes[0].limits[0].algorithm else {
+        panic!("no calendar")
+    };
+    assert_eq!(cal.unit(), crate::limit::CalendarUnit::Month);
+    assert_eq!(c.routes[0].limits[0].rate.to_string(), "1000/month");
+}
+
+#[test]
+fn response_cost_is_checked_where_written() {
+    const UP: &str = "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n";
+    let limit = |cost: &str| format!("{UP}      - {{ algorithm: token_bucket, rate: 10/s, cost: {cost} }}\n");
+    let e = err(&limit("{ estimate: 1, response_header: 'x y' }"));
+    assert_eq!(e.path, "routes[0].limits[0].cost", "{e}");
+    assert!(e.message.contains("not a header name"), "{e}");
+    let e = err(&limit("{ estimate: 1 }"));
+    assert!(e.message.contains("response_header"), "{e}");
+    let e = err(&limit("{ estimate: 11, response_header: x-n }"));
+    assert!(e.message.contains("admits at most 10"), "{e}");
+    let c = Config::from_yaml(Path::new("p.yaml"), &limit("{ estimate: 2, response_header: X-Tokens }")).unwrap();
+    let l = &c.routes[0].limits[0];
+    assert_eq!((l.cost, l.response_cost.as_ref().map(|h| h.as_str())), (2, Some("x-tokens")));
+}
+
+#[test]
+fn plan_mistakes_are_refused_where_they_are_written() {
+    let yaml = |tiers: &str, limit: &str| {
+        format!(
+            "plans:\n  of: header:x-key\n  clients: /nonexistent/clients.yaml\n  default: free\n  tiers:\n{tiers}upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n      - {limit}\n"
+        )
+    };
+    let free = "    free:\n      fast: { rate: 5/s }\n";
+    let cases = [
+        // a plan limit that no tier names
+        (yaml(free, "{ name: slow, algorithm: token_bucket, plan: true }"), 12, "routes[0].limits[0].plan", "no tier"),
+        // a tier entry that names no plan limit
+        (
+            yaml(
+                "    free:\n      fast: { rate: 5/s }\n      typo: { rate: 1/s }\n",
+                "{ name: fast, algorithm: token_bucket, plan: true }",
+            ),
+            8,
+            "plans.tiers.free.typo",
+            "no `plan: true` limit",
+        ),
+        // a plan limit with its own rate
+        (
+            yaml(free, "{ name: fast, algorithm: token_bucket, plan: true, rate: 1/s }"),
+            12,
+            "routes[0].limits[0].rate",
+            "from the client's tier",
+        ),
+        // a bad rate in a tier is reported at the tier
+        (
+            yaml(
+                "    free:\n      fast: { rate: 5/s, burst: 0 }\n",
+                "{ name: fast, algorithm: token_bucket, plan: true }",
+            ),
+            7,
+            "plans.tiers.free.fast.burst",
+            "at least 1",
+        ),
+        (
+            yaml(free, "{ name: fast, algorithm: leaky_bucket, plan: true }"),
+            12,
+            "routes[0].limits[0].algorithm",
+            "token_bucket or a window",
+        ),
+        (
+            yaml(free, "{ name: fast, algorithm: token_bucket }").replace("default: free", "default: gold"),
+            4,
+            "plans.default",
+            "unknown tier `gold`",
+        ),
+        (
+            yaml(free, "{ name: fast, algorithm: token_bucket, plan: true }"),
+            3,
+            "plans.clients",
+            "cannot read the clients file",
+        ),
+    ];
+    for (text, line, path, needle) in &cases {
+        let e = err(text);
+        assert_eq!((e.line, e.path.as_str()), (*line, *path), "{e}");
+        assert!(e.message.contains(needle), "{e}");
+    }
+    let e = err(&yaml(free, "{ name: fast, algorithm: token_bucket, plan: true }").replace("plans:", "plans_:"));
+    assert!(e.message.contains("unknown field"), "{e}");
+}

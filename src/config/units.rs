@@ -13,12 +13,17 @@ use serde::Deserialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Dur(pub Duration);
 
-/// A rate: `quantity` per `period`. `100/s`, `5/m`, `1000/60s`, `10/1.5s`.
+/// A rate: `quantity` per `period`. `100/s`, `5/m`, `1000/60s`, `10/1.5s`, `1000/month`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rate {
     pub quantity: u64,
     pub period: Duration,
+    /// Written per `month`: the period is [`MONTH`] unless a calendar gives months their length.
+    pub month: bool,
 }
+
+/// A month outside a calendar: 30 days.
+pub const MONTH: Duration = Duration::from_secs(30 * 86_400);
 
 /// A byte size: a whole number with an optional unit `B`, `KB`/`KiB`, `MB`/`MiB`, `GB`/`GiB`
 /// (the decimal and binary spellings both mean powers of 1024, as in nginx).
@@ -53,7 +58,7 @@ impl<'de> Deserialize<'de> for Size {
 
 const DURATION_EXPECTED: &str = "a duration such as 250ms, 2s, 5m, 1h (units: us, ms, s, m, h, d)";
 const RATE_EXPECTED: &str =
-    "a rate such as 100/s, 5/m, 1000/h or 1000/60s (a whole number, a slash, a unit or duration)";
+    "a rate such as 100/s, 5/m, 1000/h, 1000/d, 1000/month or 1000/60s (a whole number, a slash, a unit or duration)";
 
 impl Dur {
     pub fn parse(s: &str) -> Result<Dur, String> {
@@ -119,12 +124,13 @@ impl Rate {
             "m" | "min" | "minute" => Duration::from_secs(60),
             "h" | "hour" => Duration::from_secs(3_600),
             "d" | "day" => Duration::from_secs(86_400),
+            "month" => MONTH,
             other => Dur::parse(other).map_err(|e| format!("bad period in `{s}`: {e}"))?.0,
         };
         if period.is_zero() {
             return Err(format!("`{s}` has a zero period"));
         }
-        Ok(Rate { quantity, period })
+        Ok(Rate { quantity, period, month: p == "month" })
     }
 
     /// Period in whole microseconds.
@@ -149,6 +155,9 @@ impl fmt::Display for Dur {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.month {
+            return write!(f, "{}/month", self.quantity);
+        }
         match self.period.as_secs() {
             1 if self.period.subsec_nanos() == 0 => write!(f, "{}/s", self.quantity),
             60 if self.period.subsec_nanos() == 0 => write!(f, "{}/m", self.quantity),

@@ -44,7 +44,7 @@ pub(crate) mod expect {
 
 use std::num::NonZeroU64;
 
-use super::{Decision, NonZeroSpan, Span, Timestamp};
+use super::{Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
 /// Algorithm with validated parameters (constructed from config; invalid ones cannot exist).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -54,8 +54,10 @@ pub enum Algorithm {
     TokenBucket { interval: NonZeroSpan, burst: NonZeroU64, warmup: Span },
     /// Constant outflow of one unit per `interval`; wait at most `max_delay` (0 = strict meter).
     LeakyBucket { interval: NonZeroSpan, max_delay: Span },
-    /// `limit` units per `window` aligned to the clock (window start = now - now % window).
-    FixedWindow { window: NonZeroSpan, limit: NonZeroU64 },
+    /// `limit` units per `window` aligned to the clock (window start = now - now % window), or
+    /// with a `calendar` per calendar hour, day or month in a time zone (`window` is then the
+    /// longest such window: the longest Retry-After and the RateLimit-Policy `w`).
+    FixedWindow { window: NonZeroSpan, limit: NonZeroU64, calendar: Option<Calendar> },
     /// Counter approximation: prev * (window - elapsed) / window + cur.
     SlidingWindow { window: NonZeroSpan, limit: NonZeroU64 },
     /// Exact log of admitted (timestamp, cost) within the last `window`.
@@ -102,7 +104,7 @@ impl State {
         match (self, alg) {
             (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.is_idle(*warmup, now),
             (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.is_idle(now),
-            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.is_idle(*window, now),
+            (State::FixedWindow(s), Algorithm::FixedWindow { .. }) => s.is_idle(now),
             (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.is_idle(*window, now),
             (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.is_idle(*window, now),
             // A state of another algorithm's shape is treated as initial everywhere.
@@ -115,7 +117,7 @@ impl State {
         match (self, alg) {
             (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.idle_at(*warmup),
             (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.tat,
-            (State::FixedWindow(s), Algorithm::FixedWindow { window, .. }) => s.idle_at(*window),
+            (State::FixedWindow(s), Algorithm::FixedWindow { .. }) => s.idle_at(),
             (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.idle_at(*window),
             (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.idle_at(*window),
             _ => Timestamp::ZERO,
@@ -173,8 +175,8 @@ pub fn decide_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u6
         (Algorithm::LeakyBucket { interval, max_delay }, State::LeakyBucket(s)) => {
             leaky::decide(*interval, *max_delay, s, now, cost)
         }
-        (Algorithm::FixedWindow { window, limit }, State::FixedWindow(s)) => {
-            fixed::decide(*window, limit.get(), s, now, cost)
+        (Algorithm::FixedWindow { window, limit, calendar }, State::FixedWindow(s)) => {
+            fixed::decide(fixed::Bounds { window: *window, calendar: calendar.as_ref() }, limit.get(), s, now, cost)
         }
         (Algorithm::SlidingWindow { window, limit }, State::SlidingWindow(s)) => {
             sliding::decide(*window, limit.get(), s, now, cost)
@@ -194,9 +196,57 @@ pub fn refund_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u6
             gcra::refund(*interval, *warmup, s, now, cost)
         }
         (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => leaky::refund(*interval, s, now, cost),
-        (Algorithm::FixedWindow { window, .. }, State::FixedWindow(s)) => fixed::refund(*window, s, now, cost),
+        (Algorithm::FixedWindow { window, calendar, .. }, State::FixedWindow(s)) => {
+            fixed::refund(fixed::Bounds { window: *window, calendar: calendar.as_ref() }, s, now, cost)
+        }
         (Algorithm::SlidingWindow { window, .. }, State::SlidingWindow(s)) => sliding::refund(*window, s, now, cost),
         (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => log::refund(*window, s, now, cost),
+        _ => {}
+    }
+}
+
+/// Charges `cost` more units at `now` without a decision: the part of a response's cost above
+/// its estimate. It may take the quota below zero (a token bucket's `tat` beyond `now + burst
+/// × interval`, a window's count beyond its limit); later requests then wait until it is
+/// repaid, and their `retry_after` includes that. A debt is capped at [`MAX_DEBT`] ahead of
+/// `now` (so the Redis scripts stay exact in doubles).
+pub fn debit(alg: &Algorithm, state: Option<&State>, now: Timestamp, cost: u64) -> Option<State> {
+    let mut st = match state {
+        Some(s) if s.fits(alg) => s.clone(),
+        _ => State::initial(alg),
+    };
+    debit_in_place(alg, &mut st, now, cost);
+    (!st.is_idle(alg, now)).then_some(st)
+}
+
+/// How far ahead of `now` a debit can push a bucket's `tat` (2^51 µs, about 71 years), and the
+/// most a window can count (2^51 units).
+pub const MAX_DEBT: u64 = 1 << 51;
+
+/// [`debit`] on a mutable state. A state of another algorithm's shape is first reset.
+pub fn debit_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u64) {
+    if cost == 0 {
+        return;
+    }
+    if !st.fits(alg) {
+        *st = State::initial(alg);
+    }
+    let cap = now + Span::from_micros(MAX_DEBT);
+    match (alg, st) {
+        (Algorithm::TokenBucket { interval, warmup, .. }, State::TokenBucket(s)) => {
+            gcra::debit(*interval, *warmup, s, now, cost, cap)
+        }
+        (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => {
+            s.tat = (s.tat.max(now) + interval.get() * cost).min(cap);
+        }
+        (Algorithm::FixedWindow { window, calendar, .. }, State::FixedWindow(s)) => {
+            fixed::debit(fixed::Bounds { window: *window, calendar: calendar.as_ref() }, s, now, cost.min(MAX_DEBT));
+            s.count = s.count.min(MAX_DEBT);
+        }
+        (Algorithm::SlidingWindow { window, limit }, State::SlidingWindow(s)) => {
+            sliding::debit(*window, limit.get(), s, now, cost)
+        }
+        (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => log::debit(*window, s, now, cost),
         _ => {}
     }
 }
@@ -240,7 +290,7 @@ mod tests {
     #[test]
     fn mismatched_state_is_treated_as_initial() {
         let tb = Algorithm::TokenBucket { interval: nzs(10), burst: nz(1), warmup: Span::ZERO };
-        let fw = Algorithm::FixedWindow { window: nzs(100), limit: nz(1) };
+        let fw = Algorithm::FixedWindow { window: nzs(100), limit: nz(1), calendar: None };
         let (_, s) = decide(&fw, None, at(5), 1);
         let (d, _) = decide(&tb, s.as_ref(), at(5), 1);
         assert!(d.is_admitted());
@@ -251,7 +301,7 @@ mod tests {
         for alg in [
             Algorithm::TokenBucket { interval: nzs(10), burst: nz(3), warmup: us(50) },
             Algorithm::LeakyBucket { interval: nzs(10), max_delay: us(25) },
-            Algorithm::FixedWindow { window: nzs(10), limit: nz(3) },
+            Algorithm::FixedWindow { window: nzs(10), limit: nz(3), calendar: None },
             Algorithm::SlidingWindow { window: nzs(10), limit: nz(3) },
             Algorithm::SlidingLog { window: nzs(10), limit: nz(3) },
         ] {

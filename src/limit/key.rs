@@ -225,6 +225,34 @@ impl KeySpec {
     }
 }
 
+impl KeyPart {
+    /// The request's value of this part, as a plan's clients map names it: a header's first
+    /// value, a query parameter decoded, the client IP as text, the TLS client certificate's
+    /// identity, the route name or the path;
+    /// `None` when the request has no such value. Capped at [`MAX_PART_BYTES`]; written into
+    /// `buf` when it must be decoded or formatted, so nothing is allocated.
+    pub fn value<'a>(&self, ctx: &'a KeyCtx<'_>, buf: &'a mut [u8; MAX_PART_BYTES]) -> Option<&'a [u8]> {
+        let capped = |b: &'a [u8]| &b[..b.len().min(MAX_PART_BYTES)];
+        match self {
+            KeyPart::Route => Some(capped(ctx.route.as_bytes())),
+            KeyPart::Path => Some(capped(ctx.path.as_bytes())),
+            KeyPart::Header(name) => ctx.parts.headers.get(name).map(|v| capped(v.as_bytes())),
+            KeyPart::Query(name) => {
+                let n = query_value(ctx.parts.uri.query(), name, buf)?;
+                Some(&buf[..n])
+            }
+            KeyPart::TlsClient => ctx.tls_client.map(|id| capped(id.as_bytes())),
+            KeyPart::ClientIp => {
+                use std::io::Write;
+                let mut w = &mut buf[..];
+                write!(w, "{}", ctx.client_ip.to_canonical()).ok()?;
+                let n = MAX_PART_BYTES - w.len();
+                Some(&buf[..n])
+            }
+        }
+    }
+}
+
 /// Length-prefixed, capped material: the prefix keeps `[a, bc]` apart from `[ab, c]`.
 fn bytes(h: &mut Xxh3, b: &[u8]) {
     let b = &b[..b.len().min(MAX_PART_BYTES)];

@@ -63,6 +63,15 @@ impl Store {
         }
     }
 
+    /// Charges `cost` more for `key` at `now`, past the quota if need be (see
+    /// [`super::debit`]). Never fails: a remote store that cannot be reached falls back.
+    pub async fn debit(&self, key: KeyHash, now: Timestamp, cost: u64) {
+        match self {
+            Store::Local(s) => s.debit(key, now, cost),
+            Store::Redis(s) => s.debit(key, now, cost).await,
+        }
+    }
+
     pub fn algorithm(&self) -> &Algorithm {
         match self {
             Store::Local(s) => s.algorithm(),

@@ -19,6 +19,7 @@ mod limits;
 mod listener;
 mod live_reload;
 mod operate;
+mod products;
 mod proxy_protocol;
 mod redis;
 mod server;

@@ -339,7 +339,7 @@ fn every_algorithm() -> [Algorithm; 6] {
         tb(1_000_000, 3),
         Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(3), warmup: Span::from_secs(10) },
         Algorithm::LeakyBucket { interval: nzs(1_000_000), max_delay: Span::from_secs(2) },
-        Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(3) },
+        Algorithm::FixedWindow { window: nzs(60_000_000), limit: nz(3), calendar: None },
         Algorithm::SlidingWindow { window: nzs(60_000_000), limit: nz(3) },
         Algorithm::SlidingLog { window: nzs(60_000_000), limit: nz(3) },
     ]

@@ -42,7 +42,7 @@ fn lb(interval: u64, max_delay: u64) -> Algorithm {
     Algorithm::LeakyBucket { interval: nzs(interval), max_delay: us(max_delay) }
 }
 fn fw(window: u64, limit: u64) -> Algorithm {
-    Algorithm::FixedWindow { window: nzs(window), limit: nz(limit) }
+    Algorithm::FixedWindow { window: nzs(window), limit: nz(limit), calendar: None }
 }
 fn sw(window: u64, limit: u64) -> Algorithm {
     Algorithm::SlidingWindow { window: nzs(window), limit: nz(limit) }

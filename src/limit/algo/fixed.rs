@@ -4,13 +4,17 @@
 //!
 //! # Math (the Redis port must reproduce this exactly; all values u64 µs, saturating)
 //!
-//! Parameters: `W = window` (>= 1), `L = limit` (>= 1). State: `start` (window start) and
-//! `count`. Initial: `start = 0, count = 0`; idle iff `count == 0 || start + W <= now`.
+//! Parameters: `W = window` (>= 1), `L = limit` (>= 1), optionally a [`Calendar`]. State:
+//! `start` (window start), `end` (its end, a cache: not stored in Redis) and `count`. Initial:
+//! `start = 0, end = 0, count = 0`; idle iff `count == 0 || end <= now`.
 //!
 //! For a request of cost `c` at `now`:
 //! - `n = max(now, start)` (a clock that steps back stays in the state's window, so it can
-//!   never reopen a fresh one); `ws = n - n % W`; if `ws != start` then `start = ws, count = 0`.
-//! - `end = ws + W`; `left = end - now`.
+//!   never reopen a fresh one). Unless `start <= n < end` (still in the known window): the
+//!   window holding `n` is `ws = n - n % W, we = ws + W`, or with a calendar the zoned window
+//!   `(ws, we)` holding `n` (the Redis script receives these boundaries as arguments); if
+//!   `ws != start` then `start = ws, count = 0`; `end = we`.
+//! - `left = end - now`.
 //! - `c > L` → Never { reset = left, or 0 if count == 0 } (no wait makes it fit).
 //! - Admit iff `count + c <= L`: `count += c`; `remaining = L - count`; `reset = left`.
 //! - Deny: `retry_after = left` (the next window is empty, so `c <= L` fits), `reset = left`.
@@ -18,46 +22,76 @@
 //!
 //! Refund of `c` at `now`: after the same roll, `count = count - c` (saturating). A refund in
 //! a later window finds nothing to give back.
+//!
+//! Debit of `c` at `now` (a response cost more than its estimate): after the same roll,
+//! `count = count + c` (saturating), even past `L`: the window then denies until it ends; what
+//! the window overran by is not carried into the next one.
 
 use super::never;
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use crate::limit::{Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
-/// Fixed window state: window start and units admitted in it.
+/// Fixed window state: window start and end, and units admitted in it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Window {
     pub start: Timestamp,
+    /// End of the window at `start`; zero until the first roll (then always set).
+    pub end: Timestamp,
     pub count: u64,
+}
+
+/// Where windows start and end: aligned to the epoch, or to a calendar.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds<'a> {
+    pub window: NonZeroSpan,
+    pub calendar: Option<&'a Calendar>,
+}
+
+impl Bounds<'_> {
+    /// The window holding `n`.
+    pub fn at(&self, n: Timestamp) -> (Timestamp, Timestamp) {
+        match self.calendar {
+            Some(c) => c.window(n),
+            None => {
+                let ws = n.floor(self.window);
+                (ws, ws + self.window.get())
+            }
+        }
+    }
 }
 
 impl Window {
     /// Back to initial: nothing counted in a window that is still open.
-    pub fn is_idle(&self, w: NonZeroSpan, now: Timestamp) -> bool {
-        self.count == 0 || self.start + w.get() <= now
+    pub fn is_idle(&self, now: Timestamp) -> bool {
+        self.count == 0 || self.end <= now
     }
 
     /// Earliest time this state is idle without further traffic.
-    pub fn idle_at(&self, w: NonZeroSpan) -> Timestamp {
+    pub fn idle_at(&self) -> Timestamp {
         if self.count == 0 {
             Timestamp::ZERO
         } else {
-            self.start + w.get()
+            self.end
         }
     }
 
     /// Moves to the window containing `now`; returns the time until that window ends.
-    fn roll(&mut self, w: NonZeroSpan, now: Timestamp) -> Span {
-        let ws = now.max(self.start).floor(w);
-        if ws != self.start {
-            self.start = ws;
-            self.count = 0;
+    fn roll(&mut self, b: Bounds<'_>, now: Timestamp) -> Span {
+        let n = now.max(self.start);
+        if !(self.start <= n && n < self.end) {
+            let (ws, we) = b.at(n);
+            if ws != self.start {
+                self.start = ws;
+                self.count = 0;
+            }
+            self.end = we;
         }
-        (ws + w.get()) - now
+        self.end - now
     }
 }
 
 /// One decision; see the module docs.
-pub fn decide(w: NonZeroSpan, l: u64, st: &mut Window, now: Timestamp, cost: u64) -> Decision {
-    let left = st.roll(w, now);
+pub fn decide(b: Bounds<'_>, l: u64, st: &mut Window, now: Timestamp, cost: u64) -> Decision {
+    let left = st.roll(b, now);
     let reset = if st.count == 0 { Span::ZERO } else { left };
     if cost > l {
         return never(reset);
@@ -72,9 +106,15 @@ pub fn decide(w: NonZeroSpan, l: u64, st: &mut Window, now: Timestamp, cost: u64
 }
 
 /// Gives back `cost` units in the current window.
-pub fn refund(w: NonZeroSpan, st: &mut Window, now: Timestamp, cost: u64) {
-    st.roll(w, now);
+pub fn refund(b: Bounds<'_>, st: &mut Window, now: Timestamp, cost: u64) {
+    st.roll(b, now);
     st.count = st.count.saturating_sub(cost);
+}
+
+/// Charges `cost` more units in the current window, past the limit if need be.
+pub fn debit(b: Bounds<'_>, st: &mut Window, now: Timestamp, cost: u64) {
+    st.roll(b, now);
+    st.count = st.count.saturating_add(cost);
 }
 
 #[cfg(test)]
@@ -84,7 +124,11 @@ mod tests {
 
     /// A decision with window `w` and limit `l` at `now`, in µs.
     fn run(w: u64, l: u64, s: &mut Window, now: u64, cost: u64) -> Decision {
-        decide(NonZeroSpan::from_micros(w).expect("non-zero"), l, s, Timestamp::from_micros(now), cost)
+        decide(bounds(w), l, s, Timestamp::from_micros(now), cost)
+    }
+
+    fn bounds(w: u64) -> Bounds<'static> {
+        Bounds { window: NonZeroSpan::from_micros(w).expect("non-zero"), calendar: None }
     }
 
     #[test]
@@ -123,11 +167,53 @@ mod tests {
     #[test]
     fn refund_restores_admission() {
         let mut s = Window::default();
-        let (w, ten) = (NonZeroSpan::from_micros(100).expect("non-zero"), Timestamp::from_micros(10));
+        let ten = Timestamp::from_micros(10);
         run(100, 1, &mut s, 10, 1);
         assert!(!run(100, 1, &mut s, 10, 1).is_admitted());
-        refund(w, &mut s, ten, 1);
-        assert!(s.is_idle(w, ten));
+        refund(bounds(100), &mut s, ten, 1);
+        assert!(s.is_idle(ten));
         assert!(run(100, 1, &mut s, 10, 1).is_admitted());
+    }
+
+    /// µs of an RFC 3339 instant.
+    fn t(s: &str) -> Timestamp {
+        let ts: jiff::Timestamp = s.parse().expect("instant");
+        Timestamp::from_micros(u64::try_from(ts.as_microsecond()).expect("after 1970"))
+    }
+
+    fn month_quota(l: u64, st: &mut Window, now: Timestamp, cal: &Calendar) -> Decision {
+        let b = Bounds { window: cal.longest(), calendar: Some(cal) };
+        decide(b, l, st, now, 1)
+    }
+
+    #[test]
+    fn calendar_month_resets_on_the_first_whatever_its_length() {
+        use crate::limit::CalendarUnit;
+        let cal = Calendar::new("utc", CalendarUnit::Month).expect("utc");
+        let mut s = Window::default();
+        // February 2026 has 28 days: 3 used on the 27th, denied until 1 March 00:00 UTC.
+        for _ in 0..3 {
+            assert!(month_quota(3, &mut s, t("2026-02-27T12:00:00Z"), &cal).is_admitted());
+        }
+        let d = month_quota(3, &mut s, t("2026-02-28T23:59:59Z"), &cal);
+        assert_eq!(d, deny(1_000_000, 1_000_000));
+        assert_eq!(month_quota(3, &mut s, t("2026-03-01T00:00:00Z"), &cal), allow(2, 31 * 86_400 * 1_000_000));
+    }
+
+    #[test]
+    fn calendar_day_in_a_zone_is_23_hours_on_spring_forward() {
+        use crate::limit::CalendarUnit;
+        let cal = Calendar::new("Europe/Berlin", CalendarUnit::Day).expect("zone");
+        let b = Bounds { window: cal.longest(), calendar: Some(&cal) };
+        let mut s = Window::default();
+        // 2026-03-29 00:00 CET: the day lasts 23 h; the reset is that long, not 24 h.
+        assert_eq!(decide(b, 1, &mut s, t("2026-03-29T00:00:00+01:00"), 1), allow(0, 23 * 3_600 * 1_000_000));
+        assert!(!decide(b, 1, &mut s, t("2026-03-29T23:59:59+02:00"), 1).is_admitted());
+        assert!(decide(b, 1, &mut s, t("2026-03-30T00:00:00+02:00"), 1).is_admitted());
+        // Debt: a debit past the limit denies until the window ends, and is not carried over.
+        debit(b, &mut s, t("2026-03-30T01:00:00+02:00"), 5);
+        assert_eq!(s.count, 6);
+        assert!(!decide(b, 1, &mut s, t("2026-03-30T23:00:00+02:00"), 1).is_admitted());
+        assert!(decide(b, 1, &mut s, t("2026-03-31T00:00:00+02:00"), 1).is_admitted());
     }
 }

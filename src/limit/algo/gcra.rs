@@ -40,11 +40,30 @@
 use super::never;
 use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
 
-/// GCRA state: theoretical arrival time and warm-up start.
+/// GCRA state: theoretical arrival time and warm-up start, and `per`: the interval `tat` was
+/// charged at (zero: the limit's own). A plan limit decides one key with the interval of the
+/// client's tier; when the tier changed, [`rescale`] carries the units owed over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Gcra {
     pub tat: Timestamp,
     pub start: Timestamp,
+    pub per: Span,
+}
+
+/// Carries a state charged at another interval over to `t` (a client moved to another tier):
+/// the units it owes at `now`, `ceil((tat - now) / per)`, are owed at the new interval,
+/// `tat = now + units × t` (at most `now + 2^51 µs`). Whole units are kept exactly; a token
+/// partly refilled counts as spent (never more admitted than the quota). The Redis script
+/// does the same.
+pub fn rescale(t: NonZeroSpan, st: &mut Gcra, now: Timestamp) {
+    let Some(per) = NonZeroSpan::new(st.per) else { return };
+    if per == t || st.tat <= now {
+        return;
+    }
+    let owed = st.tat - now;
+    let units = (owed / per) + u64::from(owed.as_micros() % per.as_micros() != 0);
+    st.tat = now + (t.get() * units).min(Span::from_micros(super::MAX_DEBT));
+    st.per = t.get();
 }
 
 impl Gcra {
@@ -73,6 +92,7 @@ fn charge(t: NonZeroSpan, w: Span, start: Timestamp, now: Timestamp) -> Span {
 
 /// One decision; see the module docs.
 pub fn decide(t: NonZeroSpan, b: u64, w: Span, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {
+    rescale(t, st, now);
     let tau = t.get() * b;
     if cost > b {
         return never(st.tat - now);
@@ -85,6 +105,7 @@ pub fn decide(t: NonZeroSpan, b: u64, w: Span, st: &mut Gcra, now: Timestamp, co
     }
     st.tat = tat0 + charge(t, w, start, now) * cost;
     st.start = start;
+    st.per = t.get();
     Decision::Allow { remaining: remaining(t, tau, w, st, now), reset: st.tat - now }
 }
 
@@ -100,6 +121,7 @@ fn remaining(t: NonZeroSpan, tau: Span, w: Span, st: &Gcra, now: Timestamp) -> u
 
 /// Gives back `cost` units charged at `now` (same `Ti` as the admission when `now` is equal).
 pub fn refund(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64) {
+    rescale(t, st, now);
     if st.tat <= now {
         return;
     }
@@ -110,6 +132,16 @@ pub fn refund(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64)
         // The refunded admission was this key's cold start: it is cold again.
         *st = Gcra::default();
     }
+}
+
+/// Charges `cost` more units at `now` (a response cost above its estimate), at the per-unit
+/// charge of a decision at `now`; `tat` may pass `now + tau` (a debt) but not `cap`.
+pub fn debit(t: NonZeroSpan, w: Span, st: &mut Gcra, now: Timestamp, cost: u64, cap: Timestamp) {
+    rescale(t, st, now);
+    let start = if st.is_idle(w, now) { now } else { st.start };
+    st.tat = (st.tat.max(now) + charge(t, w, start, now) * cost).min(cap);
+    st.start = start;
+    st.per = t.get();
 }
 
 #[cfg(test)]
@@ -257,5 +289,23 @@ mod tests {
         let d = run(u64::MAX / 2, u64::MAX, 0, &mut s, u64::MAX - 5, 3);
         assert!(d.is_admitted());
         assert_eq!(s.tat, Timestamp::MAX);
+    }
+
+    #[test]
+    fn a_move_to_another_interval_keeps_the_units_owed() {
+        // Free: 1 per second, burst 3; all 3 spent.
+        let mut s = Gcra::default();
+        for _ in 0..3 {
+            assert!(run(1_000_000, 3, 0, &mut s, 0, 1).is_admitted());
+        }
+        assert_eq!(s.per, us(1_000_000));
+        // Pro: 10 per second, burst 10. 3 owed of 10: 7 left, this request takes one.
+        assert_eq!(run(100_000, 10, 0, &mut s, 0, 1), allow(6, 400_000));
+        // Half a second later under free again: 4 units owed at 100 ms were 400 ms, 500 ms
+        // passed: nothing owed.
+        assert_eq!(run(1_000_000, 3, 0, &mut s, 500_000, 1), allow(2, 1_000_000));
+        // A partly refilled token counts as spent: 1.5 owed at 1 s → 2 owed at 100 ms.
+        let mut s = Gcra { tat: at(1_500_000), start: at(0), per: us(1_000_000) };
+        assert_eq!(run(100_000, 10, 0, &mut s, 0, 1), allow(7, 300_000));
     }
 }

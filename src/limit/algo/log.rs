@@ -96,6 +96,22 @@ pub fn decide(w: NonZeroSpan, l: u64, st: &mut Log, now: Timestamp, cost: u64) -
     never(st.reset(w, now))
 }
 
+/// Records `cost` more units at `now` (in the newest entry when it is as late), past the limit
+/// if need be.
+pub fn debit(w: NonZeroSpan, st: &mut Log, now: Timestamp, cost: u64) {
+    st.prune(w, now);
+    let cost = cost.min(super::MAX_DEBT.saturating_sub(st.sum));
+    if cost == 0 {
+        return;
+    }
+    let ts = st.entries.back().map_or(now, |&(ts, _)| ts.max(now));
+    match st.entries.back_mut() {
+        Some(last) if last.0 == ts => last.1 = last.1.saturating_add(cost),
+        _ => st.entries.push_back((ts, cost)),
+    }
+    st.sum = st.sum.saturating_add(cost);
+}
+
 /// Takes `cost` units off the newest entries.
 pub fn refund(w: NonZeroSpan, st: &mut Log, now: Timestamp, cost: u64) {
     st.prune(w, now);

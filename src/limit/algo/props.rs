@@ -39,7 +39,7 @@ fn any_algorithm() -> impl Strategy<Value = Algorithm> {
     prop_oneof![
         token_bucket(),
         leaky_bucket(),
-        windowed(|window, limit| Algorithm::FixedWindow { window, limit }),
+        windowed(|window, limit| Algorithm::FixedWindow { window, limit, calendar: None }),
         windowed(|window, limit| Algorithm::SlidingWindow { window, limit }),
         windowed(|window, limit| Algorithm::SlidingLog { window, limit }),
     ]
@@ -139,10 +139,10 @@ proptest! {
 
     #[test]
     fn fixed_window_never_exceeds_limit_per_aligned_window(
-        alg in windowed(|window, limit| Algorithm::FixedWindow { window, limit }),
+        alg in windowed(|window, limit| Algorithm::FixedWindow { window, limit, calendar: None }),
         arr in arrivals(),
     ) {
-        let Algorithm::FixedWindow { window, limit } = alg else { unreachable!() };
+        let Algorithm::FixedWindow { window, limit, .. } = alg else { unreachable!() };
         let adm = admitted(&run(&alg, &arr).0);
         let mut per = std::collections::HashMap::new();
         for (t, c) in adm {

@@ -150,6 +150,13 @@ pub fn refund(w: NonZeroSpan, st: &mut Counter, now: Timestamp, cost: u64) {
     st.cur = st.cur.saturating_sub(cost);
 }
 
+/// Charges `cost` more units in the current window, past the limit `l` if need be, but to at
+/// most `2 l` (a debt of one window; the Redis port stays below 2^53 with `3 l W`).
+pub fn debit(w: NonZeroSpan, l: u64, st: &mut Counter, now: Timestamp, cost: u64) {
+    st.roll(w, now);
+    st.cur = st.cur.saturating_add(cost).min(l.saturating_mul(2));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::limit::algo::{decide_in_place, refund_in_place};
+use crate::limit::algo::{debit_in_place, decide_in_place, refund_in_place};
 use crate::limit::store::DigestHasher;
 use crate::limit::{Algorithm, Decision, KeyHash, Span, State, Timestamp};
 
@@ -71,10 +71,32 @@ impl LocalStore {
         self.lock(key).decide(&self.alg, key.0, now, cost)
     }
 
+    /// [`LocalStore::decide`] with other parameters of the same algorithm: a plan limit keeps
+    /// one state per client and decides it with the parameters of the client's tier.
+    pub fn decide_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) -> Decision {
+        self.lock(key).decide(alg, key.0, now, cost)
+    }
+
+    /// [`LocalStore::refund`] with the parameters of a plan tier.
+    pub fn refund_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) {
+        self.lock(key).refund(alg, key.0, now, cost);
+    }
+
+    /// [`LocalStore::debit`] with the parameters of a plan tier.
+    pub fn debit_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) {
+        self.lock(key).debit(alg, key.0, now, cost);
+    }
+
     /// Undoes an admission of `cost` for `key` made at `now` (see [`crate::limit::refund`]).
     /// A key without an entry was decided against its shard's overflow state: refund that.
     pub fn refund(&self, key: KeyHash, now: Timestamp, cost: u64) {
         self.lock(key).refund(&self.alg, key.0, now, cost);
+    }
+
+    /// Charges `cost` more for `key` at `now` (see [`crate::limit::debit`]); a key without an
+    /// entry and no room for one charges its shard's overflow state.
+    pub fn debit(&self, key: KeyHash, now: Timestamp, cost: u64) {
+        self.lock(key).debit(&self.alg, key.0, now, cost);
     }
 
     /// Live keys (entries whose state is not known to be initial), for a metric.
@@ -146,6 +168,26 @@ impl Shard {
             self.overflow = None;
         }
         d
+    }
+
+    fn debit(&mut self, alg: &Algorithm, key: u128, now: Timestamp, cost: u64) {
+        if let Some(st) = self.map.get_mut(&key) {
+            debit_in_place(alg, st, now, cost);
+            return;
+        }
+        if self.map.len() >= self.cap && now >= self.next_sweep {
+            self.sweep(alg, now);
+        }
+        if self.map.len() < self.cap {
+            let mut st = self.overflow.clone().unwrap_or_else(|| State::initial(alg));
+            debit_in_place(alg, &mut st, now, cost);
+            if !st.is_idle(alg, now) {
+                self.map.insert(key, st);
+            }
+            return;
+        }
+        let st = self.overflow.get_or_insert_with(|| State::initial(alg));
+        debit_in_place(alg, st, now, cost);
     }
 
     fn refund(&mut self, alg: &Algorithm, key: u128, now: Timestamp, cost: u64) {

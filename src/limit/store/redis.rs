@@ -127,7 +127,9 @@ pub fn fallback_algorithm(alg: &Algorithm, instances: NonZeroU64) -> Algorithm {
         Algorithm::LeakyBucket { interval, max_delay } => {
             Algorithm::LeakyBucket { interval: interval.saturating_mul(instances), max_delay }
         }
-        Algorithm::FixedWindow { window, limit } => Algorithm::FixedWindow { window, limit: div(limit) },
+        Algorithm::FixedWindow { window, limit, calendar } => {
+            Algorithm::FixedWindow { window, limit: div(limit), calendar }
+        }
         Algorithm::SlidingWindow { window, limit } => Algorithm::SlidingWindow { window, limit: div(limit) },
         Algorithm::SlidingLog { window, limit } => Algorithm::SlidingLog { window, limit: div(limit) },
     }
@@ -234,6 +236,16 @@ impl RedisStore {
         }
     }
 
+    /// The store of one tier of a plan limit: every tier's store of the limit shares its
+    /// Redis keys (one state per client, whatever its tier), and token-bucket states record
+    /// the interval they were charged at so a client that changes tier keeps the units it owes.
+    /// No leases.
+    pub fn for_plan(mut self) -> RedisStore {
+        self.script = self.script.for_plan();
+        self.lease = None;
+        self
+    }
+
     pub fn algorithm(&self) -> &Algorithm {
         &self.alg
     }
@@ -336,7 +348,7 @@ impl RedisStore {
             None => Op::Decide,
         };
         let rkey = self.redis_key(key);
-        let inv = self.script.invocation(rkey.as_bytes(), op, cost, script_now);
+        let inv = self.script.invocation(rkey.as_bytes(), op, cost, now, script_now);
         let reply = match self.client.invoke::<Vec<i64>>(&inv).await {
             Ok(r) => r,
             Err(f) => return self.on_error(key, now, cost, f),
@@ -419,6 +431,43 @@ impl RedisStore {
         self.refund_inner(key, now, cost, Some(now)).await;
     }
 
+    /// Charges `cost` more for `key` (a response cost above its estimate; see
+    /// [`crate::limit::debit`]): first from the key's local lease, the rest in one script call
+    /// on Redis' clock. Never fails: a debit that cannot reach Redis goes to the fallback with
+    /// `on_error: local`, and is otherwise lost (counted as a fallback).
+    pub async fn debit(&self, key: KeyHash, now: Timestamp, cost: u64) {
+        self.debit_inner(key, now, cost, None).await;
+    }
+
+    /// [`RedisStore::debit`] on an explicit clock (tests only).
+    #[doc(hidden)]
+    pub async fn debit_at(&self, key: KeyHash, now: Timestamp, cost: u64) {
+        self.debit_inner(key, now, cost, Some(now)).await;
+    }
+
+    async fn debit_inner(&self, key: KeyHash, now: Timestamp, cost: u64, script_now: Option<Timestamp>) {
+        let mut cost = cost;
+        if self.lease.is_some() {
+            self.leases.with(key, now, |l, _| {
+                let take = l.units.min(cost);
+                l.units -= take;
+                cost -= take;
+                (l.units > 0 || l.refill.is_some(), ())
+            });
+        }
+        if cost == 0 {
+            return;
+        }
+        let rkey = self.redis_key(key);
+        let inv = self.script.invocation(rkey.as_bytes(), Op::Debit, cost, now, script_now);
+        if self.client.invoke::<i64>(&inv).await.is_err() {
+            self.client.metrics().fallback();
+            if self.client.config().on_error == OnError::Local {
+                self.fallback.debit(key, now, cost);
+            }
+        }
+    }
+
     async fn refund_inner(&self, key: KeyHash, now: Timestamp, cost: u64, script_now: Option<Timestamp>) {
         if self.lease.is_some()
             && self.leases.with(key, now, |l, _| (true, l.units = l.units.saturating_add(cost))).is_some()
@@ -428,7 +477,7 @@ impl RedisStore {
         // Whatever was denied before may fit now.
         self.denials.remove(key);
         let rkey = self.redis_key(key);
-        let inv = self.script.invocation(rkey.as_bytes(), Op::Refund, cost, script_now);
+        let inv = self.script.invocation(rkey.as_bytes(), Op::Refund, cost, now, script_now);
         if self.client.invoke::<i64>(&inv).await.is_err() && self.client.config().on_error == OnError::Local {
             self.fallback.refund(key, now, cost);
         }

@@ -222,6 +222,17 @@ impl RedisClient {
         }
     }
 
+    /// `HGET hash field` within the decision deadline (a plan's client → tier map). `None` when
+    /// Redis gives no answer; `Some(None)` when the field is not there.
+    pub async fn hget(self: &Arc<Self>, hash: &str, field: &[u8]) -> Option<Option<String>> {
+        let call = async {
+            let mut conn = self.conn().await?;
+            self.metrics.call();
+            redis::cmd("HGET").arg(hash).arg(field).query_async::<Option<String>>(&mut conn).await.ok()
+        };
+        tokio::time::timeout(self.config.timeout, call).await.ok().flatten()
+    }
+
     /// Runs one script call within the decision deadline, through the breaker.
     pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &ScriptInvocation<'_>) -> Result<T, Failure> {
         let pass = self.breaker.pass();

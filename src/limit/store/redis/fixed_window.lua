@@ -1,18 +1,22 @@
 -- tollgate fixed window counter, a port of src/limit/algo/fixed.rs (same formulas).
--- All times are integer microseconds; windows are aligned to the epoch (start = n - n % W).
+-- All times are integer microseconds; windows are aligned to the epoch (start = n - n % W),
+-- or to a calendar (hour, day, month in a time zone) whose boundaries the caller passes.
 --
 -- KEYS[1]  state: a string "start:count" (window start in µs since the unix epoch, units)
--- ARGV[1]  op: "d" decide | "r" refund
+-- ARGV[1]  op: "d" decide | "r" refund | "b" debit (count += c, past L if need be)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)
--- ARGV[5]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- ARGV[5..7] b0, b1, b2 (µs): calendar boundaries around the caller's clock, b0 <= b1 <= b2
+--          (the window [b0, b1) and the next [b1, b2)); all 0 for epoch-aligned windows
+-- ARGV[8]  optional now (µs) — tests only; production omits it and the script reads TIME
 -- Reply "d": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r": 0
--- Writes: SET with PX = start + W - now (the window's end), or DEL.
+-- Reply "r", "b": 0
+-- Writes: SET with PX = window end - now, or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, test = clock_us(5)
+local b0, b1, b2 = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local now, test = clock_us(8)
 
 local start, count = 0, 0
 local v = redis.call('GET', key)
@@ -21,9 +25,19 @@ if v then
   start, count = tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
 end
 -- A clock that steps back stays in the stored window (never reopens a fresh one).
-local ws = idiv(math.max(now, start), wl) * wl
+local n = math.max(now, start)
+local ws, we
+if b1 == 0 then
+  ws = idiv(n, wl) * wl
+  we = ws + wl
+elseif n < b1 then
+  -- Before b0 only when Redis' clock is behind the caller's: count it in the caller's window.
+  ws, we = b0, b1
+else
+  ws, we = b1, b2
+end
 if ws ~= start then start, count = ws, 0 end
-local left = ws + wl - now
+local left = we - now
 
 local function store()
   put(key, count > 0 and left or 0, num(start) .. ':' .. num(count), test)
@@ -31,6 +45,11 @@ end
 
 if op == 'r' then
   count = math.max(count - c, 0)
+  store()
+  return 0
+end
+if op == 'b' then
+  count = math.min(count + c, 2251799813685248)
   store()
   return 0
 end

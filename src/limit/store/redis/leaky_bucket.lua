@@ -2,14 +2,14 @@
 -- (same formulas, same rounding). All times are integer microseconds.
 --
 -- KEYS[1]  state: a string "tat", the time the next slot is free (µs since the unix epoch)
--- ARGV[1]  op: "d" decide | "r" refund
+-- ARGV[1]  op: "d" decide | "r" refund | "b" debit (tat += c*T, at most now + 2^51)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  T: interval (µs per unit)
 -- ARGV[4]  D: max_delay (µs, 0 = strict meter)
 -- ARGV[5]  optional now (µs) — tests only; production omits it and the script reads TIME
 -- Reply "d": {kind, wait_or_retry_after, remaining, reset, granted}
 --            (kind 0 allow, 1 delay by `wait`, 2 deny; µs, units)
--- Reply "r": 0
+-- Reply "r", "b": 0
 -- Writes: SET with PX = tat - now (the queue drains then), or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, t, d = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -23,6 +23,10 @@ local tat = tonumber(redis.call('GET', key) or '0')
 
 if op == 'r' then
   if tat > now then store(math.max(tat - c * t, now)) end
+  return 0
+end
+if op == 'b' then
+  store(math.min(math.max(tat, now) + c * t, now + 2251799813685248))
   return 0
 end
 

@@ -4,7 +4,7 @@
 
 use redis::{Script, ScriptInvocation};
 
-use crate::limit::{Algorithm, Decision, Span, Timestamp};
+use crate::limit::{Algorithm, Calendar, Decision, Span, Timestamp};
 
 const TOKEN_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("token_bucket.lua"));
 const LEAKY_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("leaky_bucket.lua"));
@@ -19,6 +19,8 @@ pub enum Op {
     /// Token bucket only: take at least `cost`, at most this many units.
     Lease(u64),
     Refund,
+    /// Charge `cost` more without a decision (a response cost above its estimate).
+    Debit,
 }
 
 /// One algorithm's script with its parameters already in ARGV order.
@@ -27,6 +29,11 @@ pub struct AlgScript {
     script: Script,
     params: Vec<u64>,
     token_bucket: bool,
+    /// Fixed window: its calendar, whose boundaries near `now` each call passes.
+    calendar: Option<Calendar>,
+    /// Token bucket of a plan limit: the state records its interval (see the script).
+    plan: bool,
+    fixed: bool,
 }
 
 impl AlgScript {
@@ -39,11 +46,28 @@ impl AlgScript {
             Algorithm::LeakyBucket { interval, max_delay } => {
                 (LEAKY_BUCKET, vec![interval.as_micros(), max_delay.as_micros()])
             }
-            Algorithm::FixedWindow { window, limit } => (FIXED_WINDOW, vec![window.as_micros(), limit.get()]),
+            Algorithm::FixedWindow { window, limit, .. } => (FIXED_WINDOW, vec![window.as_micros(), limit.get()]),
             Algorithm::SlidingWindow { window, limit } => (SLIDING_WINDOW, vec![window.as_micros(), limit.get()]),
             Algorithm::SlidingLog { window, limit } => (SLIDING_LOG, vec![window.as_micros(), limit.get()]),
         };
-        AlgScript { script: Script::new(code), params, token_bucket: matches!(alg, Algorithm::TokenBucket { .. }) }
+        let calendar = match alg {
+            Algorithm::FixedWindow { calendar, .. } => calendar.clone(),
+            _ => None,
+        };
+        AlgScript {
+            script: Script::new(code),
+            params,
+            token_bucket: matches!(alg, Algorithm::TokenBucket { .. }),
+            calendar,
+            fixed: matches!(alg, Algorithm::FixedWindow { .. }),
+            plan: false,
+        }
+    }
+
+    /// The script of one tier of a plan limit: token-bucket states carry their interval.
+    pub fn for_plan(mut self) -> AlgScript {
+        self.plan = true;
+        self
     }
 
     /// SHA1 of the script (what EVALSHA sends).
@@ -52,19 +76,41 @@ impl AlgScript {
     }
 
     /// The EVALSHA call for `op` on `key`; `now` only from tests (production: Redis TIME).
-    pub fn invocation(&self, key: &[u8], op: Op, cost: u64, now: Option<Timestamp>) -> ScriptInvocation<'_> {
+    /// `local` is this instance's clock: a calendar window's boundaries around it are passed
+    /// (the script picks the one holding Redis' time; clocks apart by more than a window
+    /// are not expected).
+    pub fn invocation(
+        &self,
+        key: &[u8],
+        op: Op,
+        cost: u64,
+        local: Timestamp,
+        now: Option<Timestamp>,
+    ) -> ScriptInvocation<'_> {
         let mut inv = self.script.prepare_invoke();
         let (code, lease) = match op {
             Op::Decide => ("d", 0),
             Op::Lease(n) => ("l", n),
             Op::Refund => ("r", 0),
+            Op::Debit => ("b", 0),
         };
         inv.key(key).arg(code).arg(cost);
         for p in &self.params {
             inv.arg(*p);
         }
         if self.token_bucket {
-            inv.arg(lease);
+            inv.arg(lease).arg(u8::from(self.plan));
+        }
+        if self.fixed {
+            // b0 <= local < b1 <= b2: this window and the next; zeros = aligned to the epoch.
+            let (b0, b1, b2) = match &self.calendar {
+                Some(c) => {
+                    let (b0, b1) = c.window(local);
+                    (b0.as_micros(), b1.as_micros(), c.window(b1).1.as_micros())
+                }
+                None => (0, 0, 0),
+            };
+            inv.arg(b0).arg(b1).arg(b2);
         }
         if let Some(now) = now {
             inv.arg(now.as_micros());
@@ -141,7 +187,7 @@ pub fn check_precision(alg: &Algorithm) -> Result<(), String> {
                 );
             }
         }
-        Algorithm::FixedWindow { window, limit } | Algorithm::SlidingLog { window, limit } => {
+        Algorithm::FixedWindow { window, limit, .. } | Algorithm::SlidingLog { window, limit } => {
             if u128::from(window.as_micros()) >= SPAN || u128::from(limit.get()) >= SPAN {
                 return too_big("window and limit must stay below 2^52");
             }

@@ -2,13 +2,13 @@
 -- memory and O(entries) work per call: prefer the sliding window counter for large limits.
 --
 -- KEYS[1]  state: a ZSET, one member "ts:cost" per admitted µs (score = ts, µs since the epoch)
--- ARGV[1]  op: "d" decide | "r" refund
+-- ARGV[1]  op: "d" decide | "r" refund | "b" debit (record c more, the sum at most 2^51)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)
 -- ARGV[5]  optional now (µs) — tests only; production omits it and the script reads TIME
 -- Reply "d": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r": 0
+-- Reply "r", "b": 0
 -- Writes: ZADD/ZREM, then PEXPIRE = newest ts + W - now (the log is empty then).
 local op, key = ARGV[1], KEYS[1]
 local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -61,7 +61,8 @@ if op == 'r' then
   return 0
 end
 
-if sum + c <= l then
+if op == 'b' then c = math.max(math.min(c, 2251799813685248 - sum), 0) end
+if op == 'b' or sum + c <= l then
   if c > 0 then
     local last = #ts
     -- max(now, newest ts) keeps the log sorted if the clock steps back.
@@ -78,6 +79,7 @@ if sum + c <= l then
     sum = sum + c
     expire()
   end
+  if op == 'b' then return 0 end
   return {0, 0, l - sum, reset(), c}
 end
 -- Denied: wait until enough of the oldest entries have left the window.

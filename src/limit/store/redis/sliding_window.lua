@@ -2,13 +2,13 @@
 -- integer comparison). All times are integer microseconds; windows are aligned to the epoch.
 --
 -- KEYS[1]  state: a string "start:prev:cur" (window start in µs since the unix epoch, units)
--- ARGV[1]  op: "d" decide | "r" refund
+-- ARGV[1]  op: "d" decide | "r" refund | "b" debit (cur += c, at most 2L)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)
 -- ARGV[5]  optional now (µs) — tests only; production omits it and the script reads TIME
 -- Reply "d": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r": 0
+-- Reply "r", "b": 0
 -- Writes: SET with PX = time until neither counter weighs (start + 2W if cur > 0, else
 -- start + W), or DEL.
 local op, key = ARGV[1], KEYS[1]
@@ -45,6 +45,11 @@ end
 
 if op == 'r' then
   cur = math.max(cur - c, 0)
+  store()
+  return 0
+end
+if op == 'b' then
+  cur = math.min(cur + c, 2 * l)
   store()
   return 0
 end

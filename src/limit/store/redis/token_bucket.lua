@@ -1,30 +1,45 @@
 -- tollgate token bucket: GCRA with optional linear warm-up, a port of src/limit/algo/gcra.rs
 -- (same formulas, same rounding). All times are integer microseconds.
 --
--- KEYS[1]  state: a string "tat" (no warm-up) or "tat:start" (µs since the unix epoch)
+-- KEYS[1]  state: a string "tat" (no warm-up) or "tat:start" (µs since the unix epoch), or
+--          for a plan limit "tat:start:per" (per: the interval tat was charged at, µs)
 -- ARGV[1]  op: "d" decide | "l" lease (take at least ARGV[2], at most ARGV[6] units) | "r" refund
+--          | "b" debit (charge c more, tat may pass now + B*T, at most now + 2^51)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  T: interval (µs per unit)
 -- ARGV[4]  B: burst (units)
 -- ARGV[5]  W: warm-up (µs, 0 = off)
 -- ARGV[6]  N: lease size (units; read by "l" only)
--- ARGV[7]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- ARGV[7]  plan: "1" for a plan limit (the interval differs per client tier; a state charged at
+--          another interval is carried over: units owed = ceil((tat - now) / per), tat = now +
+--          units * T, at most now + 2^51), else "0"
+-- ARGV[8]  optional now (µs) — tests only; production omits it and the script reads TIME
 -- Reply "d"/"l": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r": 0
+-- Reply "r", "b": 0
 -- Writes: SET with PX = time until the state is initial again (tat + W - now), or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, t, b, w, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local now, test = clock_us(7)
+local plan = ARGV[7] == '1'
+local now, test = clock_us(8)
 
-local tat, start = 0, 0
+local tat, start, per = 0, 0, 0
 local v = redis.call('GET', key)
 if v then
   local i = string.find(v, ':', 1, true)
   if i then
-    tat, start = tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
+    tat = tonumber(string.sub(v, 1, i - 1))
+    local j = string.find(v, ':', i + 1, true)
+    if j then
+      start, per = tonumber(string.sub(v, i + 1, j - 1)), tonumber(string.sub(v, j + 1))
+    else
+      start = tonumber(string.sub(v, i + 1))
+    end
   else
     tat = tonumber(v)
   end
+end
+if per > 0 and per ~= t and tat > now then
+  tat = now + math.min(idiv(tat - now + per - 1, per) * t, 2251799813685248)
 end
 
 local function cold(x) return x == 0 or x + w <= now end
@@ -37,7 +52,11 @@ end
 
 local function store(x, s)
   local val = num(x)
-  if w > 0 then val = val .. ':' .. num(s) end
+  if plan then
+    val = val .. ':' .. num(s) .. ':' .. num(t)
+  elseif w > 0 then
+    val = val .. ':' .. num(s)
+  end
   put(key, x > 0 and (x + w - now) or 0, val, test)
 end
 
@@ -46,6 +65,13 @@ if op == 'r' then
   tat = math.max(tat - c * charge(start), now)
   if tat <= now and start == now then tat = 0 end -- refunded a cold start: cold again
   store(tat, start)
+  return 0
+end
+
+if op == 'b' then
+  local st = start
+  if cold(tat) then st = now end
+  store(math.min(math.max(tat, now) + c * charge(st), now + 2251799813685248), st)
   return 0
 end
 
