@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -53,6 +54,8 @@ pub(super) struct Prefixed {
     prefix: [u8; 24],
     at: usize,
     len: usize,
+    /// Bytes read before an HTTP/1 connection was parked, put back for the next reader.
+    rest: Bytes,
     state: Arc<ConnState>,
     /// Armed while a write waits for the client to take bytes.
     stalled: Option<timer::Sleep>,
@@ -60,14 +63,28 @@ pub(super) struct Prefixed {
 
 impl Prefixed {
     pub(super) fn new(stream: TcpStream, prefix: [u8; 24], len: usize, state: Arc<ConnState>) -> Prefixed {
-        Prefixed { stream, prefix, at: 0, len, state, stalled: None }
+        Prefixed { stream, prefix, at: 0, len, rest: Bytes::new(), state, stalled: None }
+    }
+
+    /// Puts bytes read but not used back in front of the stream.
+    pub(super) fn put_back(&mut self, rest: Bytes) {
+        self.rest = rest;
+    }
+
+    /// Ready once the stream has bytes to read (or has ended), without reading them.
+    pub(super) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.stream.poll_read_ready(cx)
     }
 
     /// A write is pending: fails it once the client has taken nothing for `send_timeout`.
     /// The error ends the connection in hyper, whatever it was waiting to write.
     fn stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let timeout = self.state.settings.cfg.send_timeout;
-        let sleep = self.stalled.get_or_insert_with(|| timer::Sleep::after(timeout));
+        let state = &self.state;
+        let sleep = self.stalled.get_or_insert_with(|| {
+            state.write_pending.store(true, Ordering::Relaxed);
+            timer::Sleep::after(timeout)
+        });
         if Pin::new(sleep).poll(cx).is_pending() {
             return Poll::Pending;
         }
@@ -85,6 +102,7 @@ impl Prefixed {
             done => {
                 if self.stalled.is_some() {
                     self.stalled = None;
+                    self.state.write_pending.store(false, Ordering::Relaxed);
                 }
                 done
             }
@@ -99,6 +117,12 @@ impl AsyncRead for Prefixed {
             let n = (this.len - this.at).min(buf.remaining());
             buf.put_slice(&this.prefix[this.at..this.at + n]);
             this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        if !this.rest.is_empty() {
+            let n = this.rest.len().min(buf.remaining());
+            buf.put_slice(&this.rest[..n]);
+            this.rest.advance(n);
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();

@@ -14,6 +14,7 @@ mod hostile_config;
 mod limits;
 mod listener;
 mod live_reload;
+mod memory;
 mod operate;
 mod redis;
 mod server;
