@@ -166,9 +166,15 @@ pub(crate) struct ConnState {
     first_head_done: AtomicBool,
     /// HTTP/1: the deadline of the current wait for a head (see `h1`), made on first use.
     head_deadline: std::sync::OnceLock<crate::timer::Deadline>,
+    /// HTTP/1: the connection has waited long enough for its next request to be parked
+    /// (see `h1`); set by its head timer, taken by its task.
+    park: AtomicBool,
+    /// A write waits for the client to take bytes (an HTTP/1 connection is not parked then).
+    write_pending: AtomicBool,
     /// HTTP/2: streams whose response has not ended.
     open_streams: AtomicUsize,
-    /// HTTP/2: when the last stream ended, in µs since `accepted`.
+    /// In µs since `accepted`. HTTP/2: when the last stream ended; HTTP/1: when the wait for
+    /// the next request began, once the connection is to be parked.
     idle_since_us: AtomicU64,
 }
 
@@ -181,6 +187,8 @@ impl ConnState {
             first_wait: AtomicBool::new(false),
             first_head_done: AtomicBool::new(false),
             head_deadline: std::sync::OnceLock::new(),
+            park: AtomicBool::new(false),
+            write_pending: AtomicBool::new(false),
             open_streams: AtomicUsize::new(0),
             idle_since_us: AtomicU64::new(0),
         }
@@ -311,7 +319,7 @@ fn accept(
 /// timeouts, until it ends.
 pub(crate) async fn serve_other<S, B>(stream: TcpStream, settings: Arc<Settings>, service: S)
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -329,7 +337,7 @@ async fn connection<S, B>(
     service: S,
 ) -> Result<(), hyper::Error>
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -363,8 +371,8 @@ async fn serve_io<IO, S, B>(
     service: S,
 ) -> Result<(), hyper::Error>
 where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + detect::Park + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -374,7 +382,9 @@ where
     let io = TokioIo::new(detect::Prefixed::new(stream, prefix, len, state.clone()));
     match proto {
         detect::Proto::Http1 => h1::serve(io, state, stop, service).await,
-        detect::Proto::Http2 => h2::serve(io, state, stop, service).await,
+        // Boxed: hyper's HTTP/2 connection is large (~4 kB), and inline it would size the
+        // task of every connection, HTTP/1 ones included, parked or not.
+        detect::Proto::Http2 => Box::pin(h2::serve(io, state, stop, service)).await,
     }
 }
 

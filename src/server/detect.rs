@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -53,6 +54,8 @@ pub(super) struct Prefixed<S = TcpStream> {
     prefix: [u8; 24],
     at: usize,
     len: usize,
+    /// Bytes read before an HTTP/1 connection was parked, put back for the next reader.
+    rest: Bytes,
     state: Arc<ConnState>,
     /// Armed while a write waits for the client to take bytes.
     stalled: Option<timer::Sleep>,
@@ -60,14 +63,59 @@ pub(super) struct Prefixed<S = TcpStream> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Prefixed<S> {
     pub(super) fn new(stream: S, prefix: [u8; 24], len: usize, state: Arc<ConnState>) -> Prefixed<S> {
-        Prefixed { stream, prefix, at: 0, len, state, stalled: None }
+        Prefixed { stream, prefix, at: 0, len, rest: Bytes::new(), state, stalled: None }
     }
 
+    /// Puts bytes read but not used back in front of the stream.
+    pub(super) fn put_back(&mut self, rest: Bytes) {
+        self.rest = rest;
+    }
+}
+
+/// What parking an idle HTTP/1 connection needs of its stream: a wait for the next byte that
+/// reads nothing. A plain socket can say; a TLS stream may hold decrypted bytes its socket no
+/// longer shows (and rustls keeps its own buffers), so TLS connections are never parked.
+pub(crate) trait Park {
+    const PARKABLE: bool;
+    /// Ready once the stream has bytes to read (or has ended), without reading them. Called
+    /// only when [`Park::PARKABLE`].
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+impl Park for TcpStream {
+    const PARKABLE: bool = true;
+
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        TcpStream::poll_read_ready(self, cx)
+    }
+}
+
+impl<T> Park for Box<tokio_rustls::server::TlsStream<T>> {
+    const PARKABLE: bool = false;
+
+    fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Never parked: readiness is what a read says.
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: Park> Prefixed<S> {
+    /// See [`Park`].
+    pub(super) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.stream.poll_read_ready(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Prefixed<S> {
     /// A write is pending: fails it once the client has taken nothing for `send_timeout`.
     /// The error ends the connection in hyper, whatever it was waiting to write.
     fn stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let timeout = self.state.settings.cfg.send_timeout;
-        let sleep = self.stalled.get_or_insert_with(|| timer::Sleep::after(timeout));
+        let state = &self.state;
+        let sleep = self.stalled.get_or_insert_with(|| {
+            state.write_pending.store(true, Ordering::Relaxed);
+            timer::Sleep::after(timeout)
+        });
         if Pin::new(sleep).poll(cx).is_pending() {
             return Poll::Pending;
         }
@@ -85,6 +133,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Prefixed<S> {
             done => {
                 if self.stalled.is_some() {
                     self.stalled = None;
+                    self.state.write_pending.store(false, Ordering::Relaxed);
                 }
                 done
             }
@@ -99,6 +148,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Prefixed<S> {
             let n = (this.len - this.at).min(buf.remaining());
             buf.put_slice(&this.prefix[this.at..this.at + n]);
             this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        if !this.rest.is_empty() {
+            let n = this.rest.len().min(buf.remaining());
+            buf.put_slice(&this.rest[..n]);
+            this.rest.advance(n);
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();

@@ -67,7 +67,7 @@ async fn serve_stream<S, B>(
     service: S,
 ) -> Result<(), hyper::Error>
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

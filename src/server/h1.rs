@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -29,9 +29,17 @@ use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
-use super::detect::Prefixed;
+use super::detect::{Park, Prefixed};
 use super::{ConnState, Stop, Stopping};
 use crate::timer;
+
+/// How long a kept-alive HTTP/1 connection waits for its next request before it is parked:
+/// hyper's connection (its read and write buffers, its cached header map, the boxed slot
+/// for a request's future: ~17 kB) is dropped, leaving the socket, the service and
+/// [`ConnState`] (under 1 kB); the first byte of the next request builds a new one. A
+/// connection that sends its requests back to back never pays for that rebuild. TLS
+/// connections are not parked (see [`Park`]).
+const PARK_AFTER: Duration = Duration::from_secs(1);
 
 pub(super) async fn serve<IO, S, B>(
     io: TokioIo<Prefixed<IO>>,
@@ -40,32 +48,91 @@ pub(super) async fn serve<IO, S, B>(
     service: S,
 ) -> Result<(), hyper::Error>
 where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Park + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Unpin,
     B: http_body::Body<Data = Bytes> + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut builder = state.settings.h1.clone();
-    builder.timer(HeadTimer(state.clone()));
-    // With upgrades: a 101 hands the socket to the tunnel (`forward::tunnel`); the
-    // connection future then ends.
-    let conn = builder.serve_connection(io, service).with_upgrades();
-    tokio::pin!(conn);
     let mut stopping = Stopping::new(stop);
-    let mut asked = false;
-    std::future::poll_fn(|cx| loop {
-        if let Poll::Ready(done) = conn.as_mut().poll(cx) {
-            return Poll::Ready(done);
+    let (mut io, mut service) = (io, service);
+    loop {
+        let mut builder = state.settings.h1.clone();
+        builder.timer(HeadTimer(state.clone()));
+        // Boxed: a parked connection's task then keeps no room for it. With upgrades: a 101
+        // hands the socket to the tunnel (`forward::tunnel`); the connection future then ends.
+        let mut conn = Box::new(builder.serve_connection(io, service).with_upgrades());
+        let mut asked = false;
+        let served = std::future::poll_fn(|cx| loop {
+            if let Poll::Ready(done) = Pin::new(&mut *conn).poll(cx) {
+                return Poll::Ready(Some(done));
+            }
+            // A connection that has not yet delivered its first request is let finish it:
+            // its client completed the handshake before the listener closed, and hyper
+            // would close it (with the request unread) if asked now.
+            if !asked && stopping.poll(cx) && state.first_head_done.load(Ordering::Relaxed) {
+                asked = true;
+                Pin::new(&mut *conn).graceful_shutdown();
+                continue;
+            }
+            // The head timer asks once a wait for a request has lasted `PARK_AFTER`: hyper
+            // is then idle, its response flushed unless a write is pending.
+            if IO::PARKABLE && !asked && state.park.load(Ordering::Relaxed) {
+                state.park.store(false, Ordering::Relaxed);
+                if !state.write_pending.load(Ordering::Relaxed) {
+                    return Poll::Ready(None);
+                }
+            }
+            return Poll::Pending;
+        })
+        .await;
+        if let Some(done) = served {
+            return done;
         }
-        // A connection that has not yet delivered its first request is let finish it: its
-        // client completed the handshake before the listener closed, and hyper would close
-        // it (with the request unread) if asked now.
-        if !asked && stopping.poll(cx) && state.first_head_done.load(Ordering::Relaxed) {
-            asked = true;
-            conn.as_mut().graceful_shutdown();
-            continue;
+        // Asked to park, it was idle: never upgraded, so its parts are there.
+        let Some(parts) = conn.into_parts() else { return Ok(()) };
+        let (mut prefixed, rest) = (parts.io.into_inner(), parts.read_buf);
+        service = parts.service;
+        tracing::trace!(rest = rest.len(), "parking an idle HTTP/1 connection");
+        if rest.is_empty() {
+            // Even empty, it may hold hyper's whole read buffer.
+            drop(rest);
+            match park(&prefixed, &state, &mut stopping).await {
+                Parked::Readable => {}
+                Parked::Closing => return Ok(()),
+            }
+        } else {
+            // Pipelined bytes hyper had read ahead: served at once.
+            prefixed.put_back(rest);
         }
-        return Poll::Pending;
+        io = TokioIo::new(prefixed);
+    }
+}
+
+enum Parked {
+    Readable,
+    Closing,
+}
+
+/// Waits with no buffer for the next request's first byte, the end of the keep-alive
+/// timeout, or the server's shutdown (an idle connection is closed at once then).
+async fn park<IO: Park>(io: &Prefixed<IO>, state: &ConnState, stopping: &mut Stopping) -> Parked {
+    let cfg = &state.settings.cfg;
+    let since = state.accepted + Duration::from_micros(state.idle_since_us.load(Ordering::Relaxed));
+    let mut keepalive = timer::Sleep::until(since + timer::TICK + cfg.keepalive_timeout);
+    std::future::poll_fn(|cx| {
+        if stopping.poll(cx) {
+            return Poll::Ready(Parked::Closing);
+        }
+        // An error is hyper's to see, as it would have with the connection unparked.
+        if io.poll_read_ready(cx).is_ready() {
+            return Poll::Ready(Parked::Readable);
+        }
+        if Pin::new(&mut keepalive).poll(cx).is_ready() {
+            state.settings.metrics.timeouts.keepalive.inc();
+            tracing::debug!("closing an idle HTTP/1 connection: keep-alive timeout");
+            return Poll::Ready(Parked::Closing);
+        }
+        Poll::Pending
     })
     .await
 }
@@ -92,7 +159,7 @@ impl hyper::rt::Timer for HeadTimer {
             state.first_wait.store(true, Ordering::Relaxed);
             Phase::First(state.accepted + cfg.header_read_timeout)
         };
-        Box::pin(HeadSleep { state: state.clone(), phase, armed: false })
+        Box::pin(HeadSleep { state: state.clone(), phase, armed: false, park_asked: false })
     }
 
     fn now(&self) -> Instant {
@@ -101,7 +168,12 @@ impl hyper::rt::Timer for HeadTimer {
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
         // hyper re-arms only a timer that fired, on a connection it is closing.
-        *sleep = Box::pin(HeadSleep { state: self.0.clone(), phase: Phase::Head(new_deadline), armed: false });
+        *sleep = Box::pin(HeadSleep {
+            state: self.0.clone(),
+            phase: Phase::Head(new_deadline),
+            armed: false,
+            park_asked: false,
+        });
     }
 }
 
@@ -122,6 +194,8 @@ struct HeadSleep {
     state: Arc<ConnState>,
     phase: Phase,
     armed: bool,
+    /// An idle wait has asked its connection to park (once).
+    park_asked: bool,
 }
 
 impl HeadSleep {
@@ -142,16 +216,32 @@ impl Future for HeadSleep {
                 this.armed = false;
             }
         }
-        if !this.armed {
-            let due = match this.phase {
-                Phase::First(due) | Phase::Head(due) => due,
-                Phase::Idle(since) => since + timer::TICK + cfg.keepalive_timeout,
-            };
-            this.deadline().arm_at(due);
-            this.armed = true;
-        }
-        if this.deadline().poll_expired(cx).is_pending() {
-            return Poll::Pending;
+        loop {
+            if !this.armed {
+                let due = match this.phase {
+                    Phase::First(due) | Phase::Head(due) => due,
+                    Phase::Idle(since) if this.park_asked || cfg.keepalive_timeout <= PARK_AFTER => {
+                        since + timer::TICK + cfg.keepalive_timeout
+                    }
+                    Phase::Idle(since) => since + timer::TICK + PARK_AFTER,
+                };
+                this.deadline().arm_at(due);
+                this.armed = true;
+            }
+            if this.deadline().poll_expired(cx).is_pending() {
+                return Poll::Pending;
+            }
+            match this.phase {
+                Phase::Idle(since) if !this.park_asked && cfg.keepalive_timeout > PARK_AFTER => {
+                    // Time to park; the deadline moves on to the keep-alive timeout.
+                    this.park_asked = true;
+                    this.armed = false;
+                    let us = since.saturating_duration_since(this.state.accepted).as_micros();
+                    this.state.idle_since_us.store(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
+                    this.state.park.store(true, Ordering::Relaxed);
+                }
+                _ => break,
+            }
         }
         let timeouts = &this.state.settings.metrics.timeouts;
         if let Phase::Idle(_) = this.phase {

@@ -118,6 +118,49 @@ async fn an_idle_keep_alive_connection_outlives_the_header_timeout_until_the_kee
 }
 
 #[tokio::test]
+async fn an_http1_connection_parked_while_idle_serves_what_comes_next_and_closes_on_shutdown() {
+    let mut tg = Tollgate::start(&yaml("keepalive_timeout: 60s")).await;
+    let mut s = TcpStream::connect(tg.addr).await.unwrap();
+    assert!(roundtrip(&mut s).await.starts_with("HTTP/1.1 200"));
+    // Idle past the park delay (1 s): hyper's connection is taken apart, the socket kept.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Two pipelined requests wake it: both answered, in order, on the same connection.
+    s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&got).matches("\r\n\r\nok").count() < 2 {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("answers").unwrap();
+        assert!(n > 0, "closed before the answers: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(String::from_utf8_lossy(&got).matches("HTTP/1.1 200").count(), 2);
+    // A head that arrives in pieces after another park.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    s.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(roundtrip_rest(&mut s, b"host: x\r\n\r\n").await.starts_with("HTTP/1.1 200"));
+    // Parked again, it is closed at once when the server shuts down.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let done = tg.shutdown();
+    assert!(closed_within(&mut s, Duration::from_secs(5)).await, "a parked connection held the shutdown");
+    tokio::time::timeout(Duration::from_secs(5), done).await.expect("shutdown finished").unwrap();
+    assert_eq!(timeouts(&tg, "keepalive"), 0);
+}
+
+/// Sends the rest of a request and reads its answer.
+async fn roundtrip_rest(s: &mut TcpStream, rest: &[u8]) -> String {
+    s.write_all(rest).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"\r\n\r\nok") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("an answer").unwrap();
+        assert!(n > 0, "closed before the answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
 async fn a_head_begun_late_in_the_keep_alive_wait_gets_the_whole_header_timeout() {
     let tg = Tollgate::start(&yaml("header_read_timeout: 1s, keepalive_timeout: 2s")).await;
     let mut s = TcpStream::connect(tg.addr).await.unwrap();

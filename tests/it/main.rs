@@ -18,6 +18,7 @@ mod hostile_config;
 mod limits;
 mod listener;
 mod live_reload;
+mod memory;
 mod operate;
 mod products;
 mod proxy_protocol;
