@@ -193,16 +193,7 @@ impl HttpForwarder {
         let h = req.headers_mut();
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         h.insert(header::UPGRADE, protocols.clone());
-        let exchange = async {
-            let mut conn = self.pool.connect_for_upgrade().await.map_err(|e| {
-                tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
-                Error::Upstream(UpstreamFailure::Connect)
-            })?;
-            match conn.send.send_request(req).await {
-                Ok(resp) => Ok((resp, conn)),
-                Err(e) => Err(self.failed(&e)),
-            }
-        };
+        let exchange = async { self.send_on(self.pool.connect_for_upgrade().await, req).await };
         let (mut resp, conn) = match tokio::time::timeout(self.timeout, exchange).await {
             Ok(answered) => answered?,
             Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
@@ -330,15 +321,23 @@ impl HttpForwarder {
         &self,
         req: Request<RequestBody>,
     ) -> impl Future<Output = Result<(Response<Incoming>, UpstreamConn), Error>> + '_ {
-        async move {
-            let mut conn = self.pool.checkout().await.map_err(|e| {
-                tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
-                Error::Upstream(UpstreamFailure::Connect)
-            })?;
-            match conn.send.send_request(req).await {
-                Ok(resp) => Ok((resp, conn)),
-                Err(e) => Err(self.failed(&e)),
-            }
+        async move { self.send_on(self.pool.checkout().await, req).await }
+    }
+
+    /// `req` on a connection just taken or opened (or the failure to get one), each failure
+    /// told by whose fault it was.
+    async fn send_on(
+        &self,
+        conn: Result<UpstreamConn, pool::ConnectError>,
+        req: Request<RequestBody>,
+    ) -> Result<(Response<Incoming>, UpstreamConn), Error> {
+        let mut conn = conn.map_err(|e| {
+            tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
+            Error::Upstream(UpstreamFailure::Connect)
+        })?;
+        match conn.send.send_request(req).await {
+            Ok(resp) => Ok((resp, conn)),
+            Err(e) => Err(self.failed(&e)),
         }
     }
 
