@@ -279,6 +279,7 @@ impl Proxy {
     /// stale copy. One `async fn` holding the head once (see [`Proxy::handle`]).
     // Not an `async fn`: its arguments would be kept twice in the future, as arguments and as
     // locals (376 bytes); captured by an `async move` block, each is kept once.
+    #[allow(clippy::manual_async_fn)]
     fn serve(
         self: Arc<Proxy>,
         routed: Result<(usize, Target), Error>,
