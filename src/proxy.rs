@@ -291,13 +291,12 @@ impl Proxy {
         async move {
             let this = &*self;
             let _in_flight = InFlight::enter(&this.metrics);
+            // Whether the peer is a trusted proxy: decided once, read by the request id and the
+            // forwarding fields.
+            let peer_trusted = this.trusted.is_trusted(peer.addr.ip());
             // The request's id, made as it enters; only a trusted proxy's own is read, so the
             // common case looks up no field.
-            let id = this
-                .config
-                .request_id
-                .as_ref()
-                .map(|name| RequestId::decide(name, &parts.headers, this.trusted.is_trusted(peer.addr.ip())));
+            let id = this.config.request_id.as_ref().map(|name| RequestId::decide(name, &parts.headers, peer_trusted));
             // The field and its value, made once: the forwarded request gets a clone.
             let id_field = this.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
             // The id as text, for the log and rule values; read only where they need it.
@@ -387,10 +386,9 @@ impl Proxy {
                             );
                         };
                         let request_values: RenderedValues = render(&route.request_headers, &parts, &target);
-                        let ip = peer.addr.ip();
                         let down = Downstream {
-                            peer: ip,
-                            peer_trusted: this.trusted.is_trusted(ip),
+                            peer: peer.addr.ip(),
+                            peer_trusted,
                             https: peer.tls.is_some(),
                             request_id: id_field.as_ref().map(|(name, id)| (*name, id.clone())),
                             rules: route
