@@ -20,6 +20,9 @@ if need rustup; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 fi
 
+# A CI run builds once from scratch: incremental state would only take disk and time.
+[[ -n ${CI:-} ]] && export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy --all-targets -- -D warnings"
