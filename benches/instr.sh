@@ -13,7 +13,8 @@
 #
 # Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
 # 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
-# KEEP=dir keeps each profile for callgrind_annotate.
+# KEEP=dir keeps each profile for callgrind_annotate. BASE_PORT=18290 moves the four ports used
+# (upstream, pass, reject, plan) so that two runs can share the machine.
 set -euo pipefail
 # shellcheck source=benches/upstream.sh
 source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
@@ -23,15 +24,16 @@ n=${N:-20000} path=${PATH_:-/} port_var=${PORT_VAR:-LISTEN_ADDR}
 proto=(--h1); [[ -n ${H2:-} ]] && proto=(-m 10)
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
-start_upstream "$work" 18290
+bp=${BASE_PORT:-18290}
+start_upstream "$work" "$bp"
 for bin in "$@"; do
-  env=(UPSTREAM_ADDR=127.0.0.1:18290 LISTEN_ADDR=127.0.0.1:18291)
-  url=http://127.0.0.1:18291$path
+  env=(UPSTREAM_ADDR=127.0.0.1:$bp LISTEN_ADDR=127.0.0.1:$((bp + 1)))
+  url=http://127.0.0.1:$((bp + 1))$path
   # The 429 path: a limit of 1/s admits next to nothing, however slowly valgrind runs.
-  if [[ $port_var == REJECT_PORT ]]; then env+=(REJECT_PORT=18292 REJECT_RATE=1 REJECT_BURST=1); url=http://127.0.0.1:18292$path; fi
+  if [[ $port_var == REJECT_PORT ]]; then env+=(REJECT_PORT=$((bp + 2)) REJECT_RATE=1 REJECT_BURST=1); url=http://127.0.0.1:$((bp + 2))$path; fi
   # A plan limit (tier looked up from a clients file by x-api-key), same parameters as the pass path.
   hdr=(); [[ -n ${HEADER:-} ]] && hdr=(-H "$HEADER")
-  if [[ $port_var == PLAN_PORT ]]; then env+=(PLAN_PORT=18293); url=http://127.0.0.1:18293$path; hdr=(-H 'x-api-key: bench-key'); fi
+  if [[ $port_var == PLAN_PORT ]]; then env+=(PLAN_PORT=$((bp + 3))); url=http://127.0.0.1:$((bp + 3))$path; hdr=(-H 'x-api-key: bench-key'); fi
   env "${env[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "$bin" bench \
     2>"$work/vg.log" &
   for _ in $(seq 100); do curl -s -o /dev/null "$url" && break; sleep 0.2; done

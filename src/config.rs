@@ -101,7 +101,28 @@ pub struct ServerConfig {
     pub body_read_timeout: Duration,
     /// Connections past this many open ones are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// Worker threads of `tollgate run` (read at start only).
+    pub workers: Workers,
     pub h2: H2Config,
+}
+
+/// How many worker threads `tollgate run` serves with: each runs its own single-threaded
+/// runtime and accepts from the shared listeners (see `server.workers` in the README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// One per core the process may run on.
+    Auto,
+    Count(usize),
+}
+
+impl Workers {
+    /// The number of workers to start (at least 1).
+    pub fn count(self) -> usize {
+        match self {
+            Workers::Auto => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            Workers::Count(n) => n.max(1),
+        }
+    }
 }
 
 /// HTTP/2 settings and timers of client connections (`server.h2`).

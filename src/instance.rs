@@ -58,3 +58,42 @@ pub async fn run_all(
     };
     crate::server::serve_all(listeners, shared, signal).await;
 }
+
+/// The worker threads of `tollgate run` (`server.workers`).
+///
+/// Each worker is a thread with a single-threaded runtime of its own, nginx's shape: a
+/// connection, its requests and the upstream connections it uses stay on one thread, with no
+/// work stealing and no wake-up crossing threads. Every worker accepts from the same listening
+/// sockets (each holds its own descriptor of them), so whichever worker is free takes the next
+/// connection; the proxy's state is shared.
+pub mod workers {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// How many workers the process runs (1 until [`set_count`]; tests and `bench` run one).
+    static COUNT: AtomicUsize = AtomicUsize::new(1);
+
+    thread_local! {
+        static INDEX: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Called once at start, before the proxy is built: per-worker state (the upstream
+    /// pools' shards) is sized by it.
+    pub fn set_count(n: usize) {
+        COUNT.store(n.max(1), Ordering::Relaxed);
+    }
+
+    pub fn count() -> usize {
+        COUNT.load(Ordering::Relaxed)
+    }
+
+    /// Marks the calling thread as worker `i`.
+    pub fn set_index(i: usize) {
+        INDEX.with(|c| c.set(i));
+    }
+
+    /// The calling thread's worker (0 outside the workers).
+    pub fn index() -> usize {
+        INDEX.with(Cell::get)
+    }
+}

@@ -305,42 +305,98 @@ fn run(
     };
     adjust(&mut config);
     let log_switch = init_logging(config.log.format);
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    let workers = config.server.workers.count();
+    tollgate::instance::workers::set_count(workers);
+    // Bound once here; every worker accepts from its own descriptor of each socket.
+    let mut listeners = Vec::with_capacity(config.listeners.len());
+    for l in &config.listeners {
+        listeners.push(bind(l.addr).with_context(|| format!("binding {}", l.addr))?);
+    }
+    let admin = match config.admin {
+        Some(addr) => Some(bind(addr).with_context(|| format!("binding the admin listener {addr}"))?),
+        None => None,
+    };
+    let runtime = worker_runtime().context("starting the runtime")?;
+    // `check` refuses every value known to break the build; should one still panic, the
+    // process ends with a message rather than a backtrace. Built inside the first worker's
+    // runtime: the proxy's background tasks (sweepers, refreshes) run there.
+    let (addr, admin_addr, routes) = (config.listen, config.admin, config.routes.len());
+    let proxy = runtime.block_on(async {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Proxy::new(config)))
+            .map_err(|_| anyhow::anyhow!("building the config failed (this is a bug in tollgate)"))
+    })?;
+    let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut threads = Vec::with_capacity(workers - 1);
+    for i in 1..workers {
+        let own = listeners.iter().map(std::net::TcpListener::try_clone).collect::<Result<Vec<_>, _>>();
+        let own = own.context("sharing the listeners with a worker")?;
+        let (shared, mut stop) = (shared.clone(), stop_rx.clone());
+        let thread = std::thread::Builder::new().name(format!("tollgate-worker-{i}")).spawn(move || {
+            tollgate::instance::workers::set_index(i);
+            let runtime = match worker_runtime() {
+                Ok(r) => r,
+                Err(e) => return tracing::error!(worker = i, error = %e, "cannot start a worker's runtime"),
+            };
+            runtime.block_on(async move {
+                let listeners = match own.into_iter().map(tokio::net::TcpListener::from_std).collect() {
+                    Ok(l) => l,
+                    Err(e) => return tracing::error!(worker = i, error = %e, "cannot register the listeners"),
+                };
+                let stopped = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                tollgate::server::serve_all(listeners, shared, stopped).await;
+            });
+        });
+        threads.push(thread.context("starting a worker thread")?);
+    }
+    runtime.block_on(async move {
+        let listeners = listeners.into_iter().map(tokio::net::TcpListener::from_std).collect::<Result<Vec<_>, _>>();
+        let listeners = listeners.context("registering the listeners")?;
+        let admin =
+            admin.map(tokio::net::TcpListener::from_std).transpose().context("registering the admin listener")?;
+        tracing::info!(listen = %addr, admin = ?admin_addr, routes, workers, "tollgate listening");
+        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust)).with_log_switch(log_switch);
+        let shutdown = async move {
+            shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        };
+        tollgate::instance::run_all(shared, listeners, admin, Some(reloader), shutdown).await;
+        anyhow::Ok(())
+    })?;
+    // The other workers drain within the same grace period.
+    for t in threads {
+        if t.join().is_err() {
+            tracing::error!("a worker thread panicked");
+        }
+    }
+    Ok(())
+}
+
+/// A listening socket, non-blocking, for the workers to share.
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// One worker's runtime: single-threaded, with every driver. Memory its thread freed goes
+/// back to the system when it runs out of work; a heartbeat wakes it every 500 ms, so memory
+/// freed in a last burst (a spike of connections closing) is given back within a second or
+/// two even if nothing else happens.
+fn worker_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
     #[cfg(feature = "mimalloc")]
-    runtime.on_thread_park(give_back_idle_memory);
-    let runtime = runtime.enable_all().build().context("starting the runtime")?;
-    // A worker parks after each wake-up, so memory freed in a last burst (a spike of
-    // connections closing) is given back within a second or two even if nothing else happens.
+    builder.on_thread_park(give_back_idle_memory);
+    let runtime = builder.enable_all().build()?;
     #[cfg(feature = "mimalloc")]
     runtime.spawn(async {
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     });
-    runtime.block_on(async move {
-        let mut listeners = Vec::with_capacity(config.listeners.len());
-        for l in &config.listeners {
-            listeners.push(tokio::net::TcpListener::bind(l.addr).await.with_context(|| format!("binding {}", l.addr))?);
-        }
-        let admin = match config.admin {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the admin listener {addr}"))?,
-            ),
-            None => None,
-        };
-        // `check` refuses every value known to break the build; should one still panic, the
-        // process ends with a message rather than a backtrace.
-        let (addr, admin_addr, routes) = (config.listen, config.admin, config.routes.len());
-        let proxy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Proxy::new(config)))
-            .map_err(|_| anyhow::anyhow!("building the config failed (this is a bug in tollgate)"))?;
-        tracing::info!(listen = %addr, admin = ?admin_addr, routes, "tollgate listening");
-        let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
-        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust)).with_log_switch(log_switch);
-        tollgate::instance::run_all(shared, listeners, admin, Some(reloader), shutdown_signal()).await;
-        Ok(())
-    })
+    Ok(runtime)
 }
 
 async fn shutdown_signal() {

@@ -74,6 +74,10 @@ fn build(
         // The sockets stay as they are, and so do their certificates.
         config.listeners.clone_from(&running.listeners);
     }
+    if config.server.workers != running.server.workers {
+        restart_needed.push("server.workers");
+        config.server.workers = running.server.workers;
+    }
     if config.admin != running.admin {
         restart_needed.push("admin");
         config.admin = running.admin;

@@ -285,14 +285,15 @@ fn accept(
     stop: &Stop,
 ) {
     let m = &settings.metrics;
-    // Only this loop increments, so the bound holds exactly; a closing connection may make
-    // it refuse one more than needed, never admit one too many.
-    if m.open.get() >= i64::try_from(settings.cfg.max_connections).unwrap_or(i64::MAX) {
+    // Workers accept side by side: the count is taken before the check, so the bound holds
+    // exactly across them (a connection refused meanwhile may make another refuse one more
+    // than needed, never admit one too many).
+    if m.open.inc() >= i64::try_from(settings.cfg.max_connections).unwrap_or(i64::MAX) {
+        m.open.dec();
         m.refused.inc();
         tracing::debug!(%peer, max = settings.cfg.max_connections, "connection refused: server.max_connections reached");
         return;
     }
-    m.open.inc();
     m.accepted.inc();
     let open = Open(m.open.clone());
     let _ = stream.set_nodelay(true);

@@ -65,8 +65,21 @@ struct Server {
     #[serde(default = "default_max_connections")]
     max_connections: usize,
     #[serde(default)]
+    workers: Option<RawWorkers>,
+    #[serde(default)]
     h2: H2,
 }
+
+/// `server.workers`: `auto` or a count.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawWorkers {
+    Count(u64),
+    Word(String),
+}
+
+/// More worker threads than this is a typo, not a machine.
+const MAX_WORKERS: u64 = 1024;
 
 fn default_header_read_timeout() -> Dur {
     Dur(std::time::Duration::from_secs(10))
@@ -100,6 +113,7 @@ impl Default for Server {
             grace_period: default_grace_period(),
             body_read_timeout: default_body_read_timeout(),
             max_connections: default_max_connections(),
+            workers: None,
             h2: H2::default(),
         }
     }
@@ -143,6 +157,22 @@ impl Server {
         if self.max_connections == 0 {
             return Err((at("max_connections"), "expected at least 1".to_owned()));
         }
+        let workers = match self.workers {
+            None => super::Workers::Auto,
+            Some(RawWorkers::Word(w)) if w == "auto" => super::Workers::Auto,
+            Some(RawWorkers::Count(n)) if (1..=MAX_WORKERS).contains(&n) => {
+                super::Workers::Count(usize::try_from(n).unwrap_or(1))
+            }
+            Some(RawWorkers::Count(n)) => {
+                return Err((at("workers"), format!("{n} is out of range; expected `auto` or 1 to {MAX_WORKERS}")))
+            }
+            Some(RawWorkers::Word(w)) => {
+                return Err((
+                    at("workers"),
+                    format!("`{w}` is not a worker count; expected `auto` or 1 to {MAX_WORKERS}"),
+                ))
+            }
+        };
         let h2 = self.h2;
         // hyper and h2 take these as u32; the protocol bounds them further (RFC 9113 §6.5.2).
         let size = |field: &str, v: Option<Size>, default: u32, min: u32, max: u32| -> Result<u32, Invalid> {
@@ -174,6 +204,7 @@ impl Server {
             grace_period: self.grace_period.0,
             body_read_timeout: self.body_read_timeout.0,
             max_connections: self.max_connections,
+            workers,
             h2: D {
                 idle_timeout,
                 ping_interval: h2.ping_interval.map_or(D::PING_INTERVAL, |d| d.0),

@@ -4,7 +4,10 @@
 //! timeout, or closed by the upstream, are dropped on the way out.
 //!
 //! This replaces hyper-util's legacy pooled client on the hot path: checkout is a mutex-held
-//! `Vec::pop` (uncontended: one lock per upstream), and the connection task is spawned once.
+//! `Vec::pop`, and the connection task is spawned once. Each worker thread has its own shard of
+//! the pool ([`crate::instance::workers`]): a connection's task runs on the worker that opened
+//! it, and the worker's requests find it there, so the lock is never contended and no request
+//! wakes another thread.
 
 use std::sync::Mutex;
 
@@ -15,8 +18,10 @@ use super::connector::Connector;
 use crate::body::{Home, UpstreamConn as Conn};
 
 pub struct Pool {
-    /// Idle connections with when they went idle, on the coarse clock (ms).
-    idle: Mutex<Vec<(Conn, u64)>>,
+    /// Idle connections with when they went idle, on the coarse clock (ms): one shard per
+    /// worker thread.
+    shards: Box<[Shard]>,
+    /// Per shard.
     max_idle: usize,
     /// Milliseconds an idle connection may wait to be reused.
     idle_timeout_ms: u64,
@@ -34,13 +39,26 @@ impl Pool {
         read_timeouts: Counter,
     ) -> Pool {
         let idle_timeout_ms = u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX);
-        Pool { idle: Mutex::new(Vec::new()), max_idle, idle_timeout_ms, connector, read_timeouts }
+        let workers = crate::instance::workers::count();
+        let shards = (0..workers).map(|_| Shard::default()).collect();
+        // `pool_max_idle` is the upstream's: each worker keeps its share (at least one).
+        let max_idle = max_idle.div_ceil(workers);
+        Pool { shards, max_idle, idle_timeout_ms, connector, read_timeouts }
+    }
+
+    /// The calling worker's idle connections.
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, u64)>> {
+        let shard = match self.shards.len() {
+            1 => &self.shards[0],
+            n => &self.shards[crate::instance::workers::index() % n],
+        };
+        shard.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// An idle connection that can take a request right now, if the newest one can; else
     /// [`Pool::checkout`] waits for it or connects.
     pub fn take_ready(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = self.idle();
         let now = crate::timer::now_ms();
         while let Some((conn, since)) = idle.pop() {
             if conn.send.is_closed() || now.saturating_sub(since) >= self.idle_timeout_ms {
@@ -77,7 +95,7 @@ impl Pool {
     }
 
     fn pop(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = self.idle();
         let now = crate::timer::now_ms();
         while let Some((conn, since)) = idle.pop() {
             if !conn.send.is_closed() && now.saturating_sub(since) < self.idle_timeout_ms {
@@ -93,13 +111,18 @@ impl Pool {
     }
 }
 
+/// One worker's idle connections, on a cache line of their own.
+#[derive(Default)]
+#[repr(align(64))]
+struct Shard(Mutex<Vec<(Conn, u64)>>);
+
 impl Home for Pool {
     /// Takes back a connection whose response has ended.
     fn put(&self, conn: Conn) {
         if conn.send.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = self.idle();
         if idle.len() < self.max_idle {
             idle.push((conn, crate::timer::now_ms()));
         }

@@ -176,3 +176,71 @@ fn check_refuses_a_header_rule_on_a_framing_field_with_exit_2_and_position() {
         "{err}"
     );
 }
+
+/// The answer to `GET path` on `port`, as text.
+fn http_get_path(port: u16, path: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The value of metric line `name` on the admin port.
+fn metric(admin: u16, name: &str) -> Option<i64> {
+    let text = http_get_path(admin, "/metrics");
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn workers_share_the_listener_and_bound_connections_exactly() {
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let f = write_config(&format!(
+        "admin: 127.0.0.1:{admin}\nserver: {{ workers: 3, max_connections: 4, header_read_timeout: 30s }}\nupstreams: {{ d: {{ respond: {{ body: up }} }} }}\nroutes: [{{ upstream: d }}]\n"
+    ));
+    let (mut child, port, first) = serve(&f);
+    assert!(first.ends_with("up"), "{first}");
+    let workers = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("tollgate-worker"))
+        .count();
+    assert_eq!(workers, 2, "worker threads besides the main one");
+    let settle = |open: i64| {
+        for _ in 0..200 {
+            if metric(admin, "tollgate_connections_open") == Some(open) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("tollgate_connections_open never reached {open}");
+    };
+    settle(0);
+    // Twelve connections at once, over three workers accepting side by side: exactly four are
+    // kept (they wait for a head), the rest are closed at once.
+    let idle: Vec<_> = (0..12).map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    settle(4);
+    let mut kept = 0;
+    for mut s in &idle {
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        match s.read(&mut [0u8; 16]) {
+            Ok(0) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => kept += 1,
+            other => panic!("an idle connection read {other:?}"),
+        }
+    }
+    assert_eq!(kept, 4, "connections kept open past max_connections: 4 over three workers");
+    assert_eq!(metric(admin, "tollgate_connections_refused_total"), Some(8));
+    drop(idle);
+    settle(0);
+    // Whichever worker takes a connection answers it.
+    for _ in 0..30 {
+        let answer = http_get_path(port, "/");
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("up"), "{answer}");
+    }
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}

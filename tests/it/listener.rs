@@ -437,6 +437,9 @@ fn server_settings_are_checked_where_they_are_written() {
     let path = std::path::Path::new("t.yaml");
     for (server, field) in [
         ("max_connections: 0", "server.max_connections"),
+        ("workers: 0", "server.workers"),
+        ("workers: many", "server.workers"),
+        ("workers: 5000", "server.workers"),
         ("send_timeout: 0", "server.send_timeout"),
         ("h2: { max_frame_size: 1KiB }", "server.h2.max_frame_size"),
         ("h2: { initial_connection_window: 1000 }", "server.h2.initial_connection_window"),
@@ -453,4 +456,10 @@ fn server_settings_are_checked_where_they_are_written() {
     assert_eq!(c.server.h2.idle_timeout, Duration::from_secs(20), "h2 idles out like HTTP/1 by default");
     assert_eq!(c.server.h2.max_header_list_size, 32768);
     assert_eq!(c.server.h2.ping_interval, Duration::from_secs(30));
+    assert_eq!(c.server.workers, tollgate::config::Workers::Auto);
+    for (text, workers) in
+        [("workers: auto", tollgate::config::Workers::Auto), ("workers: 2", tollgate::config::Workers::Count(2))]
+    {
+        assert_eq!(Config::from_yaml(path, &yaml(text)).unwrap().server.workers, workers, "{text}");
+    }
 }
