@@ -576,7 +576,14 @@ impl Gate {
             };
             ratelimit::state(&mut out, &self.limits[d.limit].config.name, remaining, reset);
         }
-        (!out.is_empty()).then(|| HeaderValue::try_from(out).ok()).flatten()
+        // Sensitive, as request ids are: a remaining count changes with every answer, so
+        // HPACK should not index it (see `RequestId::value`).
+        if out.is_empty() {
+            return None;
+        }
+        let mut v = HeaderValue::try_from(out).ok()?;
+        v.set_sensitive(true);
+        Some(v)
     }
 
     /// Puts the RateLimit headers of an admitted request on its answer.
@@ -619,6 +626,14 @@ mod tests {
         // Moved with the request's future: past 128 bytes the moves become memcpy calls
         // (measured: about 300 instructions a request more).
         assert!(std::mem::size_of::<Admission>() <= 128, "{}", std::mem::size_of::<Admission>());
+    }
+
+    #[tokio::test]
+    async fn the_ratelimit_state_of_an_admission_is_never_indexed_by_hpack() {
+        let (_, g) = gate("      - { name: per-client, algorithm: token_bucket, rate: 10/s, burst: 5 }\n");
+        let a = check(&g, 1).await.unwrap();
+        let state = a.ratelimit.as_ref().expect("a RateLimit state");
+        assert!(state.is_sensitive(), "{state:?}: its remaining count changes with every answer");
     }
 
     #[tokio::test]

@@ -60,13 +60,20 @@ impl RequestId {
     }
 
     /// The id as a field value (a copy of the digits, or the client's value shared).
+    ///
+    /// Marked sensitive: HTTP/2's HPACK then sends it as a literal never indexed instead of
+    /// inserting a value no later message repeats into the connection's table, where each
+    /// insert evicts entries worth keeping and lengthens the chain every later id is
+    /// compared against. HTTP/1 ignores the mark.
     pub fn value(&self) -> HeaderValue {
-        match self {
+        let mut v = match self {
             RequestId::Made(b) => {
                 HeaderValue::from_maybe_shared(Bytes::copy_from_slice(b)).unwrap_or(HeaderValue::from_static(""))
             }
             RequestId::Given(v) => v.clone(),
-        }
+        };
+        v.set_sensitive(true);
+        v
     }
 }
 
@@ -173,6 +180,8 @@ mod tests {
         assert!(a.as_str().bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
         assert_ne!(a.as_str(), b.as_str());
         assert_eq!(a.value(), a.as_str());
+        // Never indexed by HPACK: no later message repeats it.
+        assert!(a.value().is_sensitive());
         let other = std::thread::spawn(|| RequestId::made().as_str().to_owned()).join().unwrap();
         assert_ne!(other, a.as_str());
     }
