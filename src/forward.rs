@@ -30,6 +30,10 @@ use crate::body::{Body, ClientBodyError, Lease, RequestBody, UpstreamConn};
 use crate::config::{HttpUpstream, Responder};
 
 /// Per-request facts the forwarder needs from the downstream side.
+/// Fields [`HttpForwarder::prepare`] may add to a request (`TE`, `Host`, three
+/// `X-Forwarded-*`, `Via`, the request id) and the RateLimit fields and id its response gets.
+const ADDED_FIELDS: usize = 10;
+
 pub struct Downstream<'a> {
     pub peer: IpAddr,
     pub peer_trusted: bool,
@@ -290,6 +294,11 @@ impl HttpForwarder {
         // HTTP/2 upstreams get `te: trailers` on (gRPC needs it); it is the only TE HTTP/2 has.
         let trailers = self.h2.is_some() && grpc::te_trailers(h);
         let traced = headers::strip_hop_by_hop(h);
+        // Room for what is added below, in one step. An HTTP/1 client's map was sized by an
+        // earlier message of its connection and has it; an HTTP/2 stream's map was sized by
+        // its own fields, and would grow here and again when the response (parsed into this
+        // same map by hyper's client) gets its RateLimit fields.
+        h.reserve(ADDED_FIELDS);
         if trailers {
             h.insert(header::TE, HeaderValue::from_static("trailers"));
         }
