@@ -190,8 +190,15 @@ impl HttpForwarder {
     /// extensions (holding `held`), to be started once the client has it; any other answer
     /// is an ordinary response (its connection is closed after it; `held` is dropped).
     ///
+    /// An HTTP/2 extended CONNECT for `websocket` (RFC 8441) goes upstream as the HTTP/1.1
+    /// handshake: `GET`, a `Sec-WebSocket-Key` of tollgate's (its `Sec-WebSocket-Version`
+    /// passed on, `13` if it sent none); the `101` must carry the matching
+    /// `Sec-WebSocket-Accept`, and becomes the `200` that opens the tunnel on the client's
+    /// stream. A `2xx` that switched nothing is refused (it would open a tunnel to nothing).
+    ///
     /// # Errors
-    /// As [`HttpForwarder::forward`]; a `101` to a protocol not offered is a bad response.
+    /// As [`HttpForwarder::forward`]; a `101` to a protocol not offered, or (RFC 8441) with a
+    /// wrong accept, or a `2xx` to it, is a bad response.
     pub async fn upgrade<H: Send + 'static>(
         &self,
         req: Request<Incoming>,
@@ -202,9 +209,21 @@ impl HttpForwarder {
     ) -> Result<Response<Body>, Error> {
         let protocols = tunnel::wanted(req.headers(), req.extensions(), req.version(), allowed)
             .ok_or(Error::Internal("an upgrade request changed on its way"))?;
+        let extended = req.version() == Version::HTTP_2;
         let mut req = self.prepare(req, strip, down)?;
-        // Taken out of the request: the client's socket, once hyper has written our 101.
+        // Taken out of the request: the client's socket (or HTTP/2 stream), once hyper has
+        // written our 101 (or 200).
         let client = hyper::upgrade::on(&mut req);
+        let key = if extended {
+            *req.method_mut() = http::Method::GET;
+            let key = tunnel::websocket_key().ok_or(Error::Internal("no random bytes for a WebSocket key"))?;
+            let h = req.headers_mut();
+            h.insert(header::SEC_WEBSOCKET_KEY, key.clone());
+            h.entry(header::SEC_WEBSOCKET_VERSION).or_insert(HeaderValue::from_static("13"));
+            Some(key)
+        } else {
+            None
+        };
         let h = req.headers_mut();
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         h.insert(header::UPGRADE, protocols.clone());
@@ -214,6 +233,11 @@ impl HttpForwarder {
             Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
         };
         if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            if extended && resp.status().is_success() {
+                return Err(Error::Upstream(UpstreamFailure::BadResponse(
+                    "a WebSocket handshake answered with a success that switched no protocol",
+                )));
+            }
             let (mut parts, body) = resp.into_parts();
             framing::check_response(parts.status, &mut parts.headers)?;
             headers::strip_hop_by_hop(&mut parts.headers);
@@ -224,11 +248,22 @@ impl HttpForwarder {
         }
         let chosen = tunnel::chosen(resp.headers(), &protocols)
             .ok_or(Error::Upstream(UpstreamFailure::BadResponse("a 101 to a protocol that was not offered")))?;
+        if key.as_ref().is_some_and(|key| !tunnel::accepts(resp.headers(), key)) {
+            return Err(Error::Upstream(UpstreamFailure::BadResponse(
+                "a 101 whose Sec-WebSocket-Accept does not answer the key",
+            )));
+        }
         let upstream = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
-        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        parts.headers.insert(header::UPGRADE, chosen);
+        if extended {
+            // RFC 8441 §5: the stream is the WebSocket once the CONNECT has its 2xx.
+            parts.status = http::StatusCode::OK;
+            parts.headers.remove(header::SEC_WEBSOCKET_ACCEPT);
+        } else {
+            parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, chosen);
+        }
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;
         parts.extensions.insert(tunnel::Pending::new(client, upstream, held));

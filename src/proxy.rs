@@ -417,6 +417,13 @@ impl Proxy {
                                 fwd.upgrade(Request::from_parts(parts, body), strip, &down, &route.upgrades, slot).await
                             })
                             .await
+                        } else if parts.extensions.get::<hyper::ext::Protocol>().is_some() {
+                            // An HTTP/2 extended CONNECT (RFC 8441) this route does not tunnel: never
+                            // forwarded as if it were a request.
+                            Err(Error::BadRequest(
+                                "an extended CONNECT is tunnelled only for `websocket`, on a route whose `upgrades` \
+                                 lists it, to an HTTP/1.1 upstream",
+                            ))
                         } else if fwd.is_h2() {
                             // Boxed: its future would otherwise enlarge every HTTP/1 request's.
                             Box::pin(fwd.forward_h2(Request::from_parts(parts, body), strip, &down)).await
@@ -448,7 +455,8 @@ impl Proxy {
                 if let Some(p) = &mut permit {
                     p.answered(resp.status());
                 }
-                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
+                if matches!(resp.status().as_u16(), 101 | 200) {
                     // The tunnel holds the concurrency slot and its tunnel slot for its life.
                     if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
                         pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
