@@ -20,11 +20,16 @@ trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"'
 up=18390 tg=18391 hp=18392
 listen="listen 127.0.0.1:$up http2;" url=http://127.0.0.1:$up proto=h2c hp_server="proto h2"
 if [[ -n ${TLS:-} ]]; then
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=upstream.bench \
-    -addext subjectAltName=DNS:upstream.bench -keyout "$work/up.key" -out "$work/up.pem" 2>/dev/null
+  # A CA and a leaf it signs (webpki refuses a certificate marked CA:TRUE, as `req -x509` makes, as the leaf).
+  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  openssl req -x509 "${ec[@]}" -days 2 -subj /CN=bench-ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
+  openssl req "${ec[@]}" -subj /CN=upstream.bench -keyout "$work/up.key" -out "$work/up.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:upstream.bench\nbasicConstraints=CA:FALSE\n' > "$work/ext.cnf"
+  openssl x509 -req -in "$work/up.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -days 2 \
+    -extfile "$work/ext.cnf" -out "$work/up.pem" 2>/dev/null
   listen="listen 127.0.0.1:$up ssl http2; ssl_certificate $work/up.pem; ssl_certificate_key $work/up.key;"
-  url=https://127.0.0.1:$up proto="h2, ca_file: '$work/up.pem', server_name: upstream.bench"
-  hp_server="ssl verify required ca-file $work/up.pem verifyhost upstream.bench sni str(upstream.bench) alpn h2"
+  url=https://127.0.0.1:$up proto="h2, ca_file: '$work/ca.pem', server_name: upstream.bench"
+  hp_server="ssl verify required ca-file $work/ca.pem verifyhost upstream.bench sni str(upstream.bench) alpn h2"
 fi
 cat > "$work/nginx.conf" <<NGX
 worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
