@@ -201,7 +201,7 @@ impl HttpForwarder {
     /// wrong accept, or a `2xx` to it, is a bad response.
     pub async fn upgrade<H: Send + 'static>(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         strip: usize,
         down: &Downstream<'_>,
         allowed: &[HeaderValue],
@@ -210,6 +210,9 @@ impl HttpForwarder {
         let protocols = tunnel::wanted(req.headers(), req.extensions(), req.version(), allowed)
             .ok_or(Error::Internal("an upgrade request changed on its way"))?;
         let extended = req.version() == Version::HTTP_2;
+        // An HTTP/2 CONNECT's stream stays counted as open (the connection is not idle) for
+        // as long as the tunnel it becomes.
+        let stream = req.extensions_mut().remove::<crate::server::StreamHold>();
         let mut req = self.prepare(req, strip, down)?;
         // Taken out of the request: the client's socket (or HTTP/2 stream), once hyper has
         // written our 101 (or 200).
@@ -266,7 +269,7 @@ impl HttpForwarder {
         }
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;
-        parts.extensions.insert(tunnel::Pending::new(client, upstream, held));
+        parts.extensions.insert(tunnel::Pending::new(client, upstream, (held, stream)));
         // The connection's task ends by handing its socket to `upstream`.
         drop(conn);
         Ok(Response::from_parts(parts, Body::empty()))

@@ -448,3 +448,23 @@ async fn a_websocket_over_http2_holds_its_concurrency_slot_and_idles_out() {
     }
     assert_eq!(last, StatusCode::OK, "the slot came back when the tunnel closed");
 }
+
+/// The HTTP/2 connection carrying a WebSocket is not idle: its stream stays open for the
+/// tunnel's life, so the connection's `h2.idle_timeout` never closes it under the tunnel.
+#[tokio::test]
+async fn an_http2_connection_carrying_a_websocket_is_not_idle() {
+    let up = ws_upstream(Arc::default()).await;
+    let yaml = yaml(&up, "").replace(
+        "listen: 127.0.0.1:0\n",
+        "listen: 127.0.0.1:0\nserver: { h2: { idle_timeout: 200ms, ping_timeout: 200ms } }\n",
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let (_, ws) = h2_websocket(&tg, "/chat").await;
+    let mut ws = ws.unwrap();
+    for i in 0..4 {
+        // Well past idle_timeout + ping_timeout between messages.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ws.send(Message::text(format!("m{i}"))).await.unwrap();
+        assert_eq!(next_h2(&mut ws).await.unwrap().unwrap(), Message::text(format!("m{i}")));
+    }
+}
