@@ -71,6 +71,9 @@ impl Source {
 pub enum UpstreamFailure {
     /// No connection could be made (refused, unreachable, connect timeout): 502.
     Connect,
+    /// `protocol: h2`: the upstream's TLS handshake did not choose `h2` by ALPN: 502, counted
+    /// and typed as [`UpstreamFailure::Connect`], with a detail of its own.
+    NotH2,
     /// No response head within the upstream's `timeout`: 504.
     Timeout,
     /// The connection broke before a response head arrived: 502.
@@ -154,7 +157,7 @@ impl Error {
             Error::OverCapacity => 4,
             Error::TooManyTunnels => 5,
             Error::StoreUnavailable { .. } => 6,
-            Error::Upstream(UpstreamFailure::Connect) => 7,
+            Error::Upstream(UpstreamFailure::Connect | UpstreamFailure::NotH2) => 7,
             Error::Upstream(UpstreamFailure::Timeout) => 8,
             Error::Upstream(UpstreamFailure::Broken) => 9,
             Error::Upstream(UpstreamFailure::BadResponse(_)) => 10,
@@ -387,6 +390,10 @@ impl RouteAnswers {
             }
             Error::TooManyTunnels => format!("route `{}` has reached its limit of open tunnels", self.name),
             Error::Upstream(UpstreamFailure::Connect) => format!("could not connect to upstream `{up}`"),
+            Error::Upstream(UpstreamFailure::NotH2) => format!(
+                "could not connect to upstream `{up}`: it is `protocol: h2`, and its TLS handshake did not choose \
+                 HTTP/2 (ALPN `h2`)"
+            ),
             Error::Upstream(UpstreamFailure::Broken) => {
                 format!("upstream `{up}` closed the connection without a response")
             }
@@ -531,7 +538,9 @@ fn problem_type(err: &Error) -> (Option<&'static str>, &'static str, &'static st
         Error::BadRequest(_) => (None, "bad-request", "Bad request"),
         Error::ClientBody(_) => (None, "bad-request-body", "Bad request body"),
         Error::NoRoute => (None, "no-route", "No route matches this request"),
-        Error::Upstream(UpstreamFailure::Connect) => (None, "upstream-unreachable", "Upstream unreachable"),
+        Error::Upstream(UpstreamFailure::Connect | UpstreamFailure::NotH2) => {
+            (None, "upstream-unreachable", "Upstream unreachable")
+        }
         Error::Upstream(UpstreamFailure::Timeout) => (None, "upstream-timeout", "Upstream timed out"),
         Error::Upstream(UpstreamFailure::Broken) => (None, "upstream-failed", "Upstream failed"),
         Error::Upstream(UpstreamFailure::BadResponse(_)) => {

@@ -210,17 +210,20 @@ pub struct HttpUpstream {
     /// `https://` upstreams: how to verify and what to present.
     pub tls: Option<UpstreamTls>,
     pub protocol: UpstreamProtocol,
-    /// The HTTP/2 connections of an `h2c` upstream.
+    /// The HTTP/2 connections of an `h2c`, `h2` or (https://) `auto` upstream.
     pub h2: UpstreamH2,
 }
 
-/// How tollgate speaks to an `http://` upstream. (`auto` reads as HTTP/1.1 until TLS
-/// upstreams bring ALPN; `h2` needs TLS and is refused for now.)
+/// How tollgate speaks to an upstream. (`auto` on an `http://` upstream reads as `Http1`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamProtocol {
     Http1,
     /// HTTP/2 with prior knowledge, without TLS.
     H2c,
+    /// HTTP/2 over TLS: ALPN offers `h2` only.
+    H2,
+    /// Over TLS, ALPN offers `h2` and `http/1.1` and each connection speaks what it chose.
+    Auto,
 }
 
 /// An HTTP/2 upstream's shared connections.

@@ -1,7 +1,7 @@
-//! Sends an admitted request on: to an `http://` upstream through a pooled keep-alive
-//! connection (or, for `protocol: h2c`, as a stream on a shared HTTP/2 connection, see
-//! [`h2`]), an upgrade on a connection of its own that becomes a [`tunnel`] after a `101`,
-//! or to the built-in responder. Failures are returned as [`Error`]s with their
+//! Sends an admitted request on: to an upstream through a pooled keep-alive HTTP/1.1
+//! connection (or, for `protocol: h2c` and `h2`, as a stream on a shared HTTP/2 connection,
+//! see [`h2`]; for `auto` over TLS, on whichever ALPN chose), an upgrade on a connection of
+//! its own that becomes a [`tunnel`] after a `101`, or to the built-in responder. Failures are returned as [`Error`]s with their
 //! source (the client's body, or the upstream); the answer module writes the response.
 
 pub mod connector;
@@ -15,6 +15,7 @@ pub mod tunnel;
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,12 +46,22 @@ pub struct Downstream<'a> {
     pub rules: Option<(&'a rules::HeaderRules, &'a [HeaderValue])>,
 }
 
-/// A pooled client for one `http://` upstream.
+/// `auto`: what ALPN chose on the newest connection, so the next request looks in that pool first.
+const LEARNED_NONE: u8 = 0;
+const LEARNED_H1: u8 = 1;
+const LEARNED_H2: u8 = 2;
+
+/// A pooled client for one upstream.
 pub struct HttpForwarder {
     name: String,
     pool: Arc<Pool>,
-    /// `protocol: h2c`: requests go as streams on shared HTTP/2 connections instead.
+    /// `protocol: h2c` or `h2`: requests go as streams on shared HTTP/2 connections instead;
+    /// `auto` over TLS: those whose connection chose `h2` by ALPN do.
     h2: Option<h2::H2Pool>,
+    /// `auto` over TLS: `LEARNED_*`.
+    auto: Option<AtomicU8>,
+    /// An `https://` upstream.
+    tls: bool,
     authority: http::uri::Authority,
     authority_value: HeaderValue,
     base_path: String,
@@ -74,20 +85,23 @@ impl HttpForwarder {
                 "tls_insecure_skip_verify: the upstream's certificate is not verified (for development only)"
             );
         }
+        use crate::config::UpstreamProtocol;
+        let connector = connector::Connector::new(
+            cfg.authority.as_str().to_owned(),
+            cfg.connect_timeout,
+            cfg.tls.as_ref().and_then(|t| t.loaded.clone()),
+        );
         HttpForwarder {
             name: name.to_owned(),
+            h2: (cfg.protocol != UpstreamProtocol::Http1).then(|| h2::H2Pool::new(connector.clone(), cfg.h2.clone())),
+            auto: (cfg.protocol == UpstreamProtocol::Auto).then(|| AtomicU8::new(LEARNED_NONE)),
+            tls: cfg.tls.is_some(),
             pool: Arc::new(Pool::new(
-                connector::Connector::new(
-                    cfg.authority.as_str().to_owned(),
-                    cfg.connect_timeout,
-                    cfg.tls.as_ref().and_then(|t| t.loaded.clone()),
-                ),
+                connector,
                 cfg.pool_idle_timeout,
                 cfg.pool_max_idle,
                 metrics.upstream_read_timeouts(name),
             )),
-            h2: (cfg.protocol == crate::config::UpstreamProtocol::H2c)
-                .then(|| h2::H2Pool::new(cfg.authority.as_str().to_owned(), cfg.connect_timeout, cfg.h2.clone())),
             authority: cfg.authority.clone(),
             authority_value: HeaderValue::from_str(cfg.authority.as_str()).unwrap_or(HeaderValue::from_static("")),
             base_path: cfg.base_path.clone(),
@@ -102,13 +116,14 @@ impl HttpForwarder {
         &self.name
     }
 
-    /// Whether upgrades can be tunnelled to this upstream: HTTP/1.1 ones only (an `h2c`
-    /// upstream would need extended CONNECT, RFC 8441).
+    /// Whether upgrades can be tunnelled to this upstream: HTTP/1.1 ones, and `auto` ones (on
+    /// a connection of its own offering only `http/1.1`). An `h2c` or `h2` upstream would need
+    /// extended CONNECT (RFC 8441).
     pub fn tunnels(&self) -> bool {
-        self.h2.is_none()
+        self.h2.is_none() || self.auto.is_some()
     }
 
-    /// `protocol: h2c`: requests go through [`HttpForwarder::forward_h2`].
+    /// `protocol: h2c`, `h2`, or `auto` over TLS: requests go through [`HttpForwarder::forward_h2`].
     pub fn is_h2(&self) -> bool {
         self.h2.is_some()
     }
@@ -179,11 +194,18 @@ impl HttpForwarder {
     /// extensions (holding `held`), to be started once the client has it; any other answer
     /// is an ordinary response (its connection is closed after it; `held` is dropped).
     ///
+    /// An HTTP/2 extended CONNECT for `websocket` (RFC 8441) goes upstream as the HTTP/1.1
+    /// handshake: `GET`, a `Sec-WebSocket-Key` of tollgate's (its `Sec-WebSocket-Version`
+    /// passed on, `13` if it sent none); the `101` must carry the matching
+    /// `Sec-WebSocket-Accept`, and becomes the `200` that opens the tunnel on the client's
+    /// stream. A `2xx` that switched nothing is refused (it would open a tunnel to nothing).
+    ///
     /// # Errors
-    /// As [`HttpForwarder::forward`]; a `101` to a protocol not offered is a bad response.
+    /// As [`HttpForwarder::forward`]; a `101` to a protocol not offered, or (RFC 8441) with a
+    /// wrong accept, or a `2xx` to it, is a bad response.
     pub async fn upgrade<H: Send + 'static>(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         strip: usize,
         down: &Downstream<'_>,
         allowed: &[HeaderValue],
@@ -191,9 +213,24 @@ impl HttpForwarder {
     ) -> Result<Response<Body>, Error> {
         let protocols = tunnel::wanted(req.headers(), req.extensions(), req.version(), allowed)
             .ok_or(Error::Internal("an upgrade request changed on its way"))?;
+        let extended = req.version() == Version::HTTP_2;
+        // An HTTP/2 CONNECT's stream stays counted as open (the connection is not idle) for
+        // as long as the tunnel it becomes.
+        let stream = req.extensions_mut().remove::<crate::server::StreamHold>();
         let mut req = self.prepare(req, strip, down)?;
-        // Taken out of the request: the client's socket, once hyper has written our 101.
+        // Taken out of the request: the client's socket (or HTTP/2 stream), once hyper has
+        // written our 101 (or 200).
         let client = hyper::upgrade::on(&mut req);
+        let key = if extended {
+            *req.method_mut() = http::Method::GET;
+            let key = tunnel::websocket_key().ok_or(Error::Internal("no random bytes for a WebSocket key"))?;
+            let h = req.headers_mut();
+            h.insert(header::SEC_WEBSOCKET_KEY, key.clone());
+            h.entry(header::SEC_WEBSOCKET_VERSION).or_insert(HeaderValue::from_static("13"));
+            Some(key)
+        } else {
+            None
+        };
         let h = req.headers_mut();
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         h.insert(header::UPGRADE, protocols.clone());
@@ -203,6 +240,11 @@ impl HttpForwarder {
             Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
         };
         if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            if extended && resp.status().is_success() {
+                return Err(Error::Upstream(UpstreamFailure::BadResponse(
+                    "a WebSocket handshake answered with a success that switched no protocol",
+                )));
+            }
             let (mut parts, body) = resp.into_parts();
             framing::check_response(parts.status, &mut parts.headers)?;
             headers::strip_hop_by_hop(&mut parts.headers);
@@ -213,14 +255,25 @@ impl HttpForwarder {
         }
         let chosen = tunnel::chosen(resp.headers(), &protocols)
             .ok_or(Error::Upstream(UpstreamFailure::BadResponse("a 101 to a protocol that was not offered")))?;
+        if key.as_ref().is_some_and(|key| !tunnel::accepts(resp.headers(), key)) {
+            return Err(Error::Upstream(UpstreamFailure::BadResponse(
+                "a 101 whose Sec-WebSocket-Accept does not answer the key",
+            )));
+        }
         let upstream = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
-        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        parts.headers.insert(header::UPGRADE, chosen);
+        if extended {
+            // RFC 8441 §5: the stream is the WebSocket once the CONNECT has its 2xx.
+            parts.status = http::StatusCode::OK;
+            parts.headers.remove(header::SEC_WEBSOCKET_ACCEPT);
+        } else {
+            parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, chosen);
+        }
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;
-        parts.extensions.insert(tunnel::Pending::new(client, upstream, held));
+        parts.extensions.insert(tunnel::Pending::new(client, upstream, (held, stream)));
         // The connection's task ends by handing its socket to `upstream`.
         drop(conn);
         Ok(Response::from_parts(parts, Body::empty()))
@@ -228,48 +281,100 @@ impl HttpForwarder {
 
     /// A request as a stream on a shared HTTP/2 connection: the target in absolute form
     /// (`:authority` is the `Host` the upstream would have got), the response streamed on
-    /// with its trailers. A gRPC call's `grpc-timeout` shortens the wait for the head.
+    /// with its trailers. A gRPC call's `grpc-timeout` shortens the wait for the head. For
+    /// `auto`, see [`HttpForwarder::auto_leg`].
     pub async fn forward_h2(
         &self,
         req: Request<Incoming>,
         strip: usize,
         down: &Downstream<'_>,
     ) -> Result<Response<Body>, Error> {
-        let mut req = self.prepare(req, strip, down)?;
+        let req = self.prepare(req, strip, down)?;
         let Some(h2) = &self.h2 else { return Err(Error::Internal("an HTTP/1 upstream was sent a stream")) };
-        let authority = match req.headers_mut().remove(header::HOST) {
-            Some(host) => http::uri::Authority::try_from(host.as_bytes())
-                .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,
-            None => self.authority.clone(),
-        };
-        let mut target = Uri::builder().scheme("http").authority(authority);
-        if let Some(pq) = req.uri().path_and_query() {
-            target = target.path_and_query(pq.clone());
-        }
-        *req.uri_mut() = target.build().map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
-        *req.version_mut() = Version::HTTP_2;
         let wait = grpc::timeout(req.headers()).map_or(self.timeout, |t| t.min(self.timeout));
         let exchange = async {
-            let (mut send, stream) = h2.checkout().await.map_err(|e| {
-                tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
-                Error::Upstream(UpstreamFailure::Connect)
-            })?;
-            match send.send_request(req).await {
-                Ok(resp) => Ok((resp, stream)),
-                Err(e) => Err(self.failed(&e)),
+            let leg = match &self.auto {
+                Some(learned) => self.auto_leg(h2, learned).await,
+                None => h2.checkout().await.map(|(send, stream)| Leg::H2(send, stream)),
+            };
+            match leg.map_err(|e| self.connect_failed(&e))? {
+                Leg::H2(mut send, stream) => match send.send_request(h2_form(req, &self.authority, self.tls)?).await {
+                    Ok(resp) => Ok(Answered::H2(resp, stream)),
+                    Err(e) => Err(self.failed(&e)),
+                },
+                Leg::H1(mut conn) => {
+                    let mut req = req;
+                    // `te: trailers` is for HTTP/2 (and a hop-by-hop field in HTTP/1.1).
+                    req.headers_mut().remove(header::TE);
+                    match conn.send.send_request(req).await {
+                        Ok(resp) => Ok(Answered::H1(resp, conn)),
+                        Err(e) => Err(self.failed(&e)),
+                    }
+                }
             }
         };
         // The coarse wheel for waits of a second or more: no tokio timer entry per stream.
-        let (resp, stream) = match crate::timer::timeout(wait, exchange).await {
-            Ok(answered) => answered?,
-            Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
+        match crate::timer::timeout(wait, exchange).await {
+            Ok(Ok(Answered::H2(resp, stream))) => {
+                let (mut parts, body) = resp.into_parts();
+                framing::check_response(parts.status, &mut parts.headers)?;
+                headers::strip_hop_by_hop(&mut parts.headers);
+                headers::append_via(&mut parts.headers, parts.version);
+                parts.version = Version::HTTP_11;
+                Ok(Response::from_parts(parts, Body::stream(body, stream, self.read_timeout)))
+            }
+            Ok(Ok(Answered::H1(resp, conn))) => self.accept(resp, conn),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Upstream(UpstreamFailure::Timeout)),
+        }
+    }
+
+    /// `auto` over TLS: a stream on an open HTTP/2 connection with room, or an idle HTTP/1.1
+    /// connection (the pool ALPN chose last is looked in first), else a new connection
+    /// offering `h2` and `http/1.1`, which joins the pool of the protocol ALPN chose.
+    async fn auto_leg(&self, h2: &h2::H2Pool, learned: &AtomicU8) -> Result<Leg, pool::ConnectError> {
+        let known = learned.load(Ordering::Relaxed);
+        if known != LEARNED_H1 {
+            if let Some((send, stream)) = h2.ready() {
+                return Ok(Leg::H2(send, stream));
+            }
+        }
+        if known != LEARNED_H2 {
+            if let Some(conn) = self.pool.idle().await {
+                return Ok(Leg::H1(conn));
+            }
+        }
+        // Unless the upstream is known to speak HTTP/1.1, a burst opens one connection, not
+        // one each: the others find room on it once it joined the h2 pool.
+        let _one = if known == LEARNED_H1 { None } else { Some(h2.connecting().await) };
+        if known != LEARNED_H1 {
+            if let Some((send, stream)) = h2.ready() {
+                return Ok(Leg::H2(send, stream));
+            }
+        }
+        let connected = match h2.connector().connect(connector::Alpn::Either).await {
+            Ok(c) => c,
+            // The upstream refuses a new connection, but an open one may still carry it.
+            Err(e) => return h2.any().map(|(send, stream)| Leg::H2(send, stream)).ok_or(e),
         };
-        let (mut parts, body) = resp.into_parts();
-        framing::check_response(parts.status, &mut parts.headers)?;
-        headers::strip_hop_by_hop(&mut parts.headers);
-        headers::append_via(&mut parts.headers, parts.version);
-        parts.version = Version::HTTP_11;
-        Ok(Response::from_parts(parts, Body::stream(body, stream, self.read_timeout)))
+        if connected.is_h2() {
+            learned.store(LEARNED_H2, Ordering::Relaxed);
+            let (send, stream) = h2.adopt(connected).await?;
+            Ok(Leg::H2(send, stream))
+        } else {
+            learned.store(LEARNED_H1, Ordering::Relaxed);
+            let send = connector::Connector::http1_on(connected).await?;
+            Ok(Leg::H1(UpstreamConn { send, deadline: crate::timer::Deadline::new() }))
+        }
+    }
+
+    /// A connection that could not be had, logged.
+    fn connect_failed(&self, e: &pool::ConnectError) -> Error {
+        tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
+        Error::Upstream(match e {
+            pool::ConnectError::NotH2 => UpstreamFailure::NotH2,
+            _ => UpstreamFailure::Connect,
+        })
     }
 
     /// The request as it goes upstream: target, version, hop-by-hop fields, forwarding
@@ -340,10 +445,7 @@ impl HttpForwarder {
         conn: Result<UpstreamConn, pool::ConnectError>,
         req: Request<RequestBody>,
     ) -> Result<(Response<Incoming>, UpstreamConn), Error> {
-        let mut conn = conn.map_err(|e| {
-            tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
-            Error::Upstream(UpstreamFailure::Connect)
-        })?;
+        let mut conn = conn.map_err(|e| self.connect_failed(&e))?;
         match conn.send.send_request(req).await {
             Ok(resp) => Ok((resp, conn)),
             Err(e) => Err(self.failed(&e)),
@@ -386,6 +488,41 @@ impl HttpForwarder {
         }
         Ok(Uri::from(PathAndQuery::try_from(pq)?))
     }
+}
+
+/// Where a request to an HTTP/2 (or `auto`) upstream goes.
+enum Leg {
+    H2(h2::Send, h2::Stream),
+    H1(UpstreamConn),
+}
+
+/// The response head on its leg.
+enum Answered {
+    H2(Response<Incoming>, h2::Stream),
+    H1(Response<Incoming>, UpstreamConn),
+}
+
+/// A prepared request as an HTTP/2 stream: the target in absolute form, `:authority` from
+/// `Host` (or the upstream's own), `:scheme` `https` over TLS, HTTP/2.
+fn h2_form(
+    mut req: Request<RequestBody>,
+    own: &http::uri::Authority,
+    tls: bool,
+) -> Result<Request<RequestBody>, Error> {
+    let authority = match req.headers_mut().remove(header::HOST) {
+        Some(host) => http::uri::Authority::try_from(host.as_bytes())
+            .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,
+        None => own.clone(),
+    };
+    // `:scheme` is the upstream's: what the request is to it (as `Host` is the client's).
+    let scheme = if tls { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP };
+    let mut target = Uri::builder().scheme(scheme).authority(authority);
+    if let Some(pq) = req.uri().path_and_query() {
+        target = target.path_and_query(pq.clone());
+    }
+    *req.uri_mut() = target.build().map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
+    *req.version_mut() = Version::HTTP_2;
+    Ok(req)
 }
 
 pin_project_lite::pin_project! {

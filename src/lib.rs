@@ -19,8 +19,9 @@
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
 //! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores (local, Redis).
-//! - [`forward`]: pooled upstream client (HTTP/1.1, or shared HTTP/2 connections for `h2c`),
-//!   tunnels after a `101`, header rewriting, built-in responder.
+//! - [`forward`]: pooled upstream client (HTTP/1.1, or shared HTTP/2 connections for `h2c`
+//!   and `h2`, or either by ALPN for `auto`), tunnels after a `101` (also for RFC 8441
+//!   WebSockets over HTTP/2), header rewriting, built-in responder.
 //! - [`body`]: the body types at both edges, with their read deadlines.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.

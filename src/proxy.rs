@@ -403,24 +403,41 @@ impl Proxy {
                                 .map(|r| (r, request_values.as_deref().unwrap_or_default())),
                         };
                         let sent = Instant::now();
-                        // An upgrade the route passes on (`upgrades:`); only a flag is kept here, so
-                        // the request's future grows by a byte.
-                        let upgrade = fwd.tunnels()
-                            && !route.upgrades.is_empty()
-                            && forward::tunnel::wanted(
-                                &parts.headers,
-                                &parts.extensions,
-                                parts.version,
-                                &route.upgrades,
-                            )
-                            .is_some();
+                        // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
+                        // `OnUpgrade` in the request's (usually empty) extensions, and only a flag is
+                        // kept here, so the request's future grows by a byte.
+                        let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
                         let out = if upgrade {
                             // Boxed: rare, and its future would enlarge every request's.
                             Box::pin(async {
-                                // A tunnel slot first; it goes with the tunnel, or back on any other answer.
-                                let slot =
-                                    lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
-                                fwd.upgrade(Request::from_parts(parts, body), strip, &down, &route.upgrades, slot).await
+                                let tunnel = fwd.tunnels()
+                                    && !route.upgrades.is_empty()
+                                    && forward::tunnel::wanted(
+                                        &parts.headers,
+                                        &parts.extensions,
+                                        parts.version,
+                                        &route.upgrades,
+                                    )
+                                    .is_some();
+                                let req = Request::from_parts(parts, body);
+                                if tunnel {
+                                    // A tunnel slot first; it goes with the tunnel, or back on any other answer.
+                                    let slot =
+                                        lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
+                                    fwd.upgrade(req, strip, &down, &route.upgrades, slot).await
+                                } else if req.extensions().get::<hyper::ext::Protocol>().is_some() {
+                                    // An HTTP/2 extended CONNECT (RFC 8441) this route does not tunnel:
+                                    // never forwarded as if it were a request.
+                                    Err(Error::BadRequest(
+                                        "an extended CONNECT is tunnelled only for `websocket`, on a route whose \
+                                         `upgrades` lists it, to an HTTP/1.1 upstream",
+                                    ))
+                                } else if fwd.is_h2() {
+                                    fwd.forward_h2(req, strip, &down).await
+                                } else {
+                                    // `Upgrade` removed: an ordinary request.
+                                    fwd.forward(req, strip, &down).await
+                                }
                             })
                             .await
                         } else if fwd.is_h2() {
@@ -454,7 +471,8 @@ impl Proxy {
                 if let Some(p) = &mut permit {
                     p.answered(resp.status());
                 }
-                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
+                if matches!(resp.status().as_u16(), 101 | 200) {
                     // The tunnel holds the concurrency slot and its tunnel slot for its life.
                     if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
                         pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());

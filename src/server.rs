@@ -13,6 +13,8 @@ mod edge;
 mod h1;
 mod h2;
 
+pub(crate) use h2::StreamHold;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -66,7 +68,9 @@ impl Settings {
             .initial_stream_window_size(c.initial_stream_window)
             .initial_connection_window_size(c.initial_connection_window)
             .max_frame_size(c.max_frame_size)
-            .max_send_buf_size(c.max_send_buffer);
+            .max_send_buf_size(c.max_send_buffer)
+            // RFC 8441: WebSockets over HTTP/2 (extended CONNECT), tunnelled to HTTP/1.1 upstreams.
+            .enable_connect_protocol();
         if !c.ping_interval.is_zero() {
             h2.keep_alive_interval(c.ping_interval).keep_alive_timeout(c.ping_timeout);
         }

@@ -677,29 +677,36 @@ impl Upstream {
                 } else {
                     None
                 };
-                let protocol =
-                    match self.protocol {
-                        None | Some(Protocol::Http1) | Some(Protocol::Auto) => super::UpstreamProtocol::Http1,
-                        Some(Protocol::H2c) if https => {
-                            return Err((
-                                at("protocol"),
-                                "`h2c` is HTTP/2 without TLS; this upstream is https:// (HTTP/2 over TLS, `h2`, \
-                             is not supported yet)"
-                                    .to_owned(),
-                            ))
-                        }
-                        Some(Protocol::H2c) => super::UpstreamProtocol::H2c,
-                        Some(Protocol::H2) => return Err((
+                let protocol = match (self.protocol, https) {
+                    (None | Some(Protocol::Http1), _) | (Some(Protocol::Auto), false) => super::UpstreamProtocol::Http1,
+                    (Some(Protocol::Auto), true) => super::UpstreamProtocol::Auto,
+                    (Some(Protocol::H2c), false) => super::UpstreamProtocol::H2c,
+                    (Some(Protocol::H2), true) => super::UpstreamProtocol::H2,
+                    (Some(Protocol::H2c), true) => {
+                        return Err((
                             at("protocol"),
-                            "`h2` (HTTP/2 over TLS, chosen by ALPN) is not supported yet: https:// upstreams speak \
-                             HTTP/1.1; use `h2c` for HTTP/2 without TLS (prior knowledge)"
+                            "`h2c` is HTTP/2 without TLS; this upstream is https:// (use `h2` for HTTP/2 over TLS, \
+                             or `auto` to let ALPN choose)"
                                 .to_owned(),
-                        )),
-                    };
+                        ))
+                    }
+                    (Some(Protocol::H2), false) => {
+                        return Err((
+                            at("protocol"),
+                            "`h2` is HTTP/2 over TLS (chosen by ALPN); this upstream is http:// (use `h2c` for \
+                             HTTP/2 without TLS, with prior knowledge)"
+                                .to_owned(),
+                        ))
+                    }
+                };
                 let h2 = match self.h2 {
                     None => super::UpstreamH2::default(),
-                    Some(_) if protocol != super::UpstreamProtocol::H2c => {
-                        return Err((at("h2"), "`h2` settings apply to `protocol: h2c` upstreams".to_owned()))
+                    Some(_) if protocol == super::UpstreamProtocol::Http1 => {
+                        return Err((
+                            at("h2"),
+                            "`h2` settings apply to HTTP/2 upstreams: `protocol: h2c`, `h2`, or `auto` on https://"
+                                .to_owned(),
+                        ))
                     }
                     Some(h) => {
                         let d = super::UpstreamH2::default();

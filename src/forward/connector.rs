@@ -39,6 +39,8 @@ pub enum ConnectError {
     /// The TLS handshake failed (verification included).
     Tls(std::io::Error),
     Handshake(hyper::Error),
+    /// `protocol: h2`: the TLS handshake ended without the upstream choosing `h2` by ALPN.
+    NotH2,
 }
 
 impl std::fmt::Display for ConnectError {
@@ -48,6 +50,7 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Io(e) => write!(f, "connect failed: {e}"),
             ConnectError::Tls(e) => write!(f, "TLS handshake failed: {e}"),
             ConnectError::Handshake(e) => write!(f, "handshake failed: {e}"),
+            ConnectError::NotH2 => f.write_str("the upstream did not choose `h2` by ALPN"),
         }
     }
 }
@@ -155,7 +158,7 @@ impl Connected {
 }
 
 /// Opens connections to one upstream.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Connector {
     addr: String,
     connect_timeout: Duration,
@@ -172,6 +175,10 @@ impl Connector {
         &self.addr
     }
 
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// TCP (and TLS offering `alpn`) within `connect_timeout`.
     ///
     /// # Errors
@@ -184,7 +191,17 @@ impl Connector {
                 None => Ok(Connected::Plain(stream)),
                 Some(tls) => {
                     let connector = tokio_rustls::TlsConnector::from(tls.config(alpn).clone());
-                    let s = connector.connect(tls.server_name.clone(), stream).await.map_err(ConnectError::Tls)?;
+                    let s = connector.connect(tls.server_name.clone(), stream).await.map_err(|e| {
+                        // A server that has no protocol in common with `h2` only says so by alert.
+                        if alpn == Alpn::H2 && no_common_protocol(&e) {
+                            ConnectError::NotH2
+                        } else {
+                            ConnectError::Tls(e)
+                        }
+                    })?;
+                    if alpn == Alpn::H2 && s.get_ref().1.alpn_protocol() != Some(b"h2") {
+                        return Err(ConnectError::NotH2);
+                    }
                     Ok(Connected::Tls(Box::new(s)))
                 }
             }
@@ -197,10 +214,18 @@ impl Connector {
     /// # Errors
     /// As [`Connector::connect`], or a failed HTTP handshake.
     pub async fn http1(&self) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
+        Connector::http1_on(self.connect(Alpn::Http1).await?).await
+    }
+
+    /// HTTP/1.1 on a connection already open (one whose ALPN chose `http/1.1`), its task spawned.
+    ///
+    /// # Errors
+    /// A failed HTTP/1 handshake.
+    pub async fn http1_on(connected: Connected) -> Result<http1::SendRequest<RequestBody>, ConnectError> {
         let mut b = http1::Builder::new();
         // One write per small message instead of writev (measured: a small win).
         b.writev(false);
-        match self.connect(Alpn::Http1).await? {
+        match connected {
             Connected::Plain(s) => spawn_h1(&b, s, false).await,
             Connected::Tls(s) => spawn_h1(&b, s, false).await,
         }
@@ -218,6 +243,14 @@ impl Connector {
             Connected::Tls(s) => spawn_h1(&b, s, true).await,
         }
     }
+}
+
+/// The handshake failed on the server's `no_application_protocol` alert (RFC 7301 §3.2).
+fn no_common_protocol(e: &std::io::Error) -> bool {
+    matches!(
+        e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()),
+        Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol))
+    )
 }
 
 async fn spawn_h1<T>(b: &http1::Builder, io: T, upgrades: bool) -> Result<http1::SendRequest<RequestBody>, ConnectError>

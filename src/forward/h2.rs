@@ -1,4 +1,6 @@
-//! Shared HTTP/2 connections to one `protocol: h2c` upstream (prior knowledge, no TLS).
+//! Shared HTTP/2 connections to one HTTP/2 upstream: `protocol: h2c` (prior knowledge, no
+//! TLS), `h2` (TLS, ALPN `h2` only), or the connections of an `auto` one whose ALPN chose `h2`
+//! ([`H2Pool::adopt`]).
 //!
 //! Requests go as streams on the least busy open connection; a new connection is opened
 //! when every open one carries `max_streams_per_connection` streams, up to
@@ -9,12 +11,11 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 
+use super::connector::{Alpn, Connected, Connector};
 use super::pool::ConnectError;
 use crate::body::RequestBody;
 use crate::config::UpstreamH2;
@@ -39,20 +40,19 @@ pub struct H2Pool {
     conns: std::sync::Mutex<Vec<Conn>>,
     /// Held while connecting, so a burst opens one connection, not one per request.
     connecting: tokio::sync::Mutex<()>,
-    addr: String,
-    connect_timeout: Duration,
+    /// TCP for `h2c`; TLS offering `h2` only for `h2` (and for `auto`, whose new connections
+    /// are opened by the forwarder and handed over).
+    connector: Connector,
     cfg: UpstreamH2,
 }
 
 impl H2Pool {
-    pub fn new(addr: String, connect_timeout: Duration, cfg: UpstreamH2) -> H2Pool {
-        H2Pool {
-            conns: std::sync::Mutex::new(Vec::new()),
-            connecting: tokio::sync::Mutex::new(()),
-            addr,
-            connect_timeout,
-            cfg,
-        }
+    pub fn new(connector: Connector, cfg: UpstreamH2) -> H2Pool {
+        H2Pool { conns: std::sync::Mutex::new(Vec::new()), connecting: tokio::sync::Mutex::new(()), connector, cfg }
+    }
+
+    pub fn connector(&self) -> &Connector {
+        &self.connector
     }
 
     /// A connection for one more stream.
@@ -68,15 +68,44 @@ impl H2Pool {
         if let Some(got) = self.pick(true) {
             return Ok(got);
         }
-        match self.connect().await {
-            Ok(conn) => {
-                let got = (conn.send.clone(), take(&conn.streams));
-                self.lock().push(conn);
-                Ok(got)
-            }
+        // `h2` only: the connector refuses a TLS connection on which ALPN chose anything else.
+        match self.connector.connect(Alpn::H2).await {
+            Ok(c) => self.adopt(c).await,
             // The upstream refuses a new connection, but an open one may still carry it.
             Err(e) => self.pick(false).ok_or(e),
         }
+    }
+
+    /// Whether more streams fit on the open connections without a new one (`auto`: else a new
+    /// connection is opened, and ALPN says which pool it joins).
+    pub fn ready(&self) -> Option<(Send, Stream)> {
+        self.pick(true)
+    }
+
+    /// The least busy open connection, however busy (`auto`, when a new one cannot be made).
+    pub fn any(&self) -> Option<(Send, Stream)> {
+        self.pick(false)
+    }
+
+    /// Held by `auto` while it opens a connection that may join this pool, so that a burst
+    /// opens one connection, not one per request, once the upstream is known to speak h2.
+    pub async fn connecting(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.connecting.lock().await
+    }
+
+    /// A new connection (prior knowledge, or ALPN chose `h2`) made HTTP/2 and added to the
+    /// pool, with one stream taken on it.
+    ///
+    /// # Errors
+    /// The HTTP/2 handshake fails or times out.
+    pub async fn adopt(&self, connected: Connected) -> Result<(Send, Stream), ConnectError> {
+        let conn = match connected {
+            Connected::Plain(s) => self.handshake(s).await?,
+            Connected::Tls(s) => self.handshake(s).await?,
+        };
+        let got = (conn.send.clone(), take(&conn.streams));
+        self.lock().push(conn);
+        Ok(got)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
@@ -96,12 +125,10 @@ impl H2Pool {
         Some((least.send.clone(), take(&least.streams)))
     }
 
-    async fn connect(&self) -> Result<Conn, ConnectError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr.as_str()))
-            .await
-            .map_err(|_| ConnectError::Timeout)?
-            .map_err(ConnectError::Io)?;
-        let _ = stream.set_nodelay(true);
+    async fn handshake<T>(&self, io: T) -> Result<Conn, ConnectError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + std::marker::Send + 'static,
+    {
         let mut builder = http2::Builder::new(TokioExecutor::new());
         builder.timer(TokioTimer::new());
         if !self.cfg.ping_interval.is_zero() {
@@ -110,8 +137,8 @@ impl H2Pool {
                 .keep_alive_timeout(self.cfg.ping_timeout)
                 .keep_alive_while_idle(true);
         }
-        let handshake = builder.handshake(TokioIo::new(stream));
-        let (send, conn) = tokio::time::timeout(self.connect_timeout, handshake)
+        let handshake = builder.handshake(TokioIo::new(io));
+        let (send, conn) = tokio::time::timeout(self.connector.connect_timeout(), handshake)
             .await
             .map_err(|_| ConnectError::Timeout)?
             .map_err(ConnectError::Handshake)?;

@@ -87,6 +87,17 @@ impl Pool {
         Box::pin(self.connect()).await
     }
 
+    /// An idle connection from the pool, ready for a request; none is opened (`auto`: a new
+    /// connection is opened by the forwarder, and ALPN says which pool it joins).
+    pub async fn idle(&self) -> Option<Conn> {
+        while let Some(mut conn) = self.pop() {
+            if conn.send.ready().await.is_ok() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
     /// A new connection of its own for an upgrade request: after a `101` its socket becomes
     /// the upstream end of a tunnel, so it is never taken from, nor given back to, the pool.
     pub async fn connect_for_upgrade(&self) -> Result<Conn, ConnectError> {

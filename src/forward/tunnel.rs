@@ -29,7 +29,9 @@ const BUF: usize = 16 << 10;
 /// then forwarded as an ordinary request, `Upgrade` and `Connection` removed).
 ///
 /// An upgrade is an HTTP/1.1 request with `Upgrade` and `upgrade` among its `Connection`
-/// options (RFC 9110 §7.8); HTTP/2 has neither field.
+/// options (RFC 9110 §7.8); HTTP/2 has neither field, but an extended CONNECT with
+/// `:protocol websocket` (RFC 8441) asks for the same, and goes upstream as one (see
+/// [`websocket_key`]).
 #[inline(always)]
 pub fn wanted(
     headers: &HeaderMap,
@@ -40,11 +42,24 @@ pub fn wanted(
     // hyper's HTTP/1.1 server leaves an `OnUpgrade` on a request with `Upgrade` (and only
     // there): a plain request's empty extensions answer this without a field lookup.
     extensions.get::<OnUpgrade>()?;
-    asked(headers, version, allowed)
+    asked(headers, extensions, version, allowed)
 }
 
 #[cold]
-fn asked(headers: &HeaderMap, version: Version, allowed: &[HeaderValue]) -> Option<HeaderValue> {
+fn asked(
+    headers: &HeaderMap,
+    extensions: &http::Extensions,
+    version: Version,
+    allowed: &[HeaderValue],
+) -> Option<HeaderValue> {
+    if version == Version::HTTP_2 {
+        // hyper's HTTP/2 server leaves an `OnUpgrade` on every CONNECT, and `:protocol` on an
+        // extended one. Only WebSocket is defined over it.
+        let protocol = extensions.get::<hyper::ext::Protocol>()?.as_str();
+        let passed = protocol.eq_ignore_ascii_case("websocket")
+            && allowed.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(b"websocket"));
+        return passed.then(|| HeaderValue::from_static("websocket"));
+    }
     if version != Version::HTTP_11 {
         return None;
     }
@@ -95,6 +110,29 @@ pub fn chosen(resp: &HeaderMap, offered: &HeaderValue) -> Option<HeaderValue> {
     }
     let picked_name = name(picked);
     offered.as_bytes().split(|&b| b == b',').any(|o| name(o) == picked_name).then(|| value.clone())
+}
+
+/// A fresh `Sec-WebSocket-Key` (RFC 6455 §4.1: 16 random bytes, base64) for the HTTP/1.1
+/// handshake an extended CONNECT becomes (RFC 8441 §5: the HTTP/2 client sends none; the
+/// proxy makes the one the upstream answers).
+pub fn websocket_key() -> Option<HeaderValue> {
+    use base64::Engine as _;
+    let mut nonce = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce).ok()?;
+    HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(nonce)).ok()
+}
+
+/// Whether a `101`'s `Sec-WebSocket-Accept` answers `key` (RFC 6455 §4.2.2: base64 of the
+/// SHA-1 of the key and the protocol's GUID).
+pub fn accepts(resp: &HeaderMap, key: &HeaderValue) -> bool {
+    use base64::Engine as _;
+    const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(key.as_bytes());
+    ctx.update(GUID);
+    let expected = base64::engine::general_purpose::STANDARD.encode(ctx.finish());
+    resp.get_all(header::SEC_WEBSOCKET_ACCEPT).iter().count() == 1
+        && resp.get(header::SEC_WEBSOCKET_ACCEPT).is_some_and(|v| trim(v.as_bytes()) == expected.as_bytes())
 }
 
 fn trim(bytes: &[u8]) -> &[u8] {
@@ -299,6 +337,34 @@ mod tests {
         assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
         let p = head(Version::HTTP_2, &[("connection", "upgrade"), ("upgrade", "websocket")]);
         assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
+    }
+
+    #[test]
+    fn an_extended_connect_for_websocket_is_an_upgrade() {
+        let mut p = head(Version::HTTP_2, &[]);
+        let mut carrier = http::Request::new(());
+        p.extensions.insert(hyper::upgrade::on(&mut carrier));
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None, "a plain CONNECT");
+        p.extensions.insert(hyper::ext::Protocol::from_static("websocket"));
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()).unwrap(), "websocket");
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &[]), None);
+        p.extensions.insert(hyper::ext::Protocol::from_static("connect-udp"));
+        assert_eq!(wanted(&p.headers, &p.extensions, p.version, &ws()), None);
+    }
+
+    #[test]
+    fn the_accept_check_follows_rfc_6455() {
+        // RFC 6455 §1.3's example.
+        let key = HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ==");
+        let mut h = HeaderMap::new();
+        assert!(!accepts(&h, &key));
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_static("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
+        assert!(accepts(&h, &key));
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_static("s3pPLMBiTxaQ9kYGzzhZRbK+xOo"));
+        assert!(!accepts(&h, &key));
+        let (a, b) = (websocket_key().unwrap(), websocket_key().unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 24);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! here is the idle timeout hyper does not have. A stream counts as open from its request
 //! until its response body is dropped (sent, or reset); a connection with no open stream
 //! for `h2.idle_timeout` gets a graceful GOAWAY, and is dropped if the client has not let
-//! it close within `h2.ping_timeout` after that.
+//! it close within `h2.ping_timeout` after that. A CONNECT's stream outlives its response
+//! when it becomes a tunnel (RFC 8441): it stays counted while the tunnel holds its
+//! [`StreamHold`].
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -150,6 +152,11 @@ impl Drop for StreamGuard {
     }
 }
 
+/// A CONNECT's stream counted as open for as long as a clone of this lives: one rides in
+/// the request's extensions, and a tunnel takes it for its life.
+#[derive(Clone)]
+pub(crate) struct StreamHold(#[allow(dead_code)] Arc<StreamGuard>);
+
 /// The service with each stream counted.
 #[derive(Clone)]
 pub(crate) struct Streams<S> {
@@ -165,7 +172,10 @@ where
     type Error = S::Error;
     type Future = StreamFuture<S::Future>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        if req.method() == http::Method::CONNECT {
+            req.extensions_mut().insert(StreamHold(Arc::new(StreamGuard::open(&self.state))));
+        }
         StreamFuture { guard: Some(StreamGuard::open(&self.state)), inner: Box::pin(self.inner.call(req)) }
     }
 }

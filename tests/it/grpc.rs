@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use tollgate::limit::{ManualClock, Timestamp};
 use tonic::{Code, Status};
 
+use crate::support::tls::{y, Ca, Dir};
 use crate::support::{full, Tollgate};
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -96,6 +97,24 @@ async fn route(req: Request<hyper::body::Incoming>) -> http::Response<tonic::bod
 
 impl Service {
     async fn start() -> Service {
+        Service::serve(None).await
+    }
+
+    /// Over TLS (ALPN `h2`), with a certificate `ca` issued for `grpc.internal`.
+    async fn start_tls(ca: &Ca) -> Service {
+        let cert = ca.issue(&["grpc.internal"]);
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der.clone()], cert.key())
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Service::serve(Some(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))).await
+    }
+
+    async fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Service {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
@@ -104,11 +123,17 @@ impl Service {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
                 count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(|req| async move { Ok::<_, Infallible>(route(req).await) });
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                    let _ = match tls {
+                        None => h2.serve_connection(TokioIo::new(stream), svc).await,
+                        Some(tls) => {
+                            let Ok(stream) = tls.accept(stream).await else { return };
+                            h2.serve_connection(TokioIo::new(stream), svc).await
+                        }
+                    };
                 });
             }
         });
@@ -219,6 +244,68 @@ fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Num>) -> impl Stream<It
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// The same calls to an upstream reached by HTTP/2 over TLS (`protocol: h2`, and `auto`,
+/// which ALPN makes HTTP/2): trailers, every kind of stream, `grpc-timeout`, one connection.
+#[tokio::test]
+async fn calls_pass_to_an_h2_upstream_over_tls() {
+    let dir = Dir::new();
+    let ca = Ca::new("grpc CA");
+    let ca_file = ca.write(&dir, "ca.pem");
+    for protocol in ["h2", "auto"] {
+        let up = Service::start_tls(&ca).await;
+        let tg = Tollgate::start(&format!(
+            "listen: 127.0.0.1:0\nupstreams:\n  g:\n    url: 'https://{}'\n    protocol: {protocol}\n    ca_file: {}\n    \
+             server_name: grpc.internal\nroutes:\n  - name: grpc\n    upstream: g\n",
+            up.addr,
+            y(&ca_file)
+        ))
+        .await;
+        let mut grpc = client(&tg).await;
+        let add = |n| tonic::Request::new(Num { n });
+        let resp = ready(&mut grpc).await.unary(add(41), path("/t.T/Add"), Codec::default()).await.unwrap();
+        assert_eq!(resp.into_inner().n, 42, "{protocol}");
+        let e = ready(&mut grpc).await.unary(add(-1), path("/t.T/Add"), Codec::default()).await.unwrap_err();
+        assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "negative"));
+        assert_eq!(e.metadata().get("x-why").unwrap(), "below-zero", "the upstream's trailer");
+        let resp = ready(&mut grpc).await.server_streaming(add(300), path("/t.T/Count"), Codec::default());
+        let got: Vec<i64> = resp.await.unwrap().into_inner().map(|m| m.unwrap().n).collect().await;
+        assert_eq!(got, (0..300).collect::<Vec<_>>());
+        let input = futures_util::stream::iter((1..=100).map(|n| Num { n }));
+        let resp = ready(&mut grpc)
+            .await
+            .client_streaming(tonic::Request::new(input), path("/t.T/Sum"), Codec::default())
+            .await;
+        assert_eq!(resp.unwrap().into_inner().n, 5050);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Num>(1);
+        let resp = ready(&mut grpc).await.streaming(
+            tonic::Request::new(tokio_stream_from(rx)),
+            path("/t.T/Echo"),
+            Codec::default(),
+        );
+        tx.send(Num { n: 1 }).await.unwrap();
+        let mut answers = resp.await.unwrap().into_inner();
+        for n in 1..=5 {
+            if n > 1 {
+                tx.send(Num { n }).await.unwrap();
+            }
+            let got = tokio::time::timeout(Duration::from_secs(10), answers.next()).await.unwrap();
+            assert_eq!(got.unwrap().unwrap().n, n * 10);
+        }
+        drop(tx);
+        assert!(answers.next().await.is_none());
+        let mut send = crate::support::h2(tg.addr).await;
+        let req = Request::post("http://x/t.T/Slow")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("grpc-timeout", "200m")
+            .body(full(vec![0u8, 0, 0, 0, 0]))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req)).await.unwrap().unwrap();
+        assert_eq!(resp.headers()["grpc-status"], "4", "{protocol}: DEADLINE_EXCEEDED from tollgate");
+        assert_eq!(up.accepted.load(std::sync::atomic::Ordering::Relaxed), 1, "{protocol}: one TLS connection");
+    }
+}
+
 #[tokio::test]
 async fn a_throttled_call_is_resource_exhausted_with_pushback() {
     let up = Service::start().await;
@@ -283,7 +370,7 @@ async fn no_route_is_unimplemented_and_a_dead_upstream_unavailable_never_stale()
 }
 
 #[test]
-fn h2_over_tls_and_h2_settings_on_http1_are_refused_by_config() {
+fn h2_on_http_and_h2_settings_on_http1_are_refused_by_config() {
     let check = |up: &str| {
         let yaml = format!(
             "listen: 127.0.0.1:0\nupstreams:\n  g: {{ url: 'http://127.0.0.1:1', {up} }}\nroutes:\n  - upstream: g\n"

@@ -269,3 +269,202 @@ async fn a_101_to_a_protocol_not_offered_is_a_bad_gateway() {
     }
     assert_eq!(metric(&tg, "tollgate_tunnels_open{route=\"ws\"}"), Some(0.0));
 }
+
+/// A client's end of an HTTP/2 extended CONNECT stream as a byte stream, for tungstenite.
+struct H2Io {
+    send: h2::SendStream<bytes::Bytes>,
+    recv: h2::RecvStream,
+    buf: bytes::Bytes,
+}
+
+impl tokio::io::AsyncRead for H2Io {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        out: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        while self.buf.is_empty() {
+            match std::task::ready!(self.recv.poll_data(cx)) {
+                None => return Poll::Ready(Ok(())),
+                Some(Ok(b)) => {
+                    let _ = self.recv.flow_control().release_capacity(b.len());
+                    self.buf = b;
+                }
+                Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
+            }
+        }
+        let n = out.remaining().min(self.buf.len());
+        out.put_slice(&self.buf.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for H2Io {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        // h2 queues what the flow-control window does not yet allow.
+        let sent = self.send.send_data(bytes::Bytes::copy_from_slice(buf), false).map_err(std::io::Error::other);
+        std::task::Poll::Ready(sent.map(|()| buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let _ = self.send.send_data(bytes::Bytes::new(), true);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// An RFC 8441 extended CONNECT for `websocket` to `path` over HTTP/2 (h2c) with the `h2`
+/// crate's client: the response head, and the stream as a WebSocket when it is a 200.
+async fn h2_websocket(tg: &Tollgate, path: &str) -> (http::response::Parts, Option<WebSocketStream<H2Io>>) {
+    let tcp = TcpStream::connect(tg.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    // The server's SETTINGS announce SETTINGS_ENABLE_CONNECT_PROTOCOL (RFC 8441 §3).
+    assert!(eventually(|| client.is_extended_connect_protocol_enabled()).await, "not announced");
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("http://{}{path}", tg.addr))
+        .header("sec-websocket-version", "13")
+        .extension(h2::ext::Protocol::from_static("websocket"))
+        .body(())
+        .unwrap();
+    let (resp, send) = client.send_request(req, false).unwrap();
+    let resp = tokio::time::timeout(SOON, resp).await.unwrap().unwrap();
+    let (parts, recv) = resp.into_parts();
+    if parts.status != StatusCode::OK {
+        return (parts, None);
+    }
+    let io = H2Io { send, recv, buf: bytes::Bytes::new() };
+    (parts, Some(WebSocketStream::from_raw_socket(io, Role::Client, None).await))
+}
+
+async fn next_h2(ws: &mut WebSocketStream<H2Io>) -> Option<Result<Message, WsError>> {
+    tokio::time::timeout(SOON, ws.next()).await.expect("the tunnel stalled")
+}
+
+#[tokio::test]
+async fn websocket_over_http2_reaches_an_http1_upstream() {
+    let seen = Arc::default();
+    let up = ws_upstream(Arc::clone(&seen)).await;
+    let tg = Tollgate::start(&yaml(&up, "")).await;
+    let (head, ws) = h2_websocket(&tg, "/chat").await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(head.headers.get("sec-websocket-accept").is_none() && head.headers.get("upgrade").is_none());
+    let mut ws = ws.unwrap();
+    {
+        // The HTTP/1.1 handshake tollgate made of it.
+        let h = &seen.lock().unwrap()[0];
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["sec-websocket-version"], "13");
+        assert_eq!(h["sec-websocket-key"].len(), 24, "16 random bytes in base64");
+    }
+    ws.send(Message::text("hello")).await.unwrap();
+    assert_eq!(next_h2(&mut ws).await.unwrap().unwrap(), Message::text("hello"));
+    let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    match next_h2(&mut ws).await.unwrap().unwrap() {
+        Message::Binary(b) => assert!(b[..] == big[..], "the large message came back changed"),
+        other => panic!("expected the binary echo, got {other:?}"),
+    }
+    assert_eq!(metric(&tg, "tollgate_tunnels_open{route=\"ws\"}"), Some(1.0));
+    // The upstream closes after `bye`: the client's stream ends too.
+    ws.send(Message::text("bye")).await.unwrap();
+    assert_eq!(next_h2(&mut ws).await.unwrap().unwrap(), Message::text("bye"));
+    assert!(matches!(next_h2(&mut ws).await, Some(Ok(Message::Close(_)))));
+    while let Some(Ok(_)) = next_h2(&mut ws).await {}
+    assert!(eventually(|| metric(&tg, "tollgate_tunnels_open{route=\"ws\"}") == Some(0.0)).await);
+}
+
+#[tokio::test]
+async fn an_extended_connect_not_switched_is_an_ordinary_answer_or_refused() {
+    // The upstream refuses: its answer passes.
+    let refusing = Upstream::start(|_req| async { Response::builder().status(403).body(full("no")).unwrap() }).await;
+    let tg = Tollgate::start(&yaml(&refusing, "")).await;
+    let (head, _) = h2_websocket(&tg, "/chat").await;
+    assert_eq!(head.status, StatusCode::FORBIDDEN);
+    // A success that switched nothing would open a tunnel to nothing: 502.
+    let plain = Upstream::start(|_req| async { Response::new(full("a page")) }).await;
+    let tg = Tollgate::start(&yaml(&plain, "")).await;
+    assert_eq!(h2_websocket(&tg, "/chat").await.0.status, StatusCode::BAD_GATEWAY);
+    // A 101 with a wrong Sec-WebSocket-Accept: 502.
+    let wrong = Upstream::start(|_req| async {
+        Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-accept", derive_accept_key(b"another key"))
+            .body(full(""))
+            .unwrap()
+    })
+    .await;
+    let tg = Tollgate::start(&yaml(&wrong, "")).await;
+    assert_eq!(h2_websocket(&tg, "/chat").await.0.status, StatusCode::BAD_GATEWAY);
+    // A route that passes no upgrades never forwards it.
+    let seen = Arc::default();
+    let up = ws_upstream(Arc::clone(&seen)).await;
+    let tg = Tollgate::start(&yaml(&up, "    upgrades: []\n")).await;
+    let (head, _) = h2_websocket(&tg, "/chat").await;
+    assert_eq!(head.status, StatusCode::BAD_REQUEST);
+    assert!(seen.lock().unwrap().is_empty(), "nothing reached the upstream");
+}
+
+#[tokio::test]
+async fn a_websocket_over_http2_holds_its_concurrency_slot_and_idles_out() {
+    let up = ws_upstream(Arc::default()).await;
+    let tg = Tollgate::start(&yaml(&up, "    concurrency: 1\n    tunnels: { idle_timeout: 500ms }\n")).await;
+    let (_, ws) = h2_websocket(&tg, "/chat").await;
+    let mut ws = ws.unwrap();
+    ws.send(Message::text("x")).await.unwrap();
+    assert_eq!(next_h2(&mut ws).await.unwrap().unwrap(), Message::text("x"));
+    assert_eq!(get(tg.addr, "/plain").await.0, StatusCode::SERVICE_UNAVAILABLE, "the tunnel holds the only slot");
+    // Silent past its idle timeout: tollgate ends the stream, and the slot comes back.
+    match next_h2(&mut ws).await {
+        None | Some(Err(_)) => {}
+        Some(Ok(m)) => panic!("expected the tunnel to end, got {m:?}"),
+    }
+    let mut last = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..200 {
+        last = get(tg.addr, "/plain").await.0;
+        if last == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(last, StatusCode::OK, "the slot came back when the tunnel closed");
+}
+
+/// The HTTP/2 connection carrying a WebSocket is not idle: its stream stays open for the
+/// tunnel's life, so the connection's `h2.idle_timeout` never closes it under the tunnel.
+#[tokio::test]
+async fn an_http2_connection_carrying_a_websocket_is_not_idle() {
+    let up = ws_upstream(Arc::default()).await;
+    let yaml = yaml(&up, "").replace(
+        "listen: 127.0.0.1:0\n",
+        "listen: 127.0.0.1:0\nserver: { h2: { idle_timeout: 200ms, ping_timeout: 200ms } }\n",
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let (_, ws) = h2_websocket(&tg, "/chat").await;
+    let mut ws = ws.unwrap();
+    for i in 0..4 {
+        // Well past idle_timeout + ping_timeout between messages.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ws.send(Message::text(format!("m{i}"))).await.unwrap();
+        assert_eq!(next_h2(&mut ws).await.unwrap().unwrap(), Message::text(format!("m{i}")));
+    }
+}

@@ -210,6 +210,15 @@ impl HttpsUpstream {
     where
         F: Fn(Request<Incoming>) -> Response<BoxBody> + Send + Sync + 'static,
     {
+        HttpsUpstream::start_alpn(cert, client_ca, &[b"http/1.1"], handler).await
+    }
+
+    /// Offers `alpn` (none: the extension is not answered) and serves HTTP/2 on a connection
+    /// whose ALPN chose `h2`, HTTP/1.1 on any other.
+    pub async fn start_alpn<F>(cert: &Issued, client_ca: Option<&Ca>, alpn: &[&[u8]], handler: F) -> HttpsUpstream
+    where
+        F: Fn(Request<Incoming>) -> Response<BoxBody> + Send + Sync + 'static,
+    {
         let b = rustls::ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().unwrap();
         let b = match client_ca {
             Some(ca) => b.with_client_cert_verifier(
@@ -220,7 +229,7 @@ impl HttpsUpstream {
             None => b.with_no_client_auth(),
         };
         let mut config = b.with_single_cert(vec![cert.der.clone()], cert.key()).unwrap();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -239,7 +248,14 @@ impl HttpsUpstream {
                         let out = handler(req);
                         async move { Ok::<_, Infallible>(out) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), svc).await;
+                    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(tls), svc)
+                            .await;
+                    } else {
+                        let _ =
+                            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), svc).await;
+                    }
                 });
             }
         });
