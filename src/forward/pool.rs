@@ -41,13 +41,13 @@ impl Pool {
         let idle_timeout_ms = u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX);
         let workers = crate::instance::workers::count();
         let shards = (0..workers).map(|_| Shard::default()).collect();
-        // `pool_max_idle` is the upstream's: each worker keeps its share (at least one).
+        // `pool_max_idle` is the upstream's: each worker keeps its share, rounded up.
         let max_idle = max_idle.div_ceil(workers);
         Pool { shards, max_idle, idle_timeout_ms, connector, read_timeouts }
     }
 
     /// The calling worker's idle connections.
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, u64)>> {
+    fn shard(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, u64)>> {
         let shard = match self.shards.len() {
             1 => &self.shards[0],
             n => &self.shards[crate::instance::workers::index() % n],
@@ -58,7 +58,7 @@ impl Pool {
     /// An idle connection that can take a request right now, if the newest one can; else
     /// [`Pool::checkout`] waits for it or connects.
     pub fn take_ready(&self) -> Option<Conn> {
-        let mut idle = self.idle();
+        let mut idle = self.shard();
         let now = crate::timer::now_ms();
         while let Some((conn, since)) = idle.pop() {
             if conn.send.is_closed() || now.saturating_sub(since) >= self.idle_timeout_ms {
@@ -106,7 +106,7 @@ impl Pool {
     }
 
     fn pop(&self) -> Option<Conn> {
-        let mut idle = self.idle();
+        let mut idle = self.shard();
         let now = crate::timer::now_ms();
         while let Some((conn, since)) = idle.pop() {
             if !conn.send.is_closed() && now.saturating_sub(since) < self.idle_timeout_ms {
@@ -133,7 +133,7 @@ impl Home for Pool {
         if conn.send.is_closed() {
             return;
         }
-        let mut idle = self.idle();
+        let mut idle = self.shard();
         if idle.len() < self.max_idle {
             idle.push((conn, crate::timer::now_ms()));
         }
