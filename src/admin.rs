@@ -96,7 +96,13 @@ async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> R
             }
         }
         "/config" => {
-            let doc = effective(&proxy.config);
+            let mut doc = effective(&proxy.config);
+            // A group's servers as they stand now: healthy, ejected or unhealthy.
+            for g in proxy.groups() {
+                if let Some(u) = doc.get_mut("upstreams").and_then(|u| u.get_mut(g.name())) {
+                    u["servers"] = serde_json::to_value(g.servers()).unwrap_or_default();
+                }
+            }
             text(StatusCode::OK, "application/json", serde_json::to_string_pretty(&doc).unwrap_or_default())
         }
         _ => text(StatusCode::NOT_FOUND, "text/plain", "try /metrics, /healthz, /readyz or /config\n"),
@@ -128,6 +134,31 @@ pub fn effective(c: &Config) -> Value {
                     "pool_idle_timeout": dur(h.pool_idle_timeout),
                     "pool_max_idle": h.pool_max_idle,
                     "preserve_host": h.preserve_host,
+                    "servers": h.group.as_ref().map(|g| g.servers.iter().map(|s| json!({
+                        "url": format!("{}://{}", if h.tls.is_some() { "https" } else { "http" }, s.authority),
+                        "weight": s.weight,
+                    })).collect::<Vec<_>>()),
+                    "balance": h.group.as_ref().map(|g| crate::config::group::describe_balance(&g.balance)),
+                    "retry": h.group.as_ref().map(|g| json!({
+                        "attempts": g.retry.attempts,
+                        "on": g.retry.on.names(),
+                        "per_try_timeout": g.retry.per_try_timeout.map(dur),
+                        "budget": { "ratio": g.retry.ratio, "min_per_s": g.retry.min_per_s },
+                    })),
+                    "health": h.group.as_ref().and_then(|g| g.health.as_ref()).map(|c| json!({
+                        "path": c.path,
+                        "interval": dur(c.interval),
+                        "timeout": dur(c.timeout),
+                        "healthy": c.healthy,
+                        "unhealthy": c.unhealthy,
+                        "expect": format!("{}-{}", c.expect.0, c.expect.1),
+                    })),
+                    "outlier": h.group.as_ref().map(|g| json!({
+                        "consecutive_failures": g.outlier.consecutive_failures,
+                        "base_ejection_time": dur(g.outlier.base_ejection_time),
+                        "max_ejection_time": dur(g.outlier.max_ejection_time),
+                        "max_ejected_percent": g.outlier.max_ejected_percent,
+                    })),
                     "tls": h.tls.as_ref().map(|t| json!({
                         "server_name": t.server_name,
                         "ca_file": t.ca_file.as_ref().map(|p| p.display().to_string()),

@@ -6,6 +6,7 @@
 
 pub mod connector;
 pub mod framing;
+pub mod group;
 pub mod grpc;
 pub mod h2;
 pub mod headers;

@@ -76,6 +76,11 @@ impl Pool {
         Ok(Conn { send, deadline: crate::timer::Deadline::new() })
     }
 
+    /// Opens this upstream's connections (health checks open their own).
+    pub fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
     fn pop(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = crate::timer::now_ms();
