@@ -377,12 +377,19 @@ impl Group {
         let req = self.members[at].fwd.prepare(req, strip, down)?;
         let retry = &self.cfg.retry;
         // Replayable after bytes were sent: idempotent and without a body (which is not kept).
-        let replay = (retry.attempts > 1 && idempotent(req.method()) && req.body().is_end_stream()).then(|| Head {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            version: req.version(),
-            headers: req.headers().clone(),
-        });
+        // Kept only where a retry after sending may happen (a connect failure gives the
+        // request back, so the default `on: [connect_failure]` copies nothing).
+        let after_sent =
+            retry.on.reset_before_response || retry.on.status_502 || retry.on.status_503 || retry.on.status_504;
+        let replay =
+            (after_sent && retry.attempts > 1 && idempotent(req.method()) && req.body().is_end_stream()).then(|| {
+                Head {
+                    method: req.method().clone(),
+                    uri: req.uri().clone(),
+                    version: req.version(),
+                    headers: req.headers().clone(),
+                }
+            });
         let started = Instant::now();
         let mut pending = Some(req);
         let mut tries = 0;

@@ -390,3 +390,22 @@ async fn failing_health_checks_take_the_whole_group_out() {
     assert!(m.contains("tollgate_upstream_server_requests_total{upstream=\"app\""), "{m}");
     assert!(m.contains("tollgate_upstream_server_healthy{upstream=\"app\""), "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passive_ejection_never_takes_out_more_than_its_share() {
+    // Three servers that are all gone: at the default 50 %, only one may be ejected.
+    let servers = [dead_port().await, dead_port().await, dead_port().await];
+    let tg = Tollgate::start(&group_yaml(
+        &servers,
+        "    retry: { attempts: 1 }\n    outlier: { consecutive_failures: 1, base_ejection_time: 1m }\n",
+    ))
+    .await;
+    let admin = tg.start_admin().await;
+    let http = client();
+    for _ in 0..30 {
+        let (s, ..) = send(&http, "GET", &tg.url("/x"), &[], "").await;
+        assert_eq!(s, StatusCode::BAD_GATEWAY, "the group is never emptied by ejection alone");
+    }
+    let st = states(&config_json(admin).await);
+    assert_eq!(st.iter().filter(|s| *s == "ejected").count(), 1, "{st:?}");
+}
