@@ -126,7 +126,8 @@ pub fn effective(c: &Config) -> Value {
         .iter()
         .map(|u| {
             let v = match &u.kind {
-                UpstreamKind::Http(h) => json!({
+                UpstreamKind::Http(h) => {
+                    let mut v = json!({
                     "url": format!("{}://{}{}", if h.tls.is_some() { "https" } else { "http" }, h.authority, h.base_path),
                     "connect_timeout": dur(h.connect_timeout),
                     "timeout": dur(h.timeout),
@@ -134,18 +135,28 @@ pub fn effective(c: &Config) -> Value {
                     "pool_idle_timeout": dur(h.pool_idle_timeout),
                     "pool_max_idle": h.pool_max_idle,
                     "preserve_host": h.preserve_host,
-                    "servers": h.group.as_ref().map(|g| g.servers.iter().map(|s| json!({
+                    "tls": h.tls.as_ref().map(|t| json!({
+                        "server_name": t.server_name,
+                        "ca_file": t.ca_file.as_ref().map(|p| p.display().to_string()),
+                        "client_cert": t.client_cert.as_ref().map(|c| c.cert.display().to_string()),
+                        "tls_insecure_skip_verify": t.insecure_skip_verify,
+                    })),
+                });
+                    // A group's servers, balance, retries, ejection and checks (not shown for `url:`).
+                    if let Some(g) = &h.group {
+                        let extra = json!({
+                    "servers": g.servers.iter().map(|s| json!({
                         "url": format!("{}://{}", if h.tls.is_some() { "https" } else { "http" }, s.authority),
                         "weight": s.weight,
-                    })).collect::<Vec<_>>()),
-                    "balance": h.group.as_ref().map(|g| crate::config::group::describe_balance(&g.balance)),
-                    "retry": h.group.as_ref().map(|g| json!({
+                    })).collect::<Vec<_>>(),
+                    "balance": crate::config::group::describe_balance(&g.balance),
+                    "retry": json!({
                         "attempts": g.retry.attempts,
                         "on": g.retry.on.names(),
                         "per_try_timeout": g.retry.per_try_timeout.map(dur),
                         "budget": { "ratio": g.retry.ratio, "min_per_s": g.retry.min_per_s },
-                    })),
-                    "health": h.group.as_ref().and_then(|g| g.health.as_ref()).map(|c| json!({
+                    }),
+                    "health": g.health.as_ref().map(|c| json!({
                         "path": c.path,
                         "interval": dur(c.interval),
                         "timeout": dur(c.timeout),
@@ -153,19 +164,19 @@ pub fn effective(c: &Config) -> Value {
                         "unhealthy": c.unhealthy,
                         "expect": format!("{}-{}", c.expect.0, c.expect.1),
                     })),
-                    "outlier": h.group.as_ref().map(|g| json!({
+                    "outlier": json!({
                         "consecutive_failures": g.outlier.consecutive_failures,
                         "base_ejection_time": dur(g.outlier.base_ejection_time),
                         "max_ejection_time": dur(g.outlier.max_ejection_time),
                         "max_ejected_percent": g.outlier.max_ejected_percent,
-                    })),
-                    "tls": h.tls.as_ref().map(|t| json!({
-                        "server_name": t.server_name,
-                        "ca_file": t.ca_file.as_ref().map(|p| p.display().to_string()),
-                        "client_cert": t.client_cert.as_ref().map(|c| c.cert.display().to_string()),
-                        "tls_insecure_skip_verify": t.insecure_skip_verify,
-                    })),
-                }),
+                    }),
+                        });
+                        if let (Some(v), Value::Object(extra)) = (v.as_object_mut(), extra) {
+                            v.extend(extra);
+                        }
+                    }
+                    v
+                }
                 UpstreamKind::Respond(r) => json!({ "respond": {
                     "status": r.status.as_u16(),
                     "headers": r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), Value::from(v.to_str().unwrap_or("")))).collect::<serde_json::Map<_, _>>(),

@@ -63,11 +63,11 @@ fn describe_group(g: &crate::config::group::GroupConfig, https: bool) -> Vec<Str
     let r = &g.retry;
     if r.attempts > 1 {
         out.push(format!(
-            "up to {} tries on other servers, on {}{}; retries at most {} % of requests plus {}/s (10 s window)",
+            "up to {} tries in all, each retry on a server not yet tried, on {}{}; retries at most {} % of requests plus {}/s (10 s window)",
             r.attempts,
             r.on.names().join(", "),
             r.per_try_timeout.map_or(String::new(), |t| format!(", each try within {}", Dur(t))),
-            r.ratio * 100.0,
+            (f64::from(r.ratio) * 1000.0).round() / 10.0,
             r.min_per_s
         ));
     } else {
@@ -405,6 +405,26 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn a_group_is_described_with_its_servers_and_policies() {
+        let yaml = "upstreams:
+  api:
+    servers: [{ url: http://10.0.0.1:3000, weight: 2 }, { url: http://10.0.0.2:3000 }]
+    balance: round_robin
+    retry: { attempts: 3, on: [connect_failure, 502], budget: { ratio: 0.1 } }
+    health: { path: /healthz }
+routes:
+  - upstream: api
+";
+        let config = Config::from_yaml(Path::new("g.yaml"), yaml).unwrap();
+        let text = explain(&config);
+        let servers = "2 server(s), balanced by round_robin: http://10.0.0.1:3000 (weight 2), http://10.0.0.2:3000";
+        assert!(text.contains(servers), "{text}");
+        assert!(text.contains("up to 3 tries in all"), "{text}");
+        assert!(text.contains("on connect_failure, 502; retries at most 10 % of requests plus 3/s"), "{text}");
+        assert!(text.contains("health check GET /healthz every 5s"), "{text}");
+    }
 
     fn explained(limits: &str) -> String {
         let yaml = format!("upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n{limits}");
