@@ -407,7 +407,8 @@ impl Group {
             let wait = retry.per_try_timeout.map_or(left, |t| t.min(left));
             let sent = Instant::now();
             let waiting = self.enter(at);
-            let out = tokio::time::timeout(wait, attempt(&member.fwd, req)).await;
+            // The coarse wheel for waits of a second or more: no tokio timer entry per try.
+            let out = crate::timer::timeout(wait, attempt(&member.fwd, req)).await;
             drop(waiting);
             // Whether this failure may go to another server, and the request it goes with.
             let (error, unsent, answered) = match out {
