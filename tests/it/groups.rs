@@ -409,3 +409,59 @@ async fn passive_ejection_never_takes_out_more_than_its_share() {
     let st = states(&config_json(admin).await);
     assert_eq!(st.iter().filter(|s| *s == "ejected").count(), 1, "{st:?}");
 }
+
+/// An h2c (HTTP/2 prior knowledge) server answering `id`, counting the requests it got.
+/// Stops when the returned handle is aborted (its connections with it).
+async fn h2c(id: &'static str, hits: Arc<AtomicUsize>) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let hits = hits.clone();
+            conns.spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    if req.uri().path() != "/health" {
+                        hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    async move { Ok::<_, std::convert::Infallible>(Response::new(full(id))) }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_group_balances_and_checks_its_servers_over_http2() {
+    let hits: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::default()).collect();
+    let (a, ta) = h2c("a", hits[0].clone()).await;
+    let (b, tb) = h2c("b", hits[1].clone()).await;
+    let tg = Tollgate::start(&group_yaml(
+        &[a, b],
+        "    protocol: h2c\n    balance: round_robin\n    health: { path: /health, interval: 50ms, healthy: 1, unhealthy: 1 }\n",
+    ))
+    .await;
+    let admin = tg.start_admin().await;
+    let http = client();
+    for _ in 0..10 {
+        assert_eq!(send(&http, "GET", &tg.url("/x"), &[], "").await.0, StatusCode::OK);
+    }
+    assert_eq!((hits[0].load(Ordering::Relaxed), hits[1].load(Ordering::Relaxed)), (5, 5));
+    // Its checks (HTTP/2 streams) fail once the server is gone: the group serves from the other.
+    tb.abort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while states(&config_json(admin).await)[1] != "unhealthy" {
+        assert!(Instant::now() < deadline, "b never marked down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..10 {
+        let (s, _, body) = send(&http, "GET", &tg.url("/x"), &[], "").await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, "a"));
+    }
+    ta.abort();
+}
