@@ -233,7 +233,13 @@ impl HttpForwarder {
         down: &Downstream<'_>,
     ) -> Result<Response<Body>, Error> {
         let mut req = self.prepare(req, strip, down)?;
-        let Some(h2) = &self.h2 else { return Err(Error::Internal("an HTTP/1 upstream was sent a stream")) };
+        self.h2_target(&mut req)?;
+        self.h2_exchange(req).await.map_err(|f| f.error)
+    }
+
+    /// The target in absolute form for HTTP/2: `:authority` is the `Host` the upstream
+    /// would have got (taken out of the fields), else this upstream's own.
+    fn h2_target(&self, req: &mut Request<RequestBody>) -> Result<(), Error> {
         let authority = match req.headers_mut().remove(header::HOST) {
             Some(host) => http::uri::Authority::try_from(host.as_bytes())
                 .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,
@@ -245,24 +251,41 @@ impl HttpForwarder {
         }
         *req.uri_mut() = target.build().map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
         *req.version_mut() = Version::HTTP_2;
+        Ok(())
+    }
+
+    /// A prepared HTTP/2 request as a stream, and the response streamed on with its
+    /// trailers. The request comes back when it never left (no connection could be had, or
+    /// the connection closed before the stream was opened).
+    async fn h2_exchange(&self, req: Request<RequestBody>) -> Result<Response<Body>, group::Failed> {
+        let Some(h2) = &self.h2 else {
+            return Err(group::Failed { error: Error::Internal("an HTTP/1 upstream was sent a stream"), unsent: None });
+        };
         let wait = grpc::timeout(req.headers()).map_or(self.timeout, |t| t.min(self.timeout));
         let exchange = async {
-            let (mut send, stream) = h2.checkout().await.map_err(|e| {
-                tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
-                Error::Upstream(UpstreamFailure::Connect)
-            })?;
-            match send.send_request(req).await {
+            let (mut send, stream) = match h2.checkout().await {
+                Ok(got) => got,
+                Err(e) => {
+                    tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
+                    return Err(group::Failed { error: Error::Upstream(UpstreamFailure::Connect), unsent: Some(req) });
+                }
+            };
+            match send.try_send_request(req).await {
                 Ok(resp) => Ok((resp, stream)),
-                Err(e) => Err(self.failed(&e)),
+                Err(mut e) => {
+                    let unsent = e.take_message();
+                    Err(group::Failed { error: self.failed(e.error()), unsent })
+                }
             }
         };
         // The coarse wheel for waits of a second or more: no tokio timer entry per stream.
         let (resp, stream) = match crate::timer::timeout(wait, exchange).await {
             Ok(answered) => answered?,
-            Err(_) => return Err(Error::Upstream(UpstreamFailure::Timeout)),
+            Err(_) => return Err(group::Failed { error: Error::Upstream(UpstreamFailure::Timeout), unsent: None }),
         };
         let (mut parts, body) = resp.into_parts();
-        framing::check_response(parts.status, &mut parts.headers)?;
+        framing::check_response(parts.status, &mut parts.headers)
+            .map_err(|bad| group::Failed { error: bad.into(), unsent: None })?;
         headers::strip_hop_by_hop(&mut parts.headers);
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;

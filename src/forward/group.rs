@@ -91,10 +91,10 @@ impl Tried {
 }
 
 /// How one try ended without a response head.
-struct Failed {
-    error: Error,
+pub(super) struct Failed {
+    pub(super) error: Error,
     /// The request, when it never left: another server may take it whatever its method.
-    unsent: Option<Request<RequestBody>>,
+    pub(super) unsent: Option<Request<RequestBody>>,
 }
 
 /// Counts a request in its server's in-flight gauge until dropped.
@@ -363,16 +363,7 @@ impl Group {
         let now = self.now_ms();
         let Some(mut at) = self.pick(key, &tried, now) else { return Err(self.unavailable(now)) };
         if self.h2 {
-            // One try: a stream's request cannot be had back from a failed HTTP/2 exchange.
-            let _waiting = self.enter(at);
-            let sent = Instant::now();
-            let out = self.members[at].fwd.forward_h2(req, strip, down).await;
-            let failed = match &out {
-                Ok(r) => r.status().is_server_error(),
-                Err(e) => matches!(e, Error::Upstream(_)),
-            };
-            self.observe(at, failed, out.as_ref().ok().map(|_| sent.elapsed()));
-            return out;
+            return self.forward_h2(req, strip, down, key, at, tried).await;
         }
         let req = self.members[at].fwd.prepare(req, strip, down)?;
         let retry = &self.cfg.retry;
@@ -471,6 +462,65 @@ impl Group {
                     return match answered {
                         Some((resp, conn)) => member.fwd.accept(resp, conn),
                         None => Err(error),
+                    }
+                }
+            }
+        }
+    }
+
+    /// An `h2c` group: a request that never left (no connection) goes to another server;
+    /// one that was sent is not tried again (its stream's request cannot be had back).
+    async fn forward_h2(
+        &self,
+        req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream<'_>,
+        key: u64,
+        mut at: usize,
+        mut tried: Tried,
+    ) -> Result<Response<Body>, Error> {
+        let first = &self.members[at].fwd;
+        let mut req = first.prepare(req, strip, down)?;
+        first.h2_target(&mut req)?;
+        let retry = &self.cfg.retry;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            tried.add(at);
+            let member = &self.members[at];
+            if !self.preserve_host {
+                // The `:authority` is this server's own.
+                let mut target = Uri::builder().scheme("http").authority(member.fwd.authority.clone());
+                if let Some(pq) = req.uri().path_and_query() {
+                    target = target.path_and_query(pq.clone());
+                }
+                if let Ok(uri) = target.build() {
+                    *req.uri_mut() = uri;
+                }
+            }
+            let waiting = self.enter(at);
+            let sent = Instant::now();
+            let out = member.fwd.h2_exchange(req).await;
+            drop(waiting);
+            match out {
+                Ok(resp) => {
+                    self.observe(at, resp.status().is_server_error(), Some(sent.elapsed()));
+                    return Ok(resp);
+                }
+                Err(Failed { error, unsent }) => {
+                    if matches!(error, Error::Upstream(_)) {
+                        self.observe(at, true, None);
+                    }
+                    let (Some(unsent), true) = (unsent, retry.on.connect_failure && tries < retry.attempts) else {
+                        return Err(error);
+                    };
+                    match self.pick(key, &tried, self.now_ms()) {
+                        Some(next) if self.budget.withdraw() => {
+                            member.metrics.retried.inc();
+                            at = next;
+                            req = unsent;
+                        }
+                        _ => return Err(error),
                     }
                 }
             }

@@ -465,3 +465,26 @@ async fn an_h2c_group_balances_and_checks_its_servers_over_http2() {
     }
     ta.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_group_retries_a_connect_failure_on_another_server() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let (a, ta) = h2c("a", hits.clone()).await;
+    let dead = dead_port().await;
+    let tg = Tollgate::start(&group_yaml(
+        &[dead, a],
+        "    protocol: h2c
+    balance: round_robin
+    retry: { budget: { min_per_s: 100 } }
+    outlier: { consecutive_failures: 0 }
+",
+    ))
+    .await;
+    let http = client();
+    for i in 0..10 {
+        let (s, _, body) = send(&http, "POST", &tg.url("/x"), &[], "payload").await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, "a"), "request {i}");
+    }
+    assert_eq!(hits.load(Ordering::Relaxed), 10);
+    ta.abort();
+}
