@@ -71,6 +71,9 @@ pub struct Group {
     next: AtomicUsize,
     budget: TpsBudget,
     epoch: Instant,
+    /// Held while an ejection is decided, so concurrent failures cannot together eject
+    /// more than `max_ejected_percent` (taken only once a server's failures reach the bound).
+    ejecting: std::sync::Mutex<()>,
     preserve_host: bool,
     timeout: Duration,
     h2: bool,
@@ -143,6 +146,7 @@ impl Group {
             cfg: gcfg.clone(),
             next: AtomicUsize::new(0),
             epoch: Instant::now(),
+            ejecting: std::sync::Mutex::new(()),
             preserve_host: cfg.preserve_host,
             timeout: cfg.timeout,
             h2: cfg.protocol == crate::config::UpstreamProtocol::H2c,
@@ -248,6 +252,7 @@ impl Group {
         if outlier.consecutive_failures == 0 || run < outlier.consecutive_failures {
             return;
         }
+        let _deciding = self.ejecting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Passive ejection takes out at most `max_ejected_percent` of the group.
         let ejected = self.members.iter().filter(|o| o.ejected_until.load(Ordering::Relaxed) > now).count();
         let allowed = self.members.len() * outlier.max_ejected_percent as usize / 100;
@@ -420,7 +425,9 @@ impl Group {
                 }
                 Ok(Err(Failed { error, unsent })) => {
                     let upstream = matches!(error, Error::Upstream(_));
-                    if upstream {
+                    // A pooled connection the server closed while idle is not its failure.
+                    let stale = unsent.is_some() && error != Error::Upstream(UpstreamFailure::Connect);
+                    if upstream && !stale {
                         self.observe(at, true, None);
                     }
                     let allowed = match (&unsent, &error) {
