@@ -40,7 +40,7 @@ pub struct Member {
     /// Requests waiting for a response head (also the `in_flight` gauge).
     metrics: ServerMetrics,
     consecutive_failures: AtomicU32,
-    /// Milliseconds since the group's epoch until which the server is ejected (0: never was).
+    /// Until when the server is ejected, on the coarse clock in ms (0: never was).
     ejected_until: AtomicU64,
     ejections: AtomicU32,
     /// The active checks' verdict (true until they say otherwise).
@@ -70,7 +70,6 @@ pub struct Group {
     schedule: Vec<u16>,
     next: AtomicUsize,
     budget: TpsBudget,
-    epoch: Instant,
     /// Held while an ejection is decided, so concurrent failures cannot together eject
     /// more than `max_ejected_percent` (taken only once a server's failures reach the bound).
     ejecting: std::sync::Mutex<()>,
@@ -145,7 +144,6 @@ impl Group {
             budget: TpsBudget::new(Duration::from_secs(10), retry.min_per_s, retry.ratio),
             cfg: gcfg.clone(),
             next: AtomicUsize::new(0),
-            epoch: Instant::now(),
             ejecting: std::sync::Mutex::new(()),
             preserve_host: cfg.preserve_host,
             timeout: cfg.timeout,
@@ -175,8 +173,10 @@ impl Group {
         !self.h2
     }
 
+    /// Milliseconds on the coarse clock (a tick is 100 ms; ejections last seconds): no
+    /// clock read per request.
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX).max(1)
+        crate::timer::now_ms().max(1)
     }
 
     fn eligible(&self, i: usize, tried: &Tried, now: u64) -> bool {
@@ -391,6 +391,7 @@ impl Group {
         let mut tries = 0;
         loop {
             tries += 1;
+            let first = tries == 1;
             tried.add(at);
             let member = &self.members[at];
             let Some(mut req) = pending.take().or_else(|| replay.as_ref().map(Head::request)) else {
@@ -399,9 +400,10 @@ impl Group {
             if !self.preserve_host {
                 req.headers_mut().insert(header::HOST, member.fwd.authority_value.clone());
             }
-            let left = self.timeout.saturating_sub(started.elapsed());
+            // The first try starts now: one clock read less.
+            let left = if first { self.timeout } else { self.timeout.saturating_sub(started.elapsed()) };
             let wait = retry.per_try_timeout.map_or(left, |t| t.min(left));
-            let sent = Instant::now();
+            let sent = if first { started } else { Instant::now() };
             let waiting = self.enter(at);
             // The coarse wheel for waits of a second or more: no tokio timer entry per try.
             let out = crate::timer::timeout(wait, attempt(&member.fwd, req)).await;

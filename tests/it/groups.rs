@@ -443,7 +443,7 @@ async fn an_h2c_group_balances_and_checks_its_servers_over_http2() {
     let (b, tb) = h2c("b", hits[1].clone()).await;
     let tg = Tollgate::start(&group_yaml(
         &[a, b],
-        "    protocol: h2c\n    balance: round_robin\n    health: { path: /health, interval: 50ms, healthy: 1, unhealthy: 1 }\n",
+        "    protocol: h2c\n    balance: round_robin\n    health: { path: /health, interval: 50ms, timeout: 2s, healthy: 1, unhealthy: 1 }\n",
     ))
     .await;
     let admin = tg.start_admin().await;
