@@ -96,7 +96,13 @@ async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> R
             }
         }
         "/config" => {
-            let doc = effective(&proxy.config);
+            let mut doc = effective(&proxy.config);
+            // A group's servers as they stand now: healthy, ejected or unhealthy.
+            for g in proxy.groups() {
+                if let Some(u) = doc.get_mut("upstreams").and_then(|u| u.get_mut(g.name())) {
+                    u["servers"] = serde_json::to_value(g.servers()).unwrap_or_default();
+                }
+            }
             text(StatusCode::OK, "application/json", serde_json::to_string_pretty(&doc).unwrap_or_default())
         }
         _ => text(StatusCode::NOT_FOUND, "text/plain", "try /metrics, /healthz, /readyz or /config\n"),
@@ -120,7 +126,8 @@ pub fn effective(c: &Config) -> Value {
         .iter()
         .map(|u| {
             let v = match &u.kind {
-                UpstreamKind::Http(h) => json!({
+                UpstreamKind::Http(h) => {
+                    let mut v = json!({
                     "url": format!("{}://{}{}", if h.tls.is_some() { "https" } else { "http" }, h.authority, h.base_path),
                     "connect_timeout": dur(h.connect_timeout),
                     "timeout": dur(h.timeout),
@@ -134,7 +141,42 @@ pub fn effective(c: &Config) -> Value {
                         "client_cert": t.client_cert.as_ref().map(|c| c.cert.display().to_string()),
                         "tls_insecure_skip_verify": t.insecure_skip_verify,
                     })),
-                }),
+                });
+                    // A group's servers, balance, retries, ejection and checks (not shown for `url:`).
+                    if let Some(g) = &h.group {
+                        let extra = json!({
+                    "servers": g.servers.iter().map(|s| json!({
+                        "url": format!("{}://{}", if h.tls.is_some() { "https" } else { "http" }, s.authority),
+                        "weight": s.weight,
+                    })).collect::<Vec<_>>(),
+                    "balance": crate::config::group::describe_balance(&g.balance),
+                    "retry": json!({
+                        "attempts": g.retry.attempts,
+                        "on": g.retry.on.names(),
+                        "per_try_timeout": g.retry.per_try_timeout.map(dur),
+                        "budget": { "ratio": g.retry.ratio, "min_per_s": g.retry.min_per_s },
+                    }),
+                    "health": g.health.as_ref().map(|c| json!({
+                        "path": c.path,
+                        "interval": dur(c.interval),
+                        "timeout": dur(c.timeout),
+                        "healthy": c.healthy,
+                        "unhealthy": c.unhealthy,
+                        "expect": format!("{}-{}", c.expect.0, c.expect.1),
+                    })),
+                    "outlier": json!({
+                        "consecutive_failures": g.outlier.consecutive_failures,
+                        "base_ejection_time": dur(g.outlier.base_ejection_time),
+                        "max_ejection_time": dur(g.outlier.max_ejection_time),
+                        "max_ejected_percent": g.outlier.max_ejected_percent,
+                    }),
+                        });
+                        if let (Some(v), Value::Object(extra)) = (v.as_object_mut(), extra) {
+                            v.extend(extra);
+                        }
+                    }
+                    v
+                }
                 UpstreamKind::Respond(r) => json!({ "respond": {
                     "status": r.status.as_u16(),
                     "headers": r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), Value::from(v.to_str().unwrap_or("")))).collect::<serde_json::Map<_, _>>(),

@@ -80,6 +80,9 @@ pub enum UpstreamFailure {
     Broken,
     /// The response head cannot be passed on (framing, an unasked-for 101): 502.
     BadResponse(&'static str),
+    /// No server of a group may take requests (all ejected or failing their checks): 503
+    /// with Retry-After no shorter than the earliest re-admission.
+    Unavailable { retry_after_secs: u32 },
 }
 
 /// The limits that denied a request: (limit index in the route, its Retry-After seconds).
@@ -119,7 +122,7 @@ pub enum Error {
 }
 
 /// Every error kind, for metric handles resolved once per route.
-const KINDS: [&str; 13] = [
+const KINDS: [&str; 14] = [
     "bad_request",
     "client_body",
     "no_route",
@@ -133,6 +136,7 @@ const KINDS: [&str; 13] = [
     "upstream_bad_response",
     "internal",
     "forbidden",
+    "upstream_unavailable",
 ];
 
 impl Error {
@@ -163,6 +167,7 @@ impl Error {
             Error::Upstream(UpstreamFailure::BadResponse(_)) => 10,
             Error::Internal(_) => 11,
             Error::Forbidden => 12,
+            Error::Upstream(UpstreamFailure::Unavailable { .. }) => 13,
         }
     }
 
@@ -181,6 +186,7 @@ impl Error {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Error::Upstream(UpstreamFailure::Timeout) => StatusCode::GATEWAY_TIMEOUT,
+            Error::Upstream(UpstreamFailure::Unavailable { .. }) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Upstream(_) => StatusCode::BAD_GATEWAY,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -192,6 +198,7 @@ impl Error {
             Error::Throttled(d) => Some(d.retry_after_secs),
             Error::OverCapacity => Some(1),
             Error::StoreUnavailable { retry_after_secs, .. } => Some(*retry_after_secs),
+            Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs }) => Some(u64::from(*retry_after_secs)),
             _ => None,
         }
     }
@@ -328,6 +335,8 @@ impl RouteAnswers {
                 );
                 self.render(err, &detail).into_response()
             }
+            // Its Retry-After changes: rendered each time (rare, and never on the pass path).
+            Error::Upstream(UpstreamFailure::Unavailable { .. }) => self.render(err, &self.detail(err)).into_response(),
             _ => self.fixed[err.kind_index()].get_or_init(|| self.render(err, &self.detail(err))).response(),
         };
         if err.source() == Source::Downstream && version < http::Version::HTTP_2 {
@@ -404,6 +413,9 @@ impl RouteAnswers {
             Error::Upstream(UpstreamFailure::BadResponse(why)) => {
                 format!("upstream `{up}` sent a response that cannot be passed on: {why}")
             }
+            Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs }) => format!(
+                "no server of upstream `{up}` can take requests now (ejected or failing health checks); retry after {retry_after_secs} s"
+            ),
             Error::Internal(why) => format!("tollgate failed to serve the request: {why}"),
             Error::Forbidden => format!("route `{}`: this client's plan does not allow requests", self.name),
             Error::BadRequest(why) => (*why).to_owned(),
@@ -545,6 +557,9 @@ fn problem_type(err: &Error) -> (Option<&'static str>, &'static str, &'static st
         Error::Upstream(UpstreamFailure::Broken) => (None, "upstream-failed", "Upstream failed"),
         Error::Upstream(UpstreamFailure::BadResponse(_)) => {
             (None, "upstream-bad-response", "Upstream sent an invalid response")
+        }
+        Error::Upstream(UpstreamFailure::Unavailable { .. }) => {
+            (None, "upstream-unavailable", "No upstream server available")
         }
         Error::Internal(_) => (None, "internal", "Internal error"),
         Error::Forbidden => (None, "plan-denied", "Forbidden by the client's plan"),

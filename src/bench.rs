@@ -21,6 +21,9 @@
 //! - `BENCH_GATEWAY=1` (optional): the bench route also has 3 header conditions (that h2load's
 //!   requests meet: two regexes and an absence) and 4 header rules (2 request, 2 response), the cost of gateway rules.
 //! - `BENCH_REQUEST_ID=off` (optional): no request ids (`request_id: { enabled: false }`).
+//! - `BENCH_GROUP=1..3` (optional): the pass upstream is a `servers:` group of that many
+//!   servers, all the same upstream under other names (`127.0.0.1`, `localhost`,
+//!   `[::ffff:127.0.0.1]`): the cost of balancing (least_request) and the retry budget.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -48,6 +51,8 @@ pub struct BenchStore {
     pub gateway: bool,
     /// Request ids off (`BENCH_REQUEST_ID=off`).
     pub no_request_id: bool,
+    /// The upstream as a group of this many servers (`BENCH_GROUP`, 0: a single `url:`).
+    pub group: usize,
 }
 
 const GATEWAY: &str = r#"    match:
@@ -73,6 +78,16 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
     };
     let gateway = if store.gateway { GATEWAY } else { "" };
     let ids = if store.no_request_id { "request_id: { enabled: false }\n" } else { "" };
+    let target = match store.group {
+        0 => format!("    url: http://{upstream}\n"),
+        n => {
+            let port = upstream.rsplit_once(':').map_or("80", |(_, p)| p);
+            let hosts = ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"];
+            let list: String =
+                hosts.iter().take(n.min(3)).map(|h| format!("      - url: http://{h}:{port}\n")).collect();
+            format!("    servers:\n{list}")
+        }
+    };
     let (redis, store) = match &store.redis_url {
         None => (String::new(), String::new()),
         Some(url) => (
@@ -87,8 +102,7 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
         "listen: {listen}
 {trusted}{ids}{redis}upstreams:
   up:
-    url: http://{upstream}
-routes:
+{target}routes:
   - name: bench
     upstream: up
 {gateway}    limits:
@@ -138,6 +152,7 @@ pub fn run_from_env() -> anyhow::Result<()> {
         lease: env("BENCH_LEASE").map(|n| n.parse()).transpose().context("BENCH_LEASE")?,
         gateway: env("BENCH_GATEWAY").is_some_and(|v| v != "0"),
         no_request_id: env("BENCH_REQUEST_ID").is_some_and(|v| v == "off"),
+        group: env("BENCH_GROUP").map(|n| n.parse()).transpose().context("BENCH_GROUP")?.unwrap_or(0),
     };
     let rate = env("BENCH_RATE").unwrap_or_else(|| "1000000/s".into());
     let burst = env("BENCH_BURST").map(|b| b.parse()).transpose().context("BENCH_BURST")?.unwrap_or(100_000_000);
@@ -218,6 +233,7 @@ mod tests {
             BenchStore { redis_url: Some("redis://127.0.0.1:16379".into()), lease: Some(100), ..BenchStore::default() },
             BenchStore { trusted: vec!["127.0.0.1/32".into(), "::1/128".into()], ..BenchStore::default() },
             BenchStore { gateway: true, no_request_id: true, ..BenchStore::default() },
+            BenchStore { group: 3, ..BenchStore::default() },
         ];
         for store in &stores {
             for (rate, burst) in [("1000000/s", 100_000_000), ("1000/s", 100)] {

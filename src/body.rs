@@ -389,7 +389,7 @@ pin_project! {
     /// A client's request body on its way upstream.
     pub struct RequestBody {
         #[pin]
-        inner: Incoming,
+        inner: Option<Incoming>,
         idle: Idle,
     }
 }
@@ -397,7 +397,12 @@ pin_project! {
 impl RequestBody {
     /// `idle_timeout`: the longest the client may leave a started body without data.
     pub fn new(inner: Incoming, idle_timeout: Duration) -> RequestBody {
-        RequestBody { inner, idle: Idle::new(idle_timeout) }
+        RequestBody { inner: Some(inner), idle: Idle::new(idle_timeout) }
+    }
+
+    /// No body: a health check, or a bodiless request sent again to another server.
+    pub fn empty() -> RequestBody {
+        RequestBody { inner: None, idle: Idle::new(Duration::from_secs(1)) }
     }
 }
 
@@ -407,7 +412,8 @@ impl HttpBody for RequestBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
         let this = self.project();
-        match this.inner.poll_frame(cx) {
+        let Some(inner) = this.inner.as_pin_mut() else { return Poll::Ready(None) };
+        match inner.poll_frame(cx) {
             Poll::Pending if this.idle.expired(cx) => Poll::Ready(Some(Err(ClientBodyError::Timeout))),
             Poll::Pending => Poll::Pending,
             Poll::Ready(polled) => {
@@ -418,10 +424,10 @@ impl HttpBody for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner.as_ref().map_or(SizeHint::with_exact(0), Incoming::size_hint)
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod edge;
 mod gateway;
+pub mod group;
 mod guard;
 mod limits;
 mod locate;
@@ -212,6 +213,8 @@ pub struct HttpUpstream {
     pub protocol: UpstreamProtocol,
     /// The HTTP/2 connections of an `h2c`, `h2` or (https://) `auto` upstream.
     pub h2: UpstreamH2,
+    /// `servers:`: a group (its first server is `authority` above); `None` for `url:`.
+    pub group: Option<Arc<group::GroupConfig>>,
 }
 
 /// How tollgate speaks to an upstream. (`auto` on an `http://` upstream reads as `Http1`.)

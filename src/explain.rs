@@ -39,6 +39,65 @@ fn who(limit: &LimitConfig) -> String {
     }
 }
 
+/// A group's servers and policies in plain words. Their health is live state: a running
+/// instance shows it at `/config` and `/readyz`.
+fn describe_group(g: &crate::config::group::GroupConfig, https: bool) -> Vec<String> {
+    let scheme = if https { "https" } else { "http" };
+    let servers: Vec<String> = g
+        .servers
+        .iter()
+        .map(|s| {
+            if s.weight == 1 {
+                format!("{scheme}://{}", s.authority)
+            } else {
+                format!("{scheme}://{} (weight {})", s.authority, s.weight)
+            }
+        })
+        .collect();
+    let mut out = vec![format!(
+        "{} server(s), balanced by {}: {} (health now: see /config on the admin listener)",
+        servers.len(),
+        crate::config::group::describe_balance(&g.balance),
+        servers.join(", ")
+    )];
+    let r = &g.retry;
+    if r.attempts > 1 {
+        out.push(format!(
+            "up to {} tries in all, each retry on a server not yet tried, on {}{}; retries at most {} % of requests plus {}/s (10 s window)",
+            r.attempts,
+            r.on.names().join(", "),
+            r.per_try_timeout.map_or(String::new(), |t| format!(", each try within {}", Dur(t))),
+            (f64::from(r.ratio) * 1000.0).round() / 10.0,
+            r.min_per_s
+        ));
+    } else {
+        out.push("no retries".to_owned());
+    }
+    let o = &g.outlier;
+    if o.consecutive_failures > 0 {
+        out.push(format!(
+            "a server is ejected after {} consecutive failures for {} (growing to {}), at most {} % of the group",
+            o.consecutive_failures,
+            Dur(o.base_ejection_time),
+            Dur(o.max_ejection_time),
+            o.max_ejected_percent
+        ));
+    }
+    if let Some(h) = &g.health {
+        out.push(format!(
+            "health check GET {} every {} (timeout {}): down after {} failures, up after {} passes, expecting {}-{}",
+            h.path,
+            Dur(h.interval),
+            Dur(h.timeout),
+            h.unhealthy,
+            h.healthy,
+            h.expect.0,
+            h.expect.1
+        ));
+    }
+    out
+}
+
 /// The decision on request `n + 1` of a burst: `n` requests of `cost` at one instant, then one
 /// more. The state after the first `n` is written down in closed form (a burst may be 10^18
 /// long), then the real algorithm decides the last request. At one instant every algorithm
@@ -274,6 +333,13 @@ pub fn explain(config: &Config) -> String {
     }
     for r in &config.routes {
         let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
+        if let crate::config::UpstreamKind::Http(h) = &config.upstream(r).kind {
+            if let Some(g) = &h.group {
+                for line in describe_group(g, h.tls.is_some()) {
+                    let _ = writeln!(out, "  {line}");
+                }
+            }
+        }
         for line in gateway::describe(r) {
             let _ = writeln!(out, "  {line}");
         }
@@ -339,6 +405,26 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn a_group_is_described_with_its_servers_and_policies() {
+        let yaml = "upstreams:
+  api:
+    servers: [{ url: http://10.0.0.1:3000, weight: 2 }, { url: http://10.0.0.2:3000 }]
+    balance: round_robin
+    retry: { attempts: 3, on: [connect_failure, 502], budget: { ratio: 0.1 } }
+    health: { path: /healthz }
+routes:
+  - upstream: api
+";
+        let config = Config::from_yaml(Path::new("g.yaml"), yaml).unwrap();
+        let text = explain(&config);
+        let servers = "2 server(s), balanced by round_robin: http://10.0.0.1:3000 (weight 2), http://10.0.0.2:3000";
+        assert!(text.contains(servers), "{text}");
+        assert!(text.contains("up to 3 tries in all"), "{text}");
+        assert!(text.contains("on connect_failure, 502; retries at most 10 % of requests plus 3/s"), "{text}");
+        assert!(text.contains("health check GET /healthz every 5s"), "{text}");
+    }
 
     fn explained(limits: &str) -> String {
         let yaml = format!("upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n{limits}");

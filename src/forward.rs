@@ -6,6 +6,7 @@
 
 pub mod connector;
 pub mod framing;
+pub mod group;
 pub mod grpc;
 pub mod h2;
 pub mod headers;
@@ -289,43 +290,85 @@ impl HttpForwarder {
         strip: usize,
         down: &Downstream<'_>,
     ) -> Result<Response<Body>, Error> {
-        let req = self.prepare(req, strip, down)?;
-        let Some(h2) = &self.h2 else { return Err(Error::Internal("an HTTP/1 upstream was sent a stream")) };
+        let mut req = self.prepare(req, strip, down)?;
+        self.h2_target(&mut req)?;
+        self.h2_exchange(req).await.map_err(|f| f.error)
+    }
+
+    /// The target in absolute form for HTTP/2: `:scheme` is the upstream's (what the request
+    /// is to it, as `Host` is the client's), `:authority` the `Host` the upstream would have
+    /// got (taken out of the fields), else this upstream's own.
+    fn h2_target(&self, req: &mut Request<RequestBody>) -> Result<(), Error> {
+        let authority = match req.headers_mut().remove(header::HOST) {
+            Some(host) => http::uri::Authority::try_from(host.as_bytes())
+                .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,
+            None => self.authority.clone(),
+        };
+        *req.uri_mut() = self.h2_uri(authority, req.uri())?;
+        *req.version_mut() = Version::HTTP_2;
+        Ok(())
+    }
+
+    /// `uri`'s path and query under this upstream's scheme and `authority`.
+    pub(crate) fn h2_uri(&self, authority: http::uri::Authority, uri: &Uri) -> Result<Uri, Error> {
+        let scheme = if self.tls { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP };
+        let mut target = Uri::builder().scheme(scheme).authority(authority);
+        if let Some(pq) = uri.path_and_query() {
+            target = target.path_and_query(pq.clone());
+        }
+        target.build().map_err(|_| Error::BadRequest("the request path cannot be forwarded"))
+    }
+
+    /// A prepared HTTP/2 request ([`HttpForwarder::h2_target`]) as a stream on a shared
+    /// connection, or, for `auto` when ALPN chose HTTP/1.1, as an HTTP/1.1 request (see
+    /// [`HttpForwarder::auto_leg`]); the response streamed on with its trailers. A gRPC
+    /// call's `grpc-timeout` shortens the wait for the head. The request comes back when it
+    /// never left (no connection could be had, or the connection closed before it was sent).
+    async fn h2_exchange(&self, req: Request<RequestBody>) -> Result<Response<Body>, group::Failed> {
+        let Some(h2) = &self.h2 else {
+            return Err(group::Failed { error: Error::Internal("an HTTP/1 upstream was sent a stream"), unsent: None });
+        };
         let wait = grpc::timeout(req.headers()).map_or(self.timeout, |t| t.min(self.timeout));
         let exchange = async {
             let leg = match &self.auto {
                 Some(learned) => self.auto_leg(h2, learned).await,
                 None => h2.checkout().await.map(|(send, stream)| Leg::H2(send, stream)),
             };
-            match leg.map_err(|e| self.connect_failed(&e))? {
-                Leg::H2(mut send, stream) => match send.send_request(h2_form(req, &self.authority, self.tls)?).await {
+            let leg = match leg {
+                Ok(leg) => leg,
+                Err(e) => return Err(group::Failed { error: self.connect_failed(&e), unsent: Some(req) }),
+            };
+            match leg {
+                Leg::H2(mut send, stream) => match send.try_send_request(req).await {
                     Ok(resp) => Ok(Answered::H2(resp, stream)),
-                    Err(e) => Err(self.failed(&e)),
-                },
-                Leg::H1(mut conn) => {
-                    let mut req = req;
-                    // `te: trailers` is for HTTP/2 (and a hop-by-hop field in HTTP/1.1).
-                    req.headers_mut().remove(header::TE);
-                    match conn.send.send_request(req).await {
-                        Ok(resp) => Ok(Answered::H1(resp, conn)),
-                        Err(e) => Err(self.failed(&e)),
+                    Err(mut e) => {
+                        let unsent = e.take_message();
+                        Err(group::Failed { error: self.failed(e.error()), unsent })
                     }
-                }
+                },
+                Leg::H1(mut conn) => match conn.send.try_send_request(h1_form(req)).await {
+                    Ok(resp) => Ok(Answered::H1(resp, conn)),
+                    Err(mut e) => {
+                        let unsent = e.take_message();
+                        Err(group::Failed { error: self.failed(e.error()), unsent })
+                    }
+                },
             }
         };
         // The coarse wheel for waits of a second or more: no tokio timer entry per stream.
+        let failed = |error| group::Failed { error, unsent: None };
         match crate::timer::timeout(wait, exchange).await {
             Ok(Ok(Answered::H2(resp, stream))) => {
                 let (mut parts, body) = resp.into_parts();
-                framing::check_response(parts.status, &mut parts.headers)?;
+                framing::check_response(parts.status, &mut parts.headers).map_err(|bad| failed(bad.into()))?;
                 headers::strip_hop_by_hop(&mut parts.headers);
                 headers::append_via(&mut parts.headers, parts.version);
                 parts.version = Version::HTTP_11;
                 Ok(Response::from_parts(parts, Body::stream(body, stream, self.read_timeout)))
             }
-            Ok(Ok(Answered::H1(resp, conn))) => self.accept(resp, conn),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::Upstream(UpstreamFailure::Timeout)),
+            Ok(Ok(Answered::H1(resp, conn))) => self.accept(resp, conn).map_err(failed),
+            Ok(Err(f)) => Err(f),
+            Err(_) => Err(failed(Error::Upstream(UpstreamFailure::Timeout))),
         }
     }
 
@@ -502,27 +545,18 @@ enum Answered {
     H1(Response<Incoming>, UpstreamConn),
 }
 
-/// A prepared request as an HTTP/2 stream: the target in absolute form, `:authority` from
-/// `Host` (or the upstream's own), `:scheme` `https` over TLS, HTTP/2.
-fn h2_form(
-    mut req: Request<RequestBody>,
-    own: &http::uri::Authority,
-    tls: bool,
-) -> Result<Request<RequestBody>, Error> {
-    let authority = match req.headers_mut().remove(header::HOST) {
-        Some(host) => http::uri::Authority::try_from(host.as_bytes())
-            .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,
-        None => own.clone(),
-    };
-    // `:scheme` is the upstream's: what the request is to it (as `Host` is the client's).
-    let scheme = if tls { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP };
-    let mut target = Uri::builder().scheme(scheme).authority(authority);
-    if let Some(pq) = req.uri().path_and_query() {
-        target = target.path_and_query(pq.clone());
+/// An HTTP/2-form request ([`HttpForwarder::h2_target`]) back in HTTP/1.1's: `Host` from
+/// the `:authority`, the target in origin form, no `TE` (for `auto` when ALPN chose HTTP/1.1).
+fn h1_form(mut req: Request<RequestBody>) -> Request<RequestBody> {
+    let uri = std::mem::take(req.uri_mut());
+    if let Some(host) = uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+        req.headers_mut().insert(header::HOST, host);
     }
-    *req.uri_mut() = target.build().map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
-    *req.version_mut() = Version::HTTP_2;
-    Ok(req)
+    *req.uri_mut() = uri.path_and_query().map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+    *req.version_mut() = Version::HTTP_11;
+    // `te: trailers` is for HTTP/2 (and a hop-by-hop field in HTTP/1.1).
+    req.headers_mut().remove(header::TE);
+    req
 }
 
 pin_project_lite::pin_project! {

@@ -21,7 +21,8 @@
 //! - [`limit`]: decisions, the five algorithms as pure functions, keys, stores (local, Redis).
 //! - [`forward`]: pooled upstream client (HTTP/1.1, or shared HTTP/2 connections for `h2c`
 //!   and `h2`, or either by ALPN for `auto`), tunnels after a `101` (also for RFC 8441
-//!   WebSockets over HTTP/2), header rewriting, built-in responder.
+//!   WebSockets over HTTP/2), header rewriting, built-in responder; `forward::group`: a
+//!   `servers:` upstream's balancing, health and budgeted retries.
 //! - [`body`]: the body types at both edges, with their read deadlines.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.

@@ -464,7 +464,20 @@ fn summary(config: &Config) -> String {
         let target = match &up.kind {
             UpstreamKind::Http(h) => {
                 let scheme = if h.tls.is_some() { "https" } else { "http" };
-                format!("{} ({scheme}://{}{})", up.name, h.authority, h.base_path)
+                match &h.group {
+                    None => format!("{} ({scheme}://{}{})", up.name, h.authority, h.base_path),
+                    Some(g) => {
+                        let servers: Vec<String> =
+                            g.servers.iter().map(|s| format!("{scheme}://{}{}", s.authority, h.base_path)).collect();
+                        format!(
+                            "{} (group of {}: {}; {})",
+                            up.name,
+                            servers.len(),
+                            servers.join(", "),
+                            tollgate::config::group::describe_balance(&g.balance)
+                        )
+                    }
+                }
             }
             UpstreamKind::Respond(resp) => format!("{} (built-in responder, status {})", up.name, resp.status.as_u16()),
         };

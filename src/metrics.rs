@@ -83,6 +83,12 @@ struct UpstreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    upstream: Label,
+    server: Label,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StaleLabel {
     route: Label,
     reason: &'static str,
@@ -179,6 +185,40 @@ pub struct Metrics {
     tunnels_open: Family<RouteLabel, Gauge>,
     tunnel_bytes: Family<RouteDirection, Counter>,
     connections: ConnMetrics,
+    servers: ServerFamilies,
+}
+
+/// The series of a group's servers (`servers:` upstreams), by upstream and server URL.
+#[derive(Default)]
+struct ServerFamilies {
+    requests: Family<ServerLabel, Counter>,
+    failures: Family<ServerLabel, Counter>,
+    retried: Family<ServerLabel, Counter>,
+    ejections: Family<ServerLabel, Counter>,
+    ejected: Family<ServerLabel, Gauge>,
+    healthy: Family<ServerLabel, Gauge>,
+    in_flight: Family<ServerLabel, Gauge>,
+    latency: Family<ServerLabel, Seconds>,
+}
+
+/// One server's handles.
+#[derive(Clone, Default)]
+pub struct ServerMetrics {
+    /// Tries sent to it (first tries and retries).
+    pub requests: Counter,
+    /// Tries that failed: no connection, broken, timed out, or a 5xx.
+    pub failures: Counter,
+    /// Failed tries that went on to another server.
+    pub retried: Counter,
+    pub ejections: Counter,
+    /// 1 while passively ejected (set at scrape).
+    pub ejected: Gauge,
+    /// 1 while its active checks pass (or it has none).
+    pub healthy: Gauge,
+    /// Tries waiting for a response head.
+    pub in_flight: Gauge,
+    /// Time to the response head.
+    pub latency: Seconds,
 }
 
 /// A route's tunnel handles: open tunnels, bytes each way.
@@ -361,7 +401,42 @@ impl Metrics {
             "Client connections closed for their PROXY protocol header, by reason",
             e.proxy_refused.clone(),
         );
+        let servers = ServerFamilies::default();
+        let s = &servers;
+        registry.register("upstream_server_requests", "Tries sent to a server of a group", s.requests.clone());
+        registry.register(
+            "upstream_server_failures",
+            "Tries to a server of a group that failed (connect, broken, timeout, 5xx)",
+            s.failures.clone(),
+        );
+        registry.register(
+            "upstream_server_retries",
+            "Failed tries to a server of a group that were retried on another server",
+            s.retried.clone(),
+        );
+        registry.register(
+            "upstream_server_ejections",
+            "Times a server of a group was ejected after consecutive failures",
+            s.ejections.clone(),
+        );
+        registry.register("upstream_server_ejected", "1 while a server of a group is ejected", s.ejected.clone());
+        registry.register(
+            "upstream_server_healthy",
+            "1 while a server of a group passes its active health checks (or has none)",
+            s.healthy.clone(),
+        );
+        registry.register(
+            "upstream_server_in_flight",
+            "Tries to a server of a group waiting for a response head",
+            s.in_flight.clone(),
+        );
+        registry.register(
+            "upstream_server_response_seconds",
+            "Time to a group server's response head",
+            s.latency.clone(),
+        );
         Metrics {
+            servers,
             registry,
             requests,
             decisions,
@@ -433,6 +508,24 @@ impl Metrics {
     /// The counter of answers of `kind` (from `source`) on `route`.
     pub fn error(&self, route: &str, source: &'static str, kind: &'static str) -> Counter {
         self.errors.get_or_create(&ErrorLabel { route: route.to_owned(), source, kind }).clone()
+    }
+
+    /// The handles of server `server` (its URL) of group `upstream`.
+    pub fn server(&self, upstream: &str, server: &str) -> ServerMetrics {
+        let l = || ServerLabel { upstream: Label::new(upstream), server: Label::new(server) };
+        let s = &self.servers;
+        let healthy = s.healthy.get_or_create(&l()).clone();
+        healthy.set(1);
+        ServerMetrics {
+            requests: s.requests.get_or_create(&l()).clone(),
+            failures: s.failures.get_or_create(&l()).clone(),
+            retried: s.retried.get_or_create(&l()).clone(),
+            ejections: s.ejections.get_or_create(&l()).clone(),
+            ejected: s.ejected.get_or_create(&l()).clone(),
+            healthy,
+            in_flight: s.in_flight.get_or_create(&l()).clone(),
+            latency: s.latency.get_or_create(&l()).clone(),
+        }
     }
 
     pub fn upstream_read_timeouts(&self, upstream: &str) -> Counter {

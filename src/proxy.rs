@@ -44,6 +44,8 @@ fn redis_store(client: &Arc<RedisClient>, route: &str, l: &LimitConfig) -> Arc<S
 /// Where a route sends admitted requests.
 pub enum Backend {
     Http(Box<HttpForwarder>),
+    /// `servers:`: a group with balancing, health and retries.
+    Group(Arc<forward::group::Group>),
     Respond(crate::config::Responder),
 }
 
@@ -117,12 +119,17 @@ impl Proxy {
             .iter()
             .map(|u| {
                 Arc::new(match &u.kind {
-                    UpstreamKind::Http(h) => Backend::Http(Box::new(HttpForwarder::new(
-                        &u.name,
-                        h,
-                        config.server.body_read_timeout,
-                        &metrics,
-                    ))),
+                    UpstreamKind::Http(h) => {
+                        match forward::group::Group::new(&u.name, h, config.server.body_read_timeout, &metrics) {
+                            Some(group) => Backend::Group(group),
+                            None => Backend::Http(Box::new(HttpForwarder::new(
+                                &u.name,
+                                h,
+                                config.server.body_read_timeout,
+                                &metrics,
+                            ))),
+                        }
+                    }
                     UpstreamKind::Respond(r) => Backend::Respond(r.clone()),
                 })
             })
@@ -454,6 +461,69 @@ impl Proxy {
                             Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
                         }
                     }
+                    Backend::Group(group) => {
+                        let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
+                            break 'answer this.refused(
+                                route,
+                                lane,
+                                &Error::BadRequest(STRIP_PARAMS),
+                                Some(&parts),
+                                version,
+                                &mut log,
+                            );
+                        };
+                        let request_values: RenderedValues = render(&route.request_headers, &parts, &target);
+                        let down = Downstream {
+                            peer: peer.addr.ip(),
+                            peer_trusted,
+                            https: peer.tls.is_some(),
+                            request_id: id_field.as_ref().map(|(name, id)| (*name, id.clone())),
+                            rules: route
+                                .request_headers
+                                .as_deref()
+                                .map(|r| (r, request_values.as_deref().unwrap_or_default())),
+                        };
+                        // `balance: hash`: the request's key, as a limit keys it.
+                        let key = group.hash_key().map_or(0, |spec| {
+                            let ctx = KeyCtx {
+                                route: &route.name,
+                                client_ip: this.trusted.client_ip(peer.addr.ip(), &parts.headers),
+                                path: target.path(&parts),
+                                parts: &parts,
+                                tls_client: peer.tls_client(),
+                            };
+                            spec.hash(&ctx).0 as u64
+                        });
+                        let upgrade = group.tunnels()
+                            && !route.upgrades.is_empty()
+                            && forward::tunnel::wanted(
+                                &parts.headers,
+                                &parts.extensions,
+                                parts.version,
+                                &route.upgrades,
+                            )
+                            .is_some();
+                        let sent = Instant::now();
+                        // Boxed: a group's future stays out of every single-server request's.
+                        let out = Box::pin(async {
+                            let req = Request::from_parts(parts, body);
+                            if upgrade {
+                                let slot =
+                                    lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
+                                group.upgrade(req, strip, &down, &route.upgrades, slot, key).await
+                            } else {
+                                group.forward(req, strip, &down, key).await
+                            }
+                        })
+                        .await;
+                        let took = sent.elapsed();
+                        lane.metrics.upstream_seconds.observe(took);
+                        log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
+                        match out {
+                            Ok(resp) => resp,
+                            Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
+                        }
+                    }
                 };
                 // A cost taken from the response: debited or refunded now that the head is here.
                 // Boxed, so that routes without one carry no larger future.
@@ -600,6 +670,16 @@ impl Proxy {
 
     /// Ready unless a limit depends on a store that cannot answer (see `/readyz`).
     pub async fn readiness(&self) -> Result<(), String> {
+        let down: Vec<&str> = self
+            .config
+            .routes
+            .iter()
+            .filter(|r| matches!(&*self.targets[r.upstream], Backend::Group(g) if !g.available()))
+            .map(|r| r.name.as_str())
+            .collect();
+        if !down.is_empty() {
+            return Err(format!("no healthy upstream server for route(s) {}", down.join(", ")));
+        }
         let Some(redis) = &self.redis else { return Ok(()) };
         // With `on_error: allow` every limit admits while Redis is down: still ready.
         if redis.config().on_error == crate::limit::store::redis::OnError::Allow {
@@ -609,7 +689,18 @@ impl Proxy {
     }
 
     /// Live keys per limit into the gauges (called when metrics are scraped).
+    /// Each group upstream by name (`/config` shows its servers' state).
+    pub fn groups(&self) -> impl Iterator<Item = &forward::group::Group> {
+        self.targets.iter().filter_map(|t| match &**t {
+            Backend::Group(g) => Some(&**g),
+            _ => None,
+        })
+    }
+
     pub fn refresh_gauges(&self) {
+        for g in self.groups() {
+            g.refresh_gauges();
+        }
         for lane in &self.lanes {
             for l in lane.gate.limits() {
                 l.metrics.keys.set(i64::try_from(l.live_keys()).unwrap_or(i64::MAX));

@@ -111,7 +111,7 @@ pub enum Mode {
 
 /// `key: client_ip` or `key: [client_ip, header:X-Tenant]`.
 #[derive(Clone)]
-struct KeyList(Vec<String>);
+pub(super) struct KeyList(pub(super) Vec<String>);
 
 impl<'de> Deserialize<'de> for KeyList {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

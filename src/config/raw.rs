@@ -332,6 +332,11 @@ struct Upstream {
     tls_insecure_skip_verify: Option<bool>,
     protocol: Option<Protocol>,
     h2: Option<UpstreamH2>,
+    servers: Option<Vec<super::group::RawServer>>,
+    balance: Option<super::group::RawBalance>,
+    retry: Option<super::group::RawRetry>,
+    health: Option<super::group::RawHealth>,
+    outlier: Option<super::group::RawOutlier>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -662,14 +667,62 @@ impl Upstream {
             client_cert: self.client_cert,
             tls_insecure_skip_verify: self.tls_insecure_skip_verify,
         };
-        match (self.url, self.respond) {
+        let group_fields = [
+            ("balance", self.balance.is_some()),
+            ("retry", self.retry.is_some()),
+            ("health", self.health.is_some()),
+            ("outlier", self.outlier.is_some()),
+        ];
+        if self.servers.is_none() {
+            if let Some((field, _)) = group_fields.iter().find(|(_, set)| *set) {
+                return Err((at(field), format!("`{field}` applies to groups: list the servers under `servers:`")));
+            }
+        }
+        let target = match (self.url, self.servers) {
+            (Some(_), Some(_)) => {
+                return Err((
+                    at("servers"),
+                    "give either `url` (one server) or `servers` (a group), not both".to_owned(),
+                ))
+            }
+            (Some(url), None) => Some((url, None)),
+            (None, Some(servers)) => Some((String::new(), Some(servers))),
+            (None, None) => None,
+        };
+        match (target, self.respond) {
             (Some(_), Some(_)) => Err((at("respond"), "give either `url` or `respond`, not both".to_owned())),
             (None, None) => Err((
                 vec![key("upstreams"), key(name)],
-                "expected `url: http://host:port` or a built-in `respond:` block".to_owned(),
+                "expected `url: http://host:port`, `servers:` or a built-in `respond:` block".to_owned(),
             )),
-            (Some(url), None) => {
-                let (authority, base_path, https) = parse_upstream_url(&url).map_err(|e| (at("url"), e))?;
+            (Some((url, servers)), None) => {
+                let (authority, base_path, https, group) = match servers {
+                    None => {
+                        let (authority, base_path, https) = parse_upstream_url(&url).map_err(|e| (at("url"), e))?;
+                        (authority, base_path, https, None)
+                    }
+                    Some(servers) => {
+                        let raw = super::group::RawGroup {
+                            servers,
+                            balance: self.balance,
+                            retry: self.retry,
+                            health: self.health,
+                            outlier: self.outlier,
+                        };
+                        let (group, base_path, https) = raw.validate(at)?;
+                        let authority = group.servers[0].authority.clone();
+                        let one_host = group.servers.iter().all(|s| s.authority.host() == authority.host());
+                        if https && !one_host && tls.server_name.is_none() {
+                            return Err((
+                                at("servers"),
+                                "the https:// servers of a group are verified under one name: set `server_name` \
+                                 (the name their certificates carry)"
+                                    .to_owned(),
+                            ));
+                        }
+                        (authority, base_path, https, Some(std::sync::Arc::new(group)))
+                    }
+                };
                 let tls = if https {
                     Some(tls.validate(authority.host(), at)?)
                 } else if let Some(field) = tls.any() {
@@ -744,6 +797,7 @@ impl Upstream {
                     tls,
                     protocol,
                     h2,
+                    group,
                 }))
             }
             (None, Some(r)) => {

@@ -105,6 +105,11 @@ impl Pool {
         Ok(Conn { send, deadline: crate::timer::Deadline::new() })
     }
 
+    /// Opens this upstream's connections (health checks open their own).
+    pub fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
     fn pop(&self) -> Option<Conn> {
         let mut idle = self.shard();
         let now = crate::timer::now_ms();

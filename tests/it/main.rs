@@ -12,6 +12,7 @@ mod errors;
 mod forwarding;
 mod framing;
 mod gateway;
+mod groups;
 mod grpc;
 mod h2_abuse;
 mod hostile_config;

@@ -239,3 +239,28 @@ fn protocols_are_checked_against_the_url_scheme() {
     let tollgate::config::UpstreamKind::Http(h) = &c.upstreams[0].kind else { panic!() };
     assert_eq!(h.protocol, tollgate::config::UpstreamProtocol::Http1, "auto without TLS is HTTP/1.1");
 }
+
+#[tokio::test]
+async fn a_group_of_https_servers_shares_one_verified_name() {
+    let dir = Dir::new();
+    let ca = Ca::new("internal CA");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let cert = ca.issue(&["billing.internal"]);
+    let a = HttpsUpstream::start(&cert, None, |_| Response::new(full("a"))).await;
+    let b = HttpsUpstream::start(&cert, None, |_| Response::new(full("b"))).await;
+    let tg = Tollgate::start_config(config(&yaml(&format!(
+        "    servers: [{{ url: 'https://127.0.0.1:{}' }}, {{ url: 'https://127.0.0.1:{}' }}]\n    balance: round_robin\n    ca_file: {}\n    server_name: billing.internal\n",
+        a.addr.port(),
+        b.addr.port(),
+        y(&ca_file)
+    ))))
+    .await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..4 {
+        let (status, _, body) = get(tg.addr, "/").await;
+        assert_eq!(status, StatusCode::OK);
+        seen.insert(body);
+    }
+    assert_eq!(seen.len(), 2, "both servers answered over verified TLS");
+    assert!(a.handshakes.load(Ordering::Relaxed) >= 1 && b.handshakes.load(Ordering::Relaxed) >= 1);
+}

@@ -127,8 +127,29 @@ impl Upstream {
         F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Response<BoxBody>> + Send + 'static,
     {
+        Upstream::start_on("127.0.0.1:0".parse().unwrap(), handler).await
+    }
+
+    /// As [`Upstream::start`], on `addr` (a port a dropped upstream just left: retried
+    /// until the old socket is gone).
+    pub async fn start_on<F, Fut>(addr: SocketAddr, handler: F) -> Upstream
+    where
+        F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response<BoxBody>> + Send + 'static,
+    {
         let handler: Handler = Arc::new(move |req| Box::pin(handler(req)));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(addr).await {
+                Ok(l) => break l,
+                Err(e) if tries < 100 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("cannot bind {addr}: {e}"),
+            }
+        };
         let addr = listener.local_addr().unwrap();
         let conns: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let tracked = conns.clone();
