@@ -329,13 +329,18 @@ where
 }
 
 /// Detects the protocol under the header-read deadline, then serves the connection.
-async fn connection<S, B>(
+///
+/// This and [`serve_io`] are `fn`s returning `async move` blocks, as is `h1::serve`: an
+/// `async fn` keeps its arguments twice in its future, and these futures make the task of
+/// every connection, which a parked HTTP/1 connection keeps (issue 23).
+#[allow(clippy::manual_async_fn)]
+fn connection<S, B>(
     stream: TcpStream,
     accepted: Instant,
     settings: Arc<Settings>,
     stop: Stop,
     service: S,
-) -> Result<(), hyper::Error>
+) -> impl Future<Output = Result<(), hyper::Error>>
 where
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
     S::Future: Send + 'static,
@@ -343,24 +348,25 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
 {
-    let mut prefix = [0u8; detect::PREFACE.len()];
-    let deadline = accepted + settings.cfg.header_read_timeout;
-    let detected = tokio::select! {
-        biased;
-        found = detect::detect(&stream, &mut prefix) => found,
-        () = crate::timer::Sleep::until(deadline) => {
-            settings.metrics.timeouts.header_read.inc();
-            return Ok(());
-        }
-    };
-    // Whoever closes before saying anything has nothing to answer.
-    let Ok((proto, len)) = detected else { return Ok(()) };
-    serve_io(stream, prefix, len, proto, accepted, settings, stop, service).await
+    async move {
+        let mut prefix = [0u8; detect::PREFACE.len()];
+        let detected = tokio::select! {
+            biased;
+            found = detect::detect(&stream, &mut prefix) => found,
+            () = crate::timer::Sleep::until(accepted + settings.cfg.header_read_timeout) => {
+                settings.metrics.timeouts.header_read.inc();
+                return Ok(());
+            }
+        };
+        // Whoever closes before saying anything has nothing to answer.
+        let Ok((proto, len)) = detected else { return Ok(()) };
+        serve_io(stream, prefix, len, proto, accepted, settings, stop, service).await
+    }
 }
 
 /// Serves a connection whose protocol is known, with `prefix[..len]` read ahead of `stream`.
-#[allow(clippy::too_many_arguments)]
-async fn serve_io<IO, S, B>(
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+fn serve_io<IO, S, B>(
     stream: IO,
     prefix: [u8; detect::PREFACE.len()],
     len: usize,
@@ -369,7 +375,7 @@ async fn serve_io<IO, S, B>(
     settings: Arc<Settings>,
     stop: Stop,
     service: S,
-) -> Result<(), hyper::Error>
+) -> impl Future<Output = Result<(), hyper::Error>>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + detect::Park + Unpin + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
@@ -378,13 +384,15 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
 {
-    let state = Arc::new(ConnState::new(settings, accepted));
-    let io = TokioIo::new(detect::Prefixed::new(stream, prefix, len, state.clone()));
-    match proto {
-        detect::Proto::Http1 => h1::serve(io, state, stop, service).await,
-        // Boxed: hyper's HTTP/2 connection is large (~4 kB), and inline it would size the
-        // task of every connection, HTTP/1 ones included, parked or not.
-        detect::Proto::Http2 => Box::pin(h2::serve(io, state, stop, service)).await,
+    async move {
+        let state = Arc::new(ConnState::new(settings, accepted));
+        let io = TokioIo::new(detect::Prefixed::new(stream, prefix, len, state.clone()));
+        match proto {
+            detect::Proto::Http1 => h1::serve(io, state, stop, service).await,
+            // Boxed: hyper's HTTP/2 connection is large (~4 kB), and inline it would size the
+            // task of every connection, HTTP/1 ones included, parked or not.
+            detect::Proto::Http2 => Box::pin(h2::serve(io, state, stop, service)).await,
+        }
     }
 }
 
