@@ -408,9 +408,9 @@ where
 
 /// Detects the protocol under the header-read deadline, then serves the connection.
 ///
-/// This and [`serve_io`] are `fn`s returning `async move` blocks, as is `h1::serve`: an
-/// `async fn` keeps its arguments twice in its future, and these futures make the task of
-/// every connection, which a parked HTTP/1 connection keeps (issue 23).
+/// A `fn` returning an `async move` block, as is `h1::serve`: an `async fn` keeps its
+/// arguments twice in its future, and this future is the task of every connection, which a
+/// parked HTTP/1 connection keeps (issue 23: 512 bytes in a release build, 1,080 before).
 #[allow(clippy::manual_async_fn)]
 fn connection<S, B>(
     stream: TcpStream,
@@ -508,5 +508,63 @@ impl<F: Future<Output = Response<Body>>> Future for Answer<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project().inner.poll(cx).map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Wake, Waker};
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn stop() -> (Stop, Arc<Waiters>) {
+        let waiters = Arc::new(Waiters::default());
+        (Stop { waiters: Some(waiters.clone()), _held: None }, waiters)
+    }
+
+    #[test]
+    fn stopping_wakes_each_registered_connection_once_and_forgets_dropped_ones() {
+        let (stop, waiters) = stop();
+        let counts: Vec<Arc<Count>> = (0..3).map(|_| Arc::default()).collect();
+        let mut stoppings: Vec<Stopping> = (0..3).map(|_| Stopping::new(stop.clone())).collect();
+        for (s, c) in stoppings.iter_mut().zip(&counts) {
+            let waker = Waker::from(c.clone());
+            assert!(!s.poll(&mut Context::from_waker(&waker)));
+            // Polled again, it registers nothing more.
+            assert!(!s.poll(&mut Context::from_waker(&waker)));
+        }
+        assert_eq!(waiters.lock().0.iter().flatten().count(), 3);
+        drop(stoppings.pop());
+        assert_eq!(waiters.lock().0.iter().flatten().count(), 2, "a dropped connection leaves its slot");
+        waiters.fire();
+        let woken: Vec<usize> = counts.iter().map(|c| c.0.load(Ordering::Relaxed)).collect();
+        assert_eq!(woken, [1, 1, 0]);
+        let waker = Waker::from(counts[0].clone());
+        assert!(stoppings.iter_mut().all(|s| s.poll(&mut Context::from_waker(&waker))));
+        // A connection that first looks after the server began stopping sees it at once.
+        assert!(Stopping::new(stop.clone()).poll(&mut Context::from_waker(&waker)));
+        assert!(!Stopping::new(Stop::never()).poll(&mut Context::from_waker(&waker)));
+    }
+
+    #[test]
+    fn the_slots_of_a_spike_of_connections_go_back_with_the_last_one() {
+        let (stop, waiters) = stop();
+        let waker = Waker::from(Arc::new(Count::default()));
+        let mut stoppings: Vec<Stopping> = (0..1_000).map(|_| Stopping::new(stop.clone())).collect();
+        for s in &mut stoppings {
+            s.poll(&mut Context::from_waker(&waker));
+        }
+        assert!(waiters.lock().0.capacity() >= 1_000);
+        drop(stoppings);
+        assert_eq!(waiters.lock().0.capacity(), 0);
     }
 }
