@@ -45,10 +45,10 @@ const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 
 /// mimalloc settings, made before the first allocation (Rust's runtime allocates before
 /// `main`, and mimalloc reserves its first arena then): arenas (1 GiB reserved at a time)
-/// are committed as they are used instead of at once, so that pages given back by a purge
-/// leave the RSS. Measured (BENCHMARKS.md, issue 23): RSS of an idle `tollgate run` 18 →
-/// 10 MB, and 30 s after a spike of 10,000 HTTP/1.1 connections 280 % → 130 % of that. A
-/// value given in `MIMALLOC_ARENA_EAGER_COMMIT` other than mimalloc's default (2) is kept.
+/// are committed as they are used instead of at once. Measured (BENCHMARKS.md, issue 23):
+/// RSS of an idle `tollgate run` 18 → 10 MB, and 30 s after a spike of 10,000 HTTP/1.1
+/// connections 280 % → 130 % of that. A value given in `MIMALLOC_ARENA_EAGER_COMMIT` other
+/// than mimalloc's default (2) is kept.
 #[cfg(feature = "mimalloc")]
 extern "C" fn tune_allocator() {
     // SAFETY: a read and a write of mimalloc's option table, which it allows at any time.
