@@ -58,6 +58,27 @@ impl Shard {
         }
     }
 
+    /// Gives back what a spike of sleeps and deadlines left behind: free slots at the end
+    /// of the slab, and capacity no longer needed (a spike of 10k connections left ~0.5 MB).
+    fn shrink(&mut self) {
+        let len = self.slots.len();
+        while self.slots.last().is_some_and(Option::is_none) {
+            self.slots.pop();
+        }
+        if self.slots.len() < len {
+            let len = self.slots.len();
+            self.free.retain(|&i| (i as usize) < len);
+        }
+        fn fit<T>(v: &mut Vec<T>) {
+            if v.capacity() > 64 && v.len() < v.capacity() / 4 {
+                v.shrink_to(v.len() * 2);
+            }
+        }
+        fit(&mut self.slots);
+        fit(&mut self.free);
+        fit(&mut self.deadlines);
+    }
+
     fn remove(&mut self, i: u32) {
         if let Some(slot) = self.slots.get_mut(i as usize) {
             if slot.take().is_some() {
@@ -140,6 +161,7 @@ fn sweep(wheel: &Wheel, now: Instant) {
             }
             None => false,
         });
+        shard.shrink();
     }
 }
 
@@ -479,7 +501,11 @@ mod tests {
         let mut sleep = Box::pin(CoarseSleep::until(Instant::now() + Duration::from_secs(3_600 + 4_321)));
         let deadline = sleep.deadline;
         let is_armed = |(shard, slot): (u32, u32)| {
-            lock(&wheel().shards[shard as usize]).slots[slot as usize].as_ref().is_some_and(|e| e.deadline == deadline)
+            // The sweeper may have dropped a free slot at the end already.
+            lock(&wheel().shards[shard as usize])
+                .slots
+                .get(slot as usize)
+                .is_some_and(|e| e.as_ref().is_some_and(|e| e.deadline == deadline))
         };
         assert!(futures_util::poll!(sleep.as_mut()).is_pending());
         let at = sleep.armed.expect("a pending sleep is armed");
@@ -551,6 +577,25 @@ mod tests {
             .await
             .expect("woken within 10 s");
         assert!(started.elapsed() >= Duration::from_millis(1_100), "fired early: {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_sweep_gives_back_what_a_spike_of_sleeps_left() {
+        let wheel = test_wheel(1);
+        let mut shard = lock(&wheel.shards[0]);
+        let entry = || Entry { deadline: u64::MAX, waker: futures_util::task::noop_waker(), woken: false };
+        let slots: Vec<u32> = (0..10_000).map(|_| shard.insert(entry())).collect();
+        let kept = slots[3];
+        for &i in slots.iter().filter(|&&i| i != kept) {
+            shard.remove(i);
+        }
+        drop(shard);
+        sweep(&wheel, wheel.epoch + Duration::from_millis(1_000));
+        let mut shard = lock(&wheel.shards[0]);
+        assert_eq!(shard.slots.len(), 4, "free slots after the last armed one are dropped");
+        assert!(shard.slots.capacity() < 100 && shard.free.capacity() < 100, "and their room given back");
+        assert!(shard.slots[kept as usize].is_some());
+        assert!(shard.insert(entry()) < 3, "a free slot below the last armed one is reused");
     }
 
     #[test]

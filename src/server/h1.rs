@@ -41,71 +41,115 @@ use crate::timer;
 /// connections are not parked (see [`Park`]).
 const PARK_AFTER: Duration = Duration::from_secs(1);
 
-pub(super) async fn serve<IO, S, B>(
-    io: TokioIo<Prefixed<IO>>,
+#[allow(clippy::manual_async_fn)]
+pub(super) fn serve<IO, S, B>(
+    mut io: TokioIo<Prefixed<IO>>,
     state: Arc<ConnState>,
     stop: Stop,
-    service: S,
-) -> Result<(), hyper::Error>
+    mut service: S,
+) -> impl Future<Output = Result<(), hyper::Error>>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Park + Unpin + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Unpin,
     B: http_body::Body<Data = Bytes> + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut stopping = Stopping::new(stop);
-    let (mut io, mut service) = (io, service);
-    loop {
-        let mut builder = state.settings.h1.clone();
-        builder.timer(HeadTimer(state.clone()));
-        // Boxed: a parked connection's task then keeps no room for it. With upgrades: a 101
-        // hands the socket to the tunnel (`forward::tunnel`); the connection future then ends.
-        let mut conn = Box::new(builder.serve_connection(io, service).with_upgrades());
-        let mut asked = false;
-        let served = std::future::poll_fn(|cx| loop {
-            if let Poll::Ready(done) = Pin::new(&mut *conn).poll(cx) {
-                return Poll::Ready(Some(done));
-            }
-            // A connection that has not yet delivered its first request is let finish it:
-            // its client completed the handshake before the listener closed, and hyper
-            // would close it (with the request unread) if asked now.
-            if !asked && stopping.poll(cx) && state.first_head_done.load(Ordering::Relaxed) {
-                asked = true;
-                Pin::new(&mut *conn).graceful_shutdown();
-                continue;
-            }
-            // The head timer asks once a wait for a request has lasted `PARK_AFTER`: hyper
-            // is then idle, its response flushed unless a write is pending.
-            if IO::PARKABLE && !asked && state.park.load(Ordering::Relaxed) {
-                state.park.store(false, Ordering::Relaxed);
-                if !state.write_pending.load(Ordering::Relaxed) {
-                    return Poll::Ready(None);
+    // A `fn` returning an `async move` block: its arguments are kept once (see
+    // `server::connection`). While parked, the task keeps them, `stopping` and the park's
+    // wait; the round with hyper's connection is boxed and dropped.
+    async move {
+        let mut stopping = Stopping::new(stop);
+        loop {
+            let parks = match Box::pin(round(io, service, &state, &mut stopping)).await {
+                Round::Done(done) => return done,
+                Round::Idle { io: i, service: s, parks } => {
+                    (io, service) = (i, s);
+                    parks
+                }
+            };
+            if parks {
+                match park(io.inner(), &state, &mut stopping).await {
+                    Parked::Readable => {}
+                    Parked::Closing => return Ok(()),
                 }
             }
-            return Poll::Pending;
-        })
-        .await;
-        if let Some(done) = served {
-            return done;
         }
-        // Asked to park, it was idle: never upgraded, so its parts are there.
-        let Some(parts) = conn.into_parts() else { return Ok(()) };
-        let (mut prefixed, rest) = (parts.io.into_inner(), parts.read_buf);
-        service = parts.service;
-        tracing::trace!(rest = rest.len(), "parking an idle HTTP/1 connection");
-        if rest.is_empty() {
-            // Even empty, it may hold hyper's whole read buffer.
-            drop(rest);
-            match park(&prefixed, &state, &mut stopping).await {
-                Parked::Readable => {}
-                Parked::Closing => return Ok(()),
-            }
-        } else {
-            // Pipelined bytes hyper had read ahead: served at once.
-            prefixed.put_back(rest);
-        }
-        io = TokioIo::new(prefixed);
     }
+}
+
+/// How a [`round`] of hyper's connection ended.
+enum Round<IO, S> {
+    Done(Result<(), hyper::Error>),
+    /// Asked to park, it was idle; `parks` is false when hyper had read bytes ahead
+    /// (pipelining): they are put back and served at once.
+    Idle {
+        io: TokioIo<Prefixed<IO>>,
+        service: S,
+        parks: bool,
+    },
+}
+
+/// Serves the connection with a hyper connection until it ends or is idle long enough to be
+/// parked.
+async fn round<IO, S, B>(
+    io: TokioIo<Prefixed<IO>>,
+    service: S,
+    state: &Arc<ConnState>,
+    stopping: &mut Stopping,
+) -> Round<IO, S>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Park + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Unpin,
+    B: http_body::Body<Data = Bytes> + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    // With upgrades: a 101 hands the socket to the tunnel (`forward::tunnel`); the
+    // connection future then ends. The builder is a temporary (~100 bytes).
+    let mut conn = {
+        let mut builder = state.settings.h1.clone();
+        builder.timer(HeadTimer(state.clone()));
+        builder.serve_connection(io, service).with_upgrades()
+    };
+    let mut asked = false;
+    let served = std::future::poll_fn(|cx| loop {
+        if let Poll::Ready(done) = Pin::new(&mut conn).poll(cx) {
+            return Poll::Ready(Some(done));
+        }
+        // A connection that has not yet delivered its first request is let finish it:
+        // its client completed the handshake before the listener closed, and hyper
+        // would close it (with the request unread) if asked now.
+        if !asked && stopping.poll(cx) && state.first_head_done.load(Ordering::Relaxed) {
+            asked = true;
+            Pin::new(&mut conn).graceful_shutdown();
+            continue;
+        }
+        // The head timer asks once a wait for a request has lasted `PARK_AFTER`: hyper
+        // is then idle, its response flushed unless a write is pending.
+        if IO::PARKABLE && !asked && state.park.load(Ordering::Relaxed) {
+            state.park.store(false, Ordering::Relaxed);
+            if !state.write_pending.load(Ordering::Relaxed) {
+                return Poll::Ready(None);
+            }
+        }
+        return Poll::Pending;
+    })
+    .await;
+    if let Some(done) = served {
+        return Round::Done(done);
+    }
+    // Asked to park, it was idle: never upgraded, so its parts are there.
+    let Some(parts) = conn.into_parts() else { return Round::Done(Ok(())) };
+    let (mut prefixed, rest) = (parts.io.into_inner(), parts.read_buf);
+    tracing::trace!(rest = rest.len(), "parking an idle HTTP/1 connection");
+    let parks = rest.is_empty();
+    if parks {
+        // Even empty, it may hold hyper's whole read buffer.
+        drop(rest);
+    } else {
+        // Pipelined bytes hyper had read ahead: served at once.
+        prefixed.put_back(rest);
+    }
+    Round::Idle { io: TokioIo::new(prefixed), service: parts.service, parks }
 }
 
 enum Parked {
@@ -114,12 +158,15 @@ enum Parked {
 }
 
 /// Waits with no buffer for the next request's first byte, the end of the keep-alive
-/// timeout, or the server's shutdown (an idle connection is closed at once then).
+/// timeout, or the server's shutdown (an idle connection is closed at once then). The
+/// keep-alive deadline is the connection's head deadline, already registered: a parked
+/// connection holds no timer entry of its own.
 async fn park<IO: Park>(io: &Prefixed<IO>, state: &ConnState, stopping: &mut Stopping) -> Parked {
     let cfg = &state.settings.cfg;
     let since = state.accepted + Duration::from_micros(state.idle_since_us.load(Ordering::Relaxed));
-    let mut keepalive = timer::Sleep::until(since + timer::TICK + cfg.keepalive_timeout);
-    std::future::poll_fn(|cx| {
+    let keepalive = state.head_deadline.get_or_init(timer::Deadline::new);
+    keepalive.arm_at(since + timer::TICK + cfg.keepalive_timeout);
+    let parked = std::future::poll_fn(|cx| {
         if stopping.poll(cx) {
             return Poll::Ready(Parked::Closing);
         }
@@ -127,14 +174,16 @@ async fn park<IO: Park>(io: &Prefixed<IO>, state: &ConnState, stopping: &mut Sto
         if io.poll_read_ready(cx).is_ready() {
             return Poll::Ready(Parked::Readable);
         }
-        if Pin::new(&mut keepalive).poll(cx).is_ready() {
+        if keepalive.poll_expired(cx).is_ready() {
             state.settings.metrics.timeouts.keepalive.inc();
             tracing::debug!("closing an idle HTTP/1 connection: keep-alive timeout");
             return Poll::Ready(Parked::Closing);
         }
         Poll::Pending
     })
-    .await
+    .await;
+    keepalive.disarm();
+    parked
 }
 
 /// hyper's timer for one connection; it only ever arms the header-read timeout. Every wait
