@@ -4,7 +4,7 @@
 # keep-alive and idle timeouts of 600 s), each holding N idle keep-alive connections that
 # have each made one request, over HTTP/1.1 and over h2c (prior knowledge).
 #
-#   benches/conns.sh [N]                       # N=10000; TOLLGATE=target/release/tollgate
+#   benches/conns.sh [N]                       # N=10000; TOLLGATE=target/release/tollgate; WORKERS=auto
 #   SERVERS="tollgate" PROTOS=h1 benches/conns.sh 19000
 #
 # For each server and protocol it prints:
@@ -94,6 +94,7 @@ server:
   keepalive_timeout: 600s
   header_read_timeout: 600s
   max_connections: $wconn
+  workers: ${WORKERS:-auto}
   h2: { idle_timeout: 600s, ping_interval: 600s }
 upstreams:
   ok: { respond: { status: 200, headers: { content-type: text/plain }, body: "ok\n" } }
