@@ -338,13 +338,18 @@ fn run(
     let log_switch = init_logging(config.log.format);
     let workers = config.server.workers.count();
     tollgate::instance::workers::set_count(workers);
-    // Bound once here; every worker accepts from its own descriptor of each socket.
-    let mut listeners = Vec::with_capacity(config.listeners.len());
+    // One socket per listener and worker, all bound to the same address with SO_REUSEPORT:
+    // the kernel spreads new connections over the workers.
+    let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
     for l in &config.listeners {
-        listeners.push(bind(l.addr).with_context(|| format!("binding {}", l.addr))?);
+        for (i, socket) in
+            bind_per_worker(l.addr, workers).with_context(|| format!("binding {}", l.addr))?.into_iter().enumerate()
+        {
+            listeners[i].push(socket);
+        }
     }
     let admin = match config.admin {
-        Some(addr) => Some(bind(addr).with_context(|| format!("binding the admin listener {addr}"))?),
+        Some(addr) => Some(bind(addr, false).with_context(|| format!("binding the admin listener {addr}"))?),
         None => None,
     };
     let runtime = worker_runtime().context("starting the runtime")?;
@@ -359,9 +364,9 @@ fn run(
     let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut threads = Vec::with_capacity(workers - 1);
-    for i in 1..workers {
-        let own = listeners.iter().map(std::net::TcpListener::try_clone).collect::<Result<Vec<_>, _>>();
-        let own = own.context("sharing the listeners with a worker")?;
+    let mut own_sockets = listeners.into_iter();
+    let listeners = own_sockets.next().unwrap_or_default();
+    for (i, own) in (1..workers).zip(own_sockets) {
         let (shared, mut stop) = (shared.clone(), stop_rx.clone());
         let thread = std::thread::Builder::new().name(format!("tollgate-worker-{i}")).spawn(move || {
             tollgate::instance::workers::set_index(i);
@@ -405,11 +410,42 @@ fn run(
     Ok(())
 }
 
-/// A listening socket, non-blocking, for the workers to share.
-fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(addr)?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
+/// A listening socket, non-blocking; with `reuse_port`, others may bind the same address.
+fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// `workers` sockets listening on `addr` (port 0: the port the first one got), one per worker.
+///
+/// One socket per worker rather than one shared socket: tokio cannot ask epoll to wake a
+/// single waiter (`EPOLLEXCLUSIVE`), so every worker woke for each connection and the first
+/// to run took it; measured with two workers under `wrk -c100`, one worker took two to three
+/// times the other's share. With `SO_REUSEPORT` the kernel spreads connections by their
+/// addresses and ports.
+///
+/// A socket bound without the option first proves the address free: another process of the
+/// same user that listens there with `SO_REUSEPORT` (a second tollgate started by mistake)
+/// would otherwise be joined silently and take a share of the connections.
+fn bind_per_worker(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    if workers > 1 && addr.port() != 0 {
+        drop(bind(addr, false)?);
+    }
+    let first = bind(addr, workers > 1)?;
+    let bound = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..workers {
+        all.push(bind(bound, true)?);
+    }
+    Ok(all)
 }
 
 /// One worker's runtime: single-threaded, with every driver. Memory its thread freed goes

@@ -240,6 +240,12 @@ fn workers_share_the_listener_and_bound_connections_exactly() {
         let answer = http_get_path(port, "/");
         assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("up"), "{answer}");
     }
+    // The workers' sockets share the port with SO_REUSEPORT, but a second tollgate started on
+    // it by mistake is refused rather than silently given a share of the connections.
+    let second =
+        Command::new(BIN).arg("-c").arg(&f.0).args(["--listen", &format!("127.0.0.1:{port}")]).output().unwrap();
+    assert!(!second.status.success(), "a second instance started on a port in use");
+    assert!(String::from_utf8_lossy(&second.stderr).contains(&format!("binding 127.0.0.1:{port}")), "{second:?}");
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
