@@ -387,7 +387,7 @@ impl Proxy {
                 let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
                 let mut resp = match &*this.targets[route.upstream] {
                     Backend::Respond(r) => forward::respond(r).await,
-                    Backend::Http(fwd) => {
+                    backend => {
                         let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
                             break 'answer this.refused(
                                 route,
@@ -414,108 +414,81 @@ impl Proxy {
                         // `OnUpgrade` in the request's (usually empty) extensions, and only a flag is
                         // kept here, so the request's future grows by a byte.
                         let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
-                        let out = if upgrade {
-                            // Boxed: rare, and its future would enlarge every request's.
-                            Box::pin(async {
-                                let tunnel = fwd.tunnels()
-                                    && !route.upgrades.is_empty()
-                                    && forward::tunnel::wanted(
-                                        &parts.headers,
-                                        &parts.extensions,
-                                        parts.version,
-                                        &route.upgrades,
-                                    )
-                                    .is_some();
-                                let req = Request::from_parts(parts, body);
-                                if tunnel {
-                                    // A tunnel slot first; it goes with the tunnel, or back on any other answer.
-                                    let slot =
-                                        lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
-                                    fwd.upgrade(req, strip, &down, &route.upgrades, slot).await
-                                } else if req.extensions().get::<hyper::ext::Protocol>().is_some() {
-                                    // An HTTP/2 extended CONNECT (RFC 8441) this route does not tunnel:
-                                    // never forwarded as if it were a request.
-                                    Err(Error::BadRequest(
-                                        "an extended CONNECT is tunnelled only for `websocket`, on a route whose \
-                                         `upgrades` lists it, to an HTTP/1.1 upstream",
-                                    ))
-                                } else if fwd.is_h2() {
-                                    fwd.forward_h2(req, strip, &down).await
-                                } else {
-                                    // `Upgrade` removed: an ordinary request.
-                                    fwd.forward(req, strip, &down).await
-                                }
-                            })
-                            .await
-                        } else if fwd.is_h2() {
-                            // Boxed: its future would otherwise enlarge every HTTP/1 request's.
-                            Box::pin(fwd.forward_h2(Request::from_parts(parts, body), strip, &down)).await
-                        } else {
-                            fwd.forward(Request::from_parts(parts, body), strip, &down).await
+                        // Whether the route tunnels this upgrade (`upgrades:`), to a backend that can.
+                        let tunnel = |tunnels: bool, parts: &Parts| {
+                            tunnels
+                                && !route.upgrades.is_empty()
+                                && forward::tunnel::wanted(
+                                    &parts.headers,
+                                    &parts.extensions,
+                                    parts.version,
+                                    &route.upgrades,
+                                )
+                                .is_some()
                         };
-                        let took = sent.elapsed();
-                        lane.metrics.upstream_seconds.observe(took);
-                        log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
-                        match out {
-                            Ok(resp) => resp,
-                            Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
-                        }
-                    }
-                    Backend::Group(group) => {
-                        let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
-                            break 'answer this.refused(
-                                route,
-                                lane,
-                                &Error::BadRequest(STRIP_PARAMS),
-                                Some(&parts),
-                                version,
-                                &mut log,
-                            );
-                        };
-                        let request_values: RenderedValues = render(&route.request_headers, &parts, &target);
-                        let down = Downstream {
-                            peer: peer.addr.ip(),
-                            peer_trusted,
-                            https: peer.tls.is_some(),
-                            request_id: id_field.as_ref().map(|(name, id)| (*name, id.clone())),
-                            rules: route
-                                .request_headers
-                                .as_deref()
-                                .map(|r| (r, request_values.as_deref().unwrap_or_default())),
-                        };
-                        // `balance: hash`: the request's key, as a limit keys it.
-                        let key = group.hash_key().map_or(0, |spec| {
-                            let ctx = KeyCtx {
-                                route: &route.name,
-                                client_ip: this.trusted.client_ip(peer.addr.ip(), &parts.headers),
-                                path: target.path(&parts),
-                                parts: &parts,
-                                tls_client: peer.tls_client(),
-                            };
-                            spec.hash(&ctx).0 as u64
-                        });
-                        let upgrade = group.tunnels()
-                            && !route.upgrades.is_empty()
-                            && forward::tunnel::wanted(
-                                &parts.headers,
-                                &parts.extensions,
-                                parts.version,
-                                &route.upgrades,
-                            )
-                            .is_some();
-                        let sent = Instant::now();
-                        // Boxed: a group's future stays out of every single-server request's.
-                        let out = Box::pin(async {
-                            let req = Request::from_parts(parts, body);
-                            if upgrade {
-                                let slot =
-                                    lane.tunnels.clone().try_acquire_owned().map_err(|_| Error::TooManyTunnels)?;
-                                group.upgrade(req, strip, &down, &route.upgrades, slot, key).await
-                            } else {
-                                group.forward(req, strip, &down, key).await
+                        let out = match backend {
+                            Backend::Http(fwd) if upgrade => {
+                                // Boxed: rare, and its future would enlarge every request's.
+                                Box::pin(async {
+                                    let tunnel = tunnel(fwd.tunnels(), &parts);
+                                    let req = Request::from_parts(parts, body);
+                                    if tunnel {
+                                        // A tunnel slot first; it goes with the tunnel, or back on any other answer.
+                                        let slot = lane
+                                            .tunnels
+                                            .clone()
+                                            .try_acquire_owned()
+                                            .map_err(|_| Error::TooManyTunnels)?;
+                                        fwd.upgrade(req, strip, &down, &route.upgrades, slot).await
+                                    } else if is_extended_connect(&req) {
+                                        Err(Error::BadRequest(UNTUNNELLED_CONNECT))
+                                    } else if fwd.is_h2() {
+                                        fwd.forward_h2(req, strip, &down).await
+                                    } else {
+                                        // `Upgrade` removed: an ordinary request.
+                                        fwd.forward(req, strip, &down).await
+                                    }
+                                })
+                                .await
                             }
-                        })
-                        .await;
+                            // Boxed: its future would otherwise enlarge every HTTP/1 request's.
+                            Backend::Http(fwd) if fwd.is_h2() => {
+                                Box::pin(fwd.forward_h2(Request::from_parts(parts, body), strip, &down)).await
+                            }
+                            Backend::Http(fwd) => fwd.forward(Request::from_parts(parts, body), strip, &down).await,
+                            Backend::Group(group) => {
+                                // `balance: hash`: the request's key, as a limit keys it.
+                                let key = group.hash_key().map_or(0, |spec| {
+                                    let ctx = KeyCtx {
+                                        route: &route.name,
+                                        client_ip: this.trusted.client_ip(peer.addr.ip(), &parts.headers),
+                                        path: target.path(&parts),
+                                        parts: &parts,
+                                        tls_client: peer.tls_client(),
+                                    };
+                                    spec.hash(&ctx).0 as u64
+                                });
+                                // Boxed: a group's future stays out of every single-server request's.
+                                Box::pin(async {
+                                    let tunnel = upgrade && tunnel(group.tunnels(), &parts);
+                                    let req = Request::from_parts(parts, body);
+                                    if tunnel {
+                                        let slot = lane
+                                            .tunnels
+                                            .clone()
+                                            .try_acquire_owned()
+                                            .map_err(|_| Error::TooManyTunnels)?;
+                                        group.upgrade(req, strip, &down, &route.upgrades, slot, key).await
+                                    } else if upgrade && is_extended_connect(&req) {
+                                        Err(Error::BadRequest(UNTUNNELLED_CONNECT))
+                                    } else {
+                                        group.forward(req, strip, &down, key).await
+                                    }
+                                })
+                                .await
+                            }
+                            Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
+                        };
                         let took = sent.elapsed();
                         lane.metrics.upstream_seconds.observe(took);
                         log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
@@ -726,6 +699,15 @@ fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: http::Head
 }
 
 const STRIP_PARAMS: &str = "the path has parameters inside the prefix the route strips";
+
+const UNTUNNELLED_CONNECT: &str =
+    "an extended CONNECT is tunnelled only for `websocket`, on a route whose `upgrades` lists it, to an HTTP/1.1 upstream";
+
+/// An HTTP/2 extended CONNECT (RFC 8441): tunnelled where the route allows it, never forwarded
+/// as if it were a request.
+fn is_extended_connect<B>(req: &Request<B>) -> bool {
+    req.extensions().get::<hyper::ext::Protocol>().is_some()
+}
 
 /// Bytes of `path` (as forwarded) that `route`'s `strip_prefix` removes, given `matched`, the
 /// same path as routes see it. `None` when path parameters sit inside the stripped prefix,

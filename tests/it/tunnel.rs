@@ -421,6 +421,15 @@ async fn an_extended_connect_not_switched_is_an_ordinary_answer_or_refused() {
     let tg = Tollgate::start(&yaml(&up, "    upgrades: []\n")).await;
     let (head, _) = h2_websocket(&tg, "/chat").await;
     assert_eq!(head.status, StatusCode::BAD_REQUEST);
+    // Nor does a route to a group of servers.
+    let other = ws_upstream(Arc::clone(&seen)).await;
+    let group = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  up:\n    servers: [{{ url: 'http://{}' }}, {{ url: 'http://{}' }}]\nroutes:\n  - name: ws\n    upstream: up\n    upgrades: []\n",
+        up.addr, other.addr
+    );
+    let tg = Tollgate::start(&group).await;
+    let (head, _) = h2_websocket(&tg, "/chat").await;
+    assert_eq!(head.status, StatusCode::BAD_REQUEST);
     assert!(seen.lock().unwrap().is_empty(), "nothing reached the upstream");
 }
 
