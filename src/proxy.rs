@@ -414,9 +414,10 @@ impl Proxy {
                         // `OnUpgrade` in the request's (usually empty) extensions, and only a flag is
                         // kept here, so the request's future grows by a byte.
                         let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
-                        // Whether the route tunnels this upgrade (`upgrades:`), to a backend that can.
-                        let tunnel = |tunnels: bool, parts: &Parts| {
-                            tunnels
+                        // The tunnel slot of an upgrade the route tunnels (`upgrades:`) to a backend that
+                        // can: taken first, it goes with the tunnel, or back on any other answer.
+                        let tunnel_slot = |tunnels: bool, parts: &Parts| {
+                            let wanted = tunnels
                                 && !route.upgrades.is_empty()
                                 && forward::tunnel::wanted(
                                     &parts.headers,
@@ -424,21 +425,19 @@ impl Proxy {
                                     parts.version,
                                     &route.upgrades,
                                 )
-                                .is_some()
+                                .is_some();
+                            if !wanted {
+                                return Ok(None);
+                            }
+                            lane.tunnels.clone().try_acquire_owned().map(Some).map_err(|_| Error::TooManyTunnels)
                         };
                         let out = match backend {
                             Backend::Http(fwd) if upgrade => {
                                 // Boxed: rare, and its future would enlarge every request's.
                                 Box::pin(async {
-                                    let tunnel = tunnel(fwd.tunnels(), &parts);
+                                    let slot = tunnel_slot(fwd.tunnels(), &parts)?;
                                     let req = Request::from_parts(parts, body);
-                                    if tunnel {
-                                        // A tunnel slot first; it goes with the tunnel, or back on any other answer.
-                                        let slot = lane
-                                            .tunnels
-                                            .clone()
-                                            .try_acquire_owned()
-                                            .map_err(|_| Error::TooManyTunnels)?;
+                                    if let Some(slot) = slot {
                                         fwd.upgrade(req, strip, &down, &route.upgrades, slot).await
                                     } else if is_extended_connect(&req) {
                                         Err(Error::BadRequest(UNTUNNELLED_CONNECT))
@@ -470,14 +469,9 @@ impl Proxy {
                                 });
                                 // Boxed: a group's future stays out of every single-server request's.
                                 Box::pin(async {
-                                    let tunnel = upgrade && tunnel(group.tunnels(), &parts);
+                                    let slot = if upgrade { tunnel_slot(group.tunnels(), &parts)? } else { None };
                                     let req = Request::from_parts(parts, body);
-                                    if tunnel {
-                                        let slot = lane
-                                            .tunnels
-                                            .clone()
-                                            .try_acquire_owned()
-                                            .map_err(|_| Error::TooManyTunnels)?;
+                                    if let Some(slot) = slot {
                                         group.upgrade(req, strip, &down, &route.upgrades, slot, key).await
                                     } else if upgrade && is_extended_connect(&req) {
                                         Err(Error::BadRequest(UNTUNNELLED_CONNECT))
