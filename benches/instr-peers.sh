@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# User-space instructions per request of the harness's peers, nginx and HAProxy, counted by
+# callgrind exactly as benches/instr.sh counts tollgate's: the same nginx upstream, the same
+# h2load load (2,000 warm-up requests, then N counted ones over 50 keep-alive connections),
+# the same three paths. Their configs are ../shared/bench/run.sh's (one worker or thread, an
+# upstream keep-alive pool, a per-client-IP limit on the path), except that the reject
+# path's limit is 1/s as in instr.sh, so that next to nothing is admitted however slowly
+# valgrind runs. Read the figures beside instr.sh's: what a path costs in user space when
+# nginx or HAProxy takes it, the budget a CPU-per-request target leaves tollgate.
+#
+#   benches/instr-peers.sh                       # nginx and haproxy, pass
+#   PORT_VAR=REJECT_PORT benches/instr-peers.sh  # the 429 path
+#   H2=1 benches/instr-peers.sh haproxy          # h2c, 10 streams a connection
+#
+# BASE_PORT (default 18490) moves the ports used (upstream, pass, h2c, reject).
+set -euo pipefail
+# shellcheck source=benches/upstream.sh
+source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
+for t in nginx haproxy h2load valgrind callgrind_control; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
+n=${N:-20000} port_var=${PORT_VAR:-LISTEN_ADDR}
+proto=(--h1); [[ -n ${H2:-} ]] && proto=(-m 10)
+peers=("$@"); [[ ${#peers[@]} -gt 0 ]] || peers=(nginx haproxy)
+work=$(mktemp -d)
+trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
+bp=${BASE_PORT:-18490} up=$bp pass=$((bp + 1)) h2=$((bp + 2)) rej=$((bp + 3))
+start_upstream "$work" "$up"
+port=$pass; [[ -n ${H2:-} ]] && port=$h2; [[ $port_var == REJECT_PORT ]] && port=$rej
+
+cat > "$work/proxy-nginx.conf" <<NGX
+worker_processes 1; master_process off; daemon off; pid $work/proxy-nginx.pidfile;
+error_log $work/proxy-nginx-error.log crit;
+events { worker_connections 8192; }
+http {
+    access_log off; server_tokens off; keepalive_timeout 300s; keepalive_requests 1000000000;
+    limit_req_zone \$binary_remote_addr zone=pass:1m rate=100000000r/s;
+    limit_req_zone \$binary_remote_addr zone=reject:1m rate=1r/s;
+    limit_req_status 429;
+    upstream backend { server 127.0.0.1:$up; keepalive 1024; keepalive_requests 1000000000; keepalive_timeout 300s; }
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    server {
+        listen 127.0.0.1:$pass backlog=4096;
+        listen 127.0.0.1:$h2 http2 backlog=4096;
+        location / { limit_req zone=pass burst=100000000 nodelay; proxy_pass http://backend; }
+    }
+    server {
+        listen 127.0.0.1:$rej backlog=4096;
+        location / { limit_req zone=reject burst=1 nodelay; proxy_pass http://backend; }
+    }
+}
+NGX
+
+cat > "$work/haproxy.cfg" <<HAP
+global
+    nbthread 1
+    maxconn 8000
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+    timeout http-keep-alive 300s
+frontend fe_pass
+    bind 127.0.0.1:$pass
+    bind 127.0.0.1:$h2 proto h2
+    stick-table type ip size 100k expire 60s store http_req_rate(1s)
+    http-request track-sc0 src
+    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
+    default_backend be_up
+frontend fe_reject
+    bind 127.0.0.1:$rej
+    stick-table type ip size 100k expire 60s store gpc0_rate(1s)
+    http-request track-sc0 src
+    http-request deny deny_status 429 if { sc_gpc0_rate(0) ge 1 }
+    http-request sc-inc-gpc0(0)
+    default_backend be_up
+backend be_up
+    server up1 127.0.0.1:$up
+HAP
+
+url=http://127.0.0.1:$port/
+for peer in "${peers[@]}"; do
+  case $peer in
+    nginx) cmd=(nginx -p "$work" -c "$work/proxy-nginx.conf") ;;
+    haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
+    *) echo "unknown peer $peer (nginx or haproxy)" >&2; exit 2 ;;
+  esac
+  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "${cmd[@]}" \
+    >"$work/vg.log" 2>&1 &
+  for _ in $(seq 100); do curl -s -o /dev/null "$url" && break; sleep 0.2; done
+  pgrep -f "valgrind.bin.*$work/cg.out" > "$work/peer.pid"
+  h2load "${proto[@]}" -n 2000 -c 50 "$url" >/dev/null
+  callgrind_control -i on "$(cat "$work/peer.pid")" >/dev/null 2>&1
+  h2load "${proto[@]}" -n "$n" -c 50 "$url" | grep -E "^status codes" || true
+  callgrind_control -d "$(cat "$work/peer.pid")" >/dev/null 2>&1
+  kill "$(cat "$work/peer.pid")"; wait 2>/dev/null || true; rm "$work/peer.pid"
+  ir=$(cat "$work"/cg.out.* | awk '/^summary:/{s+=$2} END{print s}')
+  printf '%-50s %10.0f instructions/request\n' "$peer" "$(awk -v i="$ir" -v n="$n" 'BEGIN{print i/n}')"
+  if [[ -n ${KEEP:-} ]]; then cat "$work"/cg.out.* > "$KEEP/$peer.callgrind"; fi
+  rm -f "$work"/cg.out*
+done
