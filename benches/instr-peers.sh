@@ -26,29 +26,8 @@ bp=${BASE_PORT:-18490} up=$bp pass=$((bp + 1)) h2=$((bp + 2)) rej=$((bp + 3))
 start_upstream "$work" "$up"
 port=$pass; [[ -n ${H2:-} ]] && port=$h2; [[ $port_var == REJECT_PORT ]] && port=$rej
 
-cat > "$work/proxy-nginx.conf" <<NGX
-worker_processes 1; master_process off; daemon off; pid $work/proxy-nginx.pidfile;
-error_log $work/proxy-nginx-error.log crit;
-events { worker_connections 8192; }
-http {
-    access_log off; server_tokens off; keepalive_timeout 300s; keepalive_requests 1000000000;
-    limit_req_zone \$binary_remote_addr zone=pass:1m rate=100000000r/s;
-    limit_req_zone \$binary_remote_addr zone=reject:1m rate=1r/s;
-    limit_req_status 429;
-    upstream backend { server 127.0.0.1:$up; keepalive 1024; keepalive_requests 1000000000; keepalive_timeout 300s; }
-    proxy_http_version 1.1;
-    proxy_set_header Connection "";
-    server {
-        listen 127.0.0.1:$pass backlog=4096;
-        listen 127.0.0.1:$h2 http2 backlog=4096;
-        location / { limit_req zone=pass burst=100000000 nodelay; proxy_pass http://backend; }
-    }
-    server {
-        listen 127.0.0.1:$rej backlog=4096;
-        location / { limit_req zone=reject burst=1 nodelay; proxy_pass http://backend; }
-    }
-}
-NGX
+nginx_proxy_conf "$work/proxy-nginx.conf" "$up" "$pass" "$rej" 1 1 "$h2" \
+  "master_process off; daemon off; pid $work/proxy-nginx.pidfile; error_log $work/proxy-nginx-error.log crit;"
 
 cat > "$work/haproxy.cfg" <<HAP
 global

@@ -18,3 +18,35 @@ NGX
     nginx -c "$work/nginx.conf" -p "$work"
   fi
 }
+
+#   nginx_proxy_conf FILE UPSTREAM_PORT PASS_PORT REJECT_PORT REJECT_RATE REJECT_BURST [H2_PORT] [HEAD]
+#
+# Writes the config of shared/bench/run.sh's nginx proxy: one worker, an upstream keep-alive
+# pool, a never-rejecting `limit_req` on PASS_PORT (and on H2_PORT for h2c, when given), and
+# `limit_req` at REJECT_RATE r/s with REJECT_BURST on REJECT_PORT. HEAD: the lines before
+# `events` (pid, daemon, error_log, master_process).
+nginx_proxy_conf() {
+  local file=$1 up=$2 pass=$3 rej=$4 rate=$5 burst=$6 h2=${7:-} head=${8:-}
+  local h2_listen=""; [[ -n $h2 ]] && h2_listen="listen 127.0.0.1:$h2 http2 backlog=4096;"
+  cat > "$file" <<NGX
+worker_processes 1; $head
+events { worker_connections 8192; }
+http {
+    access_log off; server_tokens off; keepalive_timeout 300s; keepalive_requests 1000000000;
+    limit_req_zone \$binary_remote_addr zone=pass:1m rate=100000000r/s;
+    limit_req_zone \$binary_remote_addr zone=reject:1m rate=${rate}r/s;
+    limit_req_status 429;
+    upstream backend { server 127.0.0.1:$up; keepalive 1024; keepalive_requests 1000000000; keepalive_timeout 300s; }
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    server {
+        listen 127.0.0.1:$pass backlog=4096; $h2_listen
+        location / { limit_req zone=pass burst=100000000 nodelay; proxy_pass http://backend; }
+    }
+    server {
+        listen 127.0.0.1:$rej backlog=4096;
+        location / { limit_req zone=reject burst=$burst nodelay; proxy_pass http://backend; }
+    }
+}
+NGX
+}

@@ -20,20 +20,8 @@ bp=${BASE_PORT:-18590}
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 start_upstream "$work" "$bp" 0
-cat > "$work/proxy.conf" <<NGX
-worker_processes 1; daemon on; pid $work/proxy.pid; error_log $work/proxy.log crit;
-events { worker_connections 8192; }
-http {
-  access_log off; server_tokens off; keepalive_timeout 300s; keepalive_requests 1000000000;
-  limit_req_zone \$binary_remote_addr zone=pass:1m rate=100000000r/s;
-  limit_req_zone \$binary_remote_addr zone=reject:1m rate=1000r/s;
-  limit_req_status 429;
-  upstream backend { server 127.0.0.1:$bp; keepalive 1024; keepalive_requests 1000000000; keepalive_timeout 300s; }
-  proxy_http_version 1.1; proxy_set_header Connection "";
-  server { listen 127.0.0.1:$((bp + 1)); location / { limit_req zone=pass burst=100000000 nodelay; proxy_pass http://backend; } }
-  server { listen 127.0.0.1:$((bp + 2)); location / { limit_req zone=reject burst=100 nodelay; proxy_pass http://backend; } }
-}
-NGX
+nginx_proxy_conf "$work/proxy.conf" "$bp" $((bp + 1)) $((bp + 2)) 1000 100 "" \
+  "daemon on; pid $work/proxy.pid; error_log $work/proxy.log crit;"
 taskset -c 0 nginx -c "$work/proxy.conf" -p "$work"
 sleep 0.5
 names=(nginx) pids=("$(pgrep -P "$(cat "$work/proxy.pid")" | head -1)") pass=($((bp + 1))) reject=($((bp + 2)))
