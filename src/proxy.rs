@@ -468,18 +468,23 @@ impl Proxy {
                                     spec.hash(&ctx).0 as u64
                                 });
                                 // Boxed: a group's future stays out of every single-server request's.
-                                Box::pin(async {
-                                    let slot = if upgrade { tunnel_slot(group.tunnels(), &parts)? } else { None };
-                                    let req = Request::from_parts(parts, body);
-                                    if let Some(slot) = slot {
-                                        group.upgrade(req, strip, &down, &route.upgrades, slot, key).await
-                                    } else if upgrade && is_extended_connect(&req) {
-                                        Err(Error::BadRequest(UNTUNNELLED_CONNECT))
-                                    } else {
-                                        group.forward(req, strip, &down, key).await
-                                    }
-                                })
-                                .await
+                                // An ordinary request's box holds the forwarding future alone.
+                                if !upgrade {
+                                    Box::pin(group.forward(Request::from_parts(parts, body), strip, &down, key)).await
+                                } else {
+                                    Box::pin(async {
+                                        let slot = tunnel_slot(group.tunnels(), &parts)?;
+                                        let req = Request::from_parts(parts, body);
+                                        if let Some(slot) = slot {
+                                            group.upgrade(req, strip, &down, &route.upgrades, slot, key).await
+                                        } else if is_extended_connect(&req) {
+                                            Err(Error::BadRequest(UNTUNNELLED_CONNECT))
+                                        } else {
+                                            group.forward(req, strip, &down, key).await
+                                        }
+                                    })
+                                    .await
+                                }
                             }
                             Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
                         };

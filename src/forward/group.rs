@@ -368,38 +368,44 @@ impl Group {
         let now = self.now_ms();
         let Some(mut at) = self.pick(key, &tried, now) else { return Err(self.unavailable(now)) };
         if self.h2 {
-            return self.forward_h2(req, strip, down, key, at, tried).await;
+            // Boxed: an HTTP/1.1 group's future does not carry an h2 stream's.
+            return Box::pin(self.forward_h2(req, strip, down, key, at, tried)).await;
         }
-        let req = self.members[at].fwd.prepare(req, strip, down)?;
         let retry = &self.cfg.retry;
-        // Replayable after bytes were sent: idempotent and without a body (which is not kept).
-        // Kept only where a retry after sending may happen (a connect failure gives the
-        // request back, so the default `on: [connect_failure]` copies nothing).
-        let after_sent =
-            retry.on.reset_before_response || retry.on.status_502 || retry.on.status_503 || retry.on.status_504;
-        let replay =
-            (after_sent && retry.attempts > 1 && idempotent(req.method()) && req.body().is_end_stream()).then(|| {
-                Head {
+        // Each borrowed request lives in a block that ends before the first await: a borrowed
+        // local stays in the future's state until its scope ends, even once moved.
+        let (mut pending, replay) = {
+            let req = self.members[at].fwd.prepare(req, strip, down)?;
+            // Replayable after bytes were sent: idempotent and without a body (which is not
+            // kept). Kept only where a retry after sending may happen (a connect failure gives
+            // the request back, so the default `on: [connect_failure]` copies nothing).
+            let after_sent =
+                retry.on.reset_before_response || retry.on.status_502 || retry.on.status_503 || retry.on.status_504;
+            let replay = (after_sent && retry.attempts > 1 && idempotent(req.method()) && req.body().is_end_stream())
+                .then(|| Head {
                     method: req.method().clone(),
                     uri: req.uri().clone(),
                     version: req.version(),
                     headers: req.headers().clone(),
-                }
-            });
+                });
+            (Some(req), replay)
+        };
         let started = Instant::now();
-        let mut pending = Some(req);
         let mut tries = 0;
         loop {
             tries += 1;
             let first = tries == 1;
             tried.add(at);
             let member = &self.members[at];
-            let Some(mut req) = pending.take().or_else(|| replay.as_ref().map(Head::request)) else {
-                return Err(Error::Internal("a retry without its request"));
+            let req = {
+                let Some(mut req) = pending.take().or_else(|| replay.as_ref().map(Head::request)) else {
+                    return Err(Error::Internal("a retry without its request"));
+                };
+                if !self.preserve_host {
+                    req.headers_mut().insert(header::HOST, member.fwd.authority_value.clone());
+                }
+                req
             };
-            if !self.preserve_host {
-                req.headers_mut().insert(header::HOST, member.fwd.authority_value.clone());
-            }
             // The first try starts now: one clock read less.
             let left = if first { self.timeout } else { self.timeout.saturating_sub(started.elapsed()) };
             let wait = retry.per_try_timeout.map_or(left, |t| t.min(left));
