@@ -10,13 +10,13 @@
 # Layout as in benches/ab.sh: the upstream and the proxies on core 0, wrk -t1 -c50 on core 1,
 # each round measures every proxy in turn after a 2 s warm-up, CPU from /proc (utime, stime).
 # No quiet gate: run it on a quiet machine, and read the user/system split more than the
-# totals. BASE_PORT (default 18590) moves the ports used.
+# totals. BASE_PORT (default 18620) moves the ports used.
 set -euo pipefail
 # shellcheck source=benches/upstream.sh
 source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 [[ $# -ge 1 ]] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 for t in nginx wrk taskset; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
-bp=${BASE_PORT:-18590}
+bp=${BASE_PORT:-18620}
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 start_upstream "$work" "$bp" 0
