@@ -5,6 +5,7 @@
 # have each made one request, over HTTP/1.1 and over h2c (prior knowledge).
 #
 #   benches/conns.sh [N]                       # N=10000; TOLLGATE=target/release/tollgate; WORKERS=auto
+#                                              # PORT=18590 (nginx and HAProxy serve h2c on PORT+1)
 #   SERVERS="tollgate" PROTOS=h1 benches/conns.sh 19000
 #
 # For each server and protocol it prints:
@@ -34,7 +35,8 @@ if ((n + 100 > limit)); then
 fi
 work=$(mktemp -d /tmp/conns.XXXXXX)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
-port=18590 h2port=18591 wconn=$((n + 500))
+port=${PORT:-18590} wconn=$((n + 500))
+h2port=$((port + 1))
 
 rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
 
