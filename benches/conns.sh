@@ -5,6 +5,7 @@
 # have each made one request, over HTTP/1.1 and over h2c (prior knowledge).
 #
 #   benches/conns.sh [N]                       # N=10000; TOLLGATE=target/release/tollgate; WORKERS=auto
+#                                              # PORT=18590 (nginx and HAProxy serve h2c on PORT+1)
 #   SERVERS="tollgate" PROTOS=h1 benches/conns.sh 19000
 #
 # For each server and protocol it prints:
@@ -34,7 +35,8 @@ if ((n + 100 > limit)); then
 fi
 work=$(mktemp -d /tmp/conns.XXXXXX)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
-port=18590 h2port=18591 wconn=$((n + 500))
+port=${PORT:-18590} wconn=$((n + 500))
+h2port=$((port + 1))
 
 rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
 
@@ -120,8 +122,21 @@ for server in $servers; do
     [[ $proto == h2 && $server != tollgate ]] && p=$h2port
     pid=$("start_$server")
     for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-    # Warm: what the first requests allocate once is not per connection.
+    # Warm: what the first requests allocate once is not per connection. wrk speaks HTTP/1.1
+    # only: before h2c, 20 h2c connections make a request each and close, so the h2 code's
+    # first use (its pages of machine code, what it builds once) is not counted as kept
+    # after the N are gone.
     wrk -t1 -c20 -d1s "http://127.0.0.1:$port/" >/dev/null 2>&1 || true
+    if [[ $proto == h2 ]]; then
+      mkfifo "$work/warm"
+      python3 "$here/conns_client.py" 127.0.0.1 "$p" 20 h2 1 <"$work/warm" >"$work/warm.out" 2>/dev/null &
+      warm=$!
+      exec {warm_in}>"$work/warm"
+      for _ in $(seq 100); do grep -q '^ready' "$work/warm.out" 2>/dev/null && break; sleep 0.1; done
+      exec {warm_in}>&-
+      wait "$warm" || true
+      rm -f "$work/warm" "$work/warm.out"
+    fi
     sleep 1
     before=$(rss_kb "$pid")
     clients=0 left=$n

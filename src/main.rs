@@ -21,41 +21,72 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// work, at most once a second: without it, mimalloc purges free pages only while the
 /// thread keeps allocating, so a spike of connections left the process at its peak RSS
 /// (issue 23). Called by tokio before a worker parks.
+///
+/// Usually a plain collect, which frees the thread's empty pages and purges what the
+/// arenas have held free for mimalloc's purge delay. When the worker's task count (about
+/// its connections) has fallen by at least half, and by [`FORCE_AFTER_TASKS`] or more, since
+/// the last forced collect, the collect is forced: empty pages mimalloc retires or keeps
+/// for reuse are freed too, and free memory is purged at once rather than after the delay.
+/// Measured after a spike of 10,000 h2c connections (BENCHMARKS.md, issue 23).
 #[cfg(feature = "mimalloc")]
 fn give_back_idle_memory() {
     use std::cell::Cell;
     thread_local! {
         static LAST_MS: Cell<u64> = const { Cell::new(0) };
+        static PEAK_TASKS: Cell<usize> = const { Cell::new(0) };
     }
     let now = tollgate::timer::now_ms();
-    if now.saturating_sub(LAST_MS.get()) >= 1_000 {
-        LAST_MS.set(now);
-        // SAFETY: `mi_collect` only walks the calling thread's own heap; it may be called at
-        // any time from any thread that uses mimalloc.
-        #[allow(unsafe_code)]
-        unsafe {
-            libmimalloc_sys::mi_collect(false);
-        }
+    if now.saturating_sub(LAST_MS.get()) < 1_000 {
+        return;
+    }
+    LAST_MS.set(now);
+    let tasks = tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks());
+    let peak = PEAK_TASKS.get().max(tasks);
+    let force = peak - tasks >= FORCE_AFTER_TASKS && tasks <= peak / 2;
+    PEAK_TASKS.set(if force { tasks } else { peak });
+    // SAFETY: `mi_collect` only walks the calling thread's own heap (and the arenas, under
+    // their own locks); it may be called at any time from any thread that uses mimalloc.
+    #[allow(unsafe_code)]
+    unsafe {
+        libmimalloc_sys::mi_collect(force);
     }
 }
+
+/// How far a worker's task count must fall before its collect is forced
+/// ([`give_back_idle_memory`]): a forced collect visits every page of the thread's heap.
+#[cfg(feature = "mimalloc")]
+const FORCE_AFTER_TASKS: usize = 1_000;
 
 /// mimalloc's `mi_option_arena_eager_commit` (`mimalloc.h`; the crate names no constant).
 #[cfg(feature = "mimalloc")]
 const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+/// mimalloc's `mi_option_purge_delay`, in milliseconds (`mimalloc.h`).
+#[cfg(feature = "mimalloc")]
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// mimalloc settings, made before the first allocation (Rust's runtime allocates before
-/// `main`, and mimalloc reserves its first arena then): arenas (1 GiB reserved at a time)
-/// are committed as they are used instead of at once. Measured (BENCHMARKS.md, issue 23):
-/// RSS of an idle `tollgate run` 18 → 10 MB, and 30 s after a spike of 10,000 HTTP/1.1
-/// connections 280 % → 130 % of that. A value given in `MIMALLOC_ARENA_EAGER_COMMIT` other
-/// than mimalloc's default (2) is kept.
+/// `main`, and mimalloc reserves its first arena then). Measured in BENCHMARKS.md, issue 23:
+///
+/// - arenas (1 GiB reserved at a time) are committed as they are used instead of at once:
+///   RSS of an idle `tollgate run` 18 → 10 MB, and 30 s after a spike of 10,000 HTTP/1.1
+///   connections 280 % → 130 % of that;
+/// - memory freed back to an arena is purged after 10 ms rather than mimalloc 3's 1 s (its
+///   version 2 default): a page allocated while a burst of frees is still waiting for its
+///   purge (tokio's run queue growing as 10,000 connections close at once) took over those
+///   pages still resident, and kept up to ~400 kB per worker resident for good.
+///
+/// A value given in `MIMALLOC_ARENA_EAGER_COMMIT` or `MIMALLOC_PURGE_DELAY` other than
+/// mimalloc's default (2, 1000) is kept.
 #[cfg(feature = "mimalloc")]
 extern "C" fn tune_allocator() {
-    // SAFETY: a read and a write of mimalloc's option table, which it allows at any time.
+    // SAFETY: reads and writes of mimalloc's option table, which it allows at any time.
     #[allow(unsafe_code)]
     unsafe {
         if libmimalloc_sys::mi_option_get(MI_OPTION_ARENA_EAGER_COMMIT) == 2 {
             libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
+        }
+        if libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) == 1_000 {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 10);
         }
     }
 }
