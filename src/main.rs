@@ -60,33 +60,25 @@ const FORCE_AFTER_TASKS: usize = 1_000;
 /// mimalloc's `mi_option_arena_eager_commit` (`mimalloc.h`; the crate names no constant).
 #[cfg(feature = "mimalloc")]
 const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-/// mimalloc's `mi_option_purge_delay`, in milliseconds (`mimalloc.h`).
-#[cfg(feature = "mimalloc")]
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// mimalloc settings, made before the first allocation (Rust's runtime allocates before
-/// `main`, and mimalloc reserves its first arena then). Measured in BENCHMARKS.md, issue 23:
+/// `main`, and mimalloc reserves its first arena then): arenas (1 GiB reserved at a time)
+/// are committed as they are used instead of at once. Measured (BENCHMARKS.md, issue 23):
+/// RSS of an idle `tollgate run` 18 → 10 MB, and 30 s after a spike of 10,000 HTTP/1.1
+/// connections 280 % → 130 % of that. A value given in `MIMALLOC_ARENA_EAGER_COMMIT` other
+/// than mimalloc's default (2) is kept.
 ///
-/// - arenas (1 GiB reserved at a time) are committed as they are used instead of at once:
-///   RSS of an idle `tollgate run` 18 → 10 MB, and 30 s after a spike of 10,000 HTTP/1.1
-///   connections 280 % → 130 % of that;
-/// - memory freed back to an arena is purged after 10 ms rather than mimalloc 3's 1 s (its
-///   version 2 default): a page allocated while a burst of frees is still waiting for its
-///   purge (tokio's run queue growing as 10,000 connections close at once) took over those
-///   pages still resident, and kept up to ~400 kB per worker resident for good.
-///
-/// A value given in `MIMALLOC_ARENA_EAGER_COMMIT` or `MIMALLOC_PURGE_DELAY` other than
-/// mimalloc's default (2, 1000) is kept.
+/// mimalloc's purge delay stays at its default (1 s): at 10 ms, memory freed between two
+/// HTTP/2 requests was given back and faulted in again, 0.3 page faults and +0.6–0.8 µs of
+/// system time per h2c request (BENCHMARKS.md, issue 23); the forced collect after a spike
+/// ([`give_back_idle_memory`]) purges at once where it matters.
 #[cfg(feature = "mimalloc")]
 extern "C" fn tune_allocator() {
-    // SAFETY: reads and writes of mimalloc's option table, which it allows at any time.
+    // SAFETY: a read and a write of mimalloc's option table, which it allows at any time.
     #[allow(unsafe_code)]
     unsafe {
         if libmimalloc_sys::mi_option_get(MI_OPTION_ARENA_EAGER_COMMIT) == 2 {
             libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
-        }
-        if libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) == 1_000 {
-            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 10);
         }
     }
 }
