@@ -211,20 +211,7 @@ async fn streaming_calls_of_every_kind_pass() {
     assert_eq!(resp.unwrap().into_inner().n, 5050);
 
     // Bidirectional: each answer arrives before the next message is sent.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Num>(1);
-    let input = tokio_stream_from(rx);
-    let resp = ready(&mut grpc).await.streaming(tonic::Request::new(input), path("/t.T/Echo"), Codec::default());
-    tx.send(Num { n: 1 }).await.unwrap();
-    let mut answers = resp.await.unwrap().into_inner();
-    for n in 1..=20 {
-        if n > 1 {
-            tx.send(Num { n }).await.unwrap();
-        }
-        let got = tokio::time::timeout(Duration::from_secs(10), answers.next()).await.unwrap();
-        assert_eq!(got.unwrap().unwrap().n, n * 10);
-    }
-    drop(tx);
-    assert!(answers.next().await.is_none(), "the stream ends with the OK trailers");
+    echo_in_turns(&mut grpc, 20).await;
     // Several calls at once share few upstream connections (2 streams each at most).
     let calls =
         (0..6).map(|i| {
@@ -238,6 +225,25 @@ async fn streaming_calls_of_every_kind_pass() {
     }
     let conns = up.accepted.load(std::sync::atomic::Ordering::Relaxed);
     assert!((1..=4).contains(&conns), "{conns} upstream connections for 10 calls (h2.max_connections is 4)");
+}
+
+/// A bidirectional call to `/t.T/Echo` of `rounds` messages, each sent only once the answer
+/// to the one before arrived; the stream ends with the OK trailers.
+async fn echo_in_turns(grpc: &mut tonic::client::Grpc<tonic::transport::Channel>, rounds: i64) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Num>(1);
+    let resp =
+        ready(grpc).await.streaming(tonic::Request::new(tokio_stream_from(rx)), path("/t.T/Echo"), Codec::default());
+    tx.send(Num { n: 1 }).await.unwrap();
+    let mut answers = resp.await.unwrap().into_inner();
+    for n in 1..=rounds {
+        if n > 1 {
+            tx.send(Num { n }).await.unwrap();
+        }
+        let got = tokio::time::timeout(Duration::from_secs(10), answers.next()).await.unwrap();
+        assert_eq!(got.unwrap().unwrap().n, n * 10);
+    }
+    drop(tx);
+    assert!(answers.next().await.is_none(), "the stream ends with the OK trailers");
 }
 
 fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Num>) -> impl Stream<Item = Num> + Send + 'static {
@@ -276,23 +282,7 @@ async fn calls_pass_to_an_h2_upstream_over_tls() {
             .client_streaming(tonic::Request::new(input), path("/t.T/Sum"), Codec::default())
             .await;
         assert_eq!(resp.unwrap().into_inner().n, 5050);
-        let (tx, rx) = tokio::sync::mpsc::channel::<Num>(1);
-        let resp = ready(&mut grpc).await.streaming(
-            tonic::Request::new(tokio_stream_from(rx)),
-            path("/t.T/Echo"),
-            Codec::default(),
-        );
-        tx.send(Num { n: 1 }).await.unwrap();
-        let mut answers = resp.await.unwrap().into_inner();
-        for n in 1..=5 {
-            if n > 1 {
-                tx.send(Num { n }).await.unwrap();
-            }
-            let got = tokio::time::timeout(Duration::from_secs(10), answers.next()).await.unwrap();
-            assert_eq!(got.unwrap().unwrap().n, n * 10);
-        }
-        drop(tx);
-        assert!(answers.next().await.is_none());
+        echo_in_turns(&mut grpc, 5).await;
         let mut send = crate::support::h2(tg.addr).await;
         let req = Request::post("http://x/t.T/Slow")
             .header("content-type", "application/grpc")

@@ -165,15 +165,7 @@ async fn a_tunnel_holds_its_concurrency_slot_until_it_closes() {
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "the open tunnel holds the only slot");
     ws.close(None).await.unwrap();
     while let Some(Ok(_)) = next(&mut ws).await {}
-    let mut last = StatusCode::SERVICE_UNAVAILABLE;
-    for _ in 0..200 {
-        last = get(tg.addr, "/plain").await.0;
-        if last == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(last, StatusCode::OK, "the slot came back when the tunnel closed");
+    slot_comes_back(&tg).await;
 }
 
 #[tokio::test]
@@ -447,15 +439,7 @@ async fn a_websocket_over_http2_holds_its_concurrency_slot_and_idles_out() {
         None | Some(Err(_)) => {}
         Some(Ok(m)) => panic!("expected the tunnel to end, got {m:?}"),
     }
-    let mut last = StatusCode::SERVICE_UNAVAILABLE;
-    for _ in 0..200 {
-        last = get(tg.addr, "/plain").await.0;
-        if last == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(last, StatusCode::OK, "the slot came back when the tunnel closed");
+    slot_comes_back(&tg).await;
 }
 
 /// The HTTP/2 connection carrying a WebSocket is not idle: its stream stays open for the
@@ -476,4 +460,18 @@ async fn an_http2_connection_carrying_a_websocket_is_not_idle() {
         ws.send(Message::text(format!("m{i}"))).await.unwrap();
         assert_eq!(next_h2(&mut ws).await.unwrap().unwrap(), Message::text(format!("m{i}")));
     }
+}
+
+/// The route's only concurrency slot is free again (the tunnel that held it closed): `/plain`
+/// answers 200 within a few seconds.
+async fn slot_comes_back(tg: &Tollgate) {
+    let mut last = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..200 {
+        last = get(tg.addr, "/plain").await.0;
+        if last == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(last, StatusCode::OK, "the slot came back when the tunnel closed");
 }
