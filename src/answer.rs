@@ -111,6 +111,11 @@ pub enum Error {
     OverCapacity,
     /// The route's tunnels (`tunnels.max`) are all open: an upgrade is refused with 503.
     TooManyTunnels,
+    /// The route does not take this method (`TRACE` unless listed in `methods:`): 405 with
+    /// `Allow`.
+    MethodNotAllowed,
+    /// The request body is longer than the route reads (`respond.max_body`, the bound): 413.
+    TooLarge(u64),
     /// The client's plan tier is `deny`: 403.
     Forbidden,
     /// Limit `limit`'s store cannot decide and its policy refuses: 503.
@@ -121,37 +126,106 @@ pub enum Error {
     Internal(&'static str),
 }
 
-/// Every error kind, for metric handles resolved once per route.
-const KINDS: [&str; 14] = [
-    "bad_request",
-    "client_body",
-    "no_route",
-    "throttled",
-    "over_capacity",
-    "too_many_tunnels",
-    "store_unavailable",
-    "upstream_connect",
-    "upstream_timeout",
-    "upstream_broken",
-    "upstream_bad_response",
-    "internal",
-    "forbidden",
-    "upstream_unavailable",
+/// What one kind of answer is: the one row a new kind adds (status, whose fault, metric
+/// label, problem type, gRPC status). The variant's data (details, waits) is read apart.
+struct Kind {
+    /// The metric label and access-log field.
+    label: &'static str,
+    status: StatusCode,
+    source: Source,
+    /// The problem type's base (`None`: the configured one), name and title.
+    problem: (Option<&'static str>, &'static str, &'static str),
+    /// The gRPC status of a call's answer (see [`grpc_status`]).
+    grpc: u8,
+}
+
+const fn kind(
+    label: &'static str,
+    status: StatusCode,
+    source: Source,
+    problem: (Option<&'static str>, &'static str, &'static str),
+    grpc: u8,
+) -> Kind {
+    Kind { label, status, source, problem, grpc }
+}
+
+use StatusCode as S;
+
+/// Every kind, in [`Error::kind_index`]'s order; metric handles are resolved once per route.
+const KINDS: [Kind; 16] = [
+    kind("bad_request", S::BAD_REQUEST, Source::Downstream, (None, "bad-request", "Bad request"), 13),
+    kind("client_body", S::BAD_REQUEST, Source::Downstream, (None, "bad-request-body", "Bad request body"), 13),
+    kind("no_route", S::NOT_FOUND, Source::Policy, (None, "no-route", "No route matches this request"), 12),
+    kind(
+        "throttled",
+        S::TOO_MANY_REQUESTS,
+        Source::Policy,
+        (Some(IANA_BASE), "quota-exceeded", "Too many requests"),
+        8,
+    ),
+    kind(
+        "over_capacity",
+        S::SERVICE_UNAVAILABLE,
+        Source::Policy,
+        (Some(IANA_BASE), "temporary-reduced-capacity", "Too many requests in flight"),
+        14,
+    ),
+    kind(
+        "too_many_tunnels",
+        S::SERVICE_UNAVAILABLE,
+        Source::Policy,
+        (Some(IANA_BASE), "temporary-reduced-capacity", "Too many tunnels"),
+        14,
+    ),
+    kind(
+        "store_unavailable",
+        S::SERVICE_UNAVAILABLE,
+        Source::Store,
+        (Some(IANA_BASE), "temporary-reduced-capacity", "Rate limit store unavailable"),
+        14,
+    ),
+    kind(
+        "upstream_connect",
+        S::BAD_GATEWAY,
+        Source::Upstream,
+        (None, "upstream-unreachable", "Upstream unreachable"),
+        14,
+    ),
+    kind("upstream_timeout", S::GATEWAY_TIMEOUT, Source::Upstream, (None, "upstream-timeout", "Upstream timed out"), 4),
+    kind("upstream_broken", S::BAD_GATEWAY, Source::Upstream, (None, "upstream-failed", "Upstream failed"), 14),
+    kind(
+        "upstream_bad_response",
+        S::BAD_GATEWAY,
+        Source::Upstream,
+        (None, "upstream-bad-response", "Upstream sent an invalid response"),
+        14,
+    ),
+    kind("internal", S::INTERNAL_SERVER_ERROR, Source::Internal, (None, "internal", "Internal error"), 13),
+    kind("forbidden", S::FORBIDDEN, Source::Policy, (None, "plan-denied", "Forbidden by the client's plan"), 7),
+    kind(
+        "upstream_unavailable",
+        S::SERVICE_UNAVAILABLE,
+        Source::Upstream,
+        (None, "upstream-unavailable", "No upstream server available"),
+        14,
+    ),
+    kind(
+        "method_not_allowed",
+        S::METHOD_NOT_ALLOWED,
+        Source::Policy,
+        (None, "method-not-allowed", "Method not allowed"),
+        12,
+    ),
+    kind(
+        "content_too_large",
+        S::PAYLOAD_TOO_LARGE,
+        Source::Downstream,
+        (None, "content-too-large", "Content too large"),
+        8,
+    ),
 ];
 
 impl Error {
-    pub fn source(&self) -> Source {
-        match self {
-            Error::BadRequest(_) | Error::ClientBody(_) => Source::Downstream,
-            Error::NoRoute | Error::Throttled(_) | Error::OverCapacity | Error::TooManyTunnels | Error::Forbidden => {
-                Source::Policy
-            }
-            Error::StoreUnavailable { .. } => Source::Store,
-            Error::Upstream(_) => Source::Upstream,
-            Error::Internal(_) => Source::Internal,
-        }
-    }
-
     fn kind_index(&self) -> usize {
         match self {
             Error::BadRequest(_) => 0,
@@ -168,28 +242,26 @@ impl Error {
             Error::Internal(_) => 11,
             Error::Forbidden => 12,
             Error::Upstream(UpstreamFailure::Unavailable { .. }) => 13,
+            Error::MethodNotAllowed => 14,
+            Error::TooLarge(_) => 15,
         }
+    }
+
+    fn row(&self) -> &'static Kind {
+        &KINDS[self.kind_index()]
+    }
+
+    pub fn source(&self) -> Source {
+        self.row().source
     }
 
     /// The metric label and access-log field.
     pub fn kind(&self) -> &'static str {
-        KINDS[self.kind_index()]
+        self.row().label
     }
 
     pub fn status(&self) -> StatusCode {
-        match self {
-            Error::BadRequest(_) | Error::ClientBody(_) => StatusCode::BAD_REQUEST,
-            Error::NoRoute => StatusCode::NOT_FOUND,
-            Error::Forbidden => StatusCode::FORBIDDEN,
-            Error::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
-            Error::OverCapacity | Error::TooManyTunnels | Error::StoreUnavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Error::Upstream(UpstreamFailure::Timeout) => StatusCode::GATEWAY_TIMEOUT,
-            Error::Upstream(UpstreamFailure::Unavailable { .. }) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::Upstream(_) => StatusCode::BAD_GATEWAY,
-            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.row().status
     }
 
     /// Seconds the client should wait before trying again, where tollgate knows them.
@@ -257,6 +329,8 @@ pub struct RouteAnswers {
     limits: Vec<String>,
     policy: Option<HeaderValue>,
     upstream: Option<(String, Duration)>,
+    /// `Allow`: the methods the route takes (a 405, and `OPTIONS` at the last hop).
+    allow: HeaderValue,
     type_base: Arc<str>,
     counters: [Counter; KINDS.len()],
     /// The 429 of a single denying limit, by limit and Retry-After seconds − 1.
@@ -277,26 +351,38 @@ pub struct RouteFacts<'a> {
     pub policy: Option<HeaderValue>,
     /// Name and response timeout of an `http` upstream.
     pub upstream: Option<(&'a str, Duration)>,
+    /// The methods the route takes (`None`: all but `TRACE`).
+    pub methods: Option<&'a [http::Method]>,
+}
+
+/// `Allow` of a route that lists no methods: every method it forwards (`TRACE` only when
+/// listed, `CONNECT` only as a tunnel).
+const ALLOW_ALL: HeaderValue = HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
+
+fn allow(methods: Option<&[http::Method]>) -> HeaderValue {
+    let Some(methods) = methods else { return ALLOW_ALL };
+    let list: Vec<&str> = methods.iter().map(http::Method::as_str).collect();
+    HeaderValue::try_from(list.join(", ")).unwrap_or(ALLOW_ALL)
 }
 
 impl RouteAnswers {
     /// Answers for `facts`' route (or, with `None`, for requests no route took).
     pub fn new(facts: Option<RouteFacts<'_>>, type_base: Arc<str>, metrics: &Metrics) -> RouteAnswers {
-        let (name, limits, policy, upstream) = match facts {
-            Some(f) => (f.name.to_owned(), f.limits, f.policy, f.upstream.map(|(n, t)| (n.to_owned(), t))),
-            None => (String::new(), Vec::new(), None, None),
+        let (name, limits, policy, upstream, allow) = match facts {
+            Some(f) => {
+                (f.name.to_owned(), f.limits, f.policy, f.upstream.map(|(n, t)| (n.to_owned(), t)), allow(f.methods))
+            }
+            None => (String::new(), Vec::new(), None, None, ALLOW_ALL),
         };
         let label = if name.is_empty() { "-" } else { name.as_str() };
-        let counters = KINDS.map(|kind| {
-            let source = kind_source(kind);
-            metrics.error(label, source.as_str(), kind)
-        });
+        let counters = KINDS.each_ref().map(|kind| metrics.error(label, kind.source.as_str(), kind.label));
         let too_many = (0..limits.len()).map(|_| std::array::from_fn(|_| OnceLock::new())).collect();
         RouteAnswers {
             name,
             limits,
             policy,
             upstream,
+            allow,
             type_base,
             counters,
             too_many,
@@ -343,6 +429,33 @@ impl RouteAnswers {
             // What follows a bad request or body on this connection cannot be trusted.
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        resp
+    }
+
+    /// `OPTIONS` at the last hop (`Max-Forwards: 0`): `200` with the route's `Allow`.
+    pub fn options(&self) -> Response<Body> {
+        let mut resp = Response::new(Body::empty());
+        resp.headers_mut().insert(header::ALLOW, self.allow.clone());
+        resp
+    }
+
+    /// `TRACE` at the last hop (`Max-Forwards: 0`) of a route that takes it: `200` with the
+    /// request head as `message/http` (RFC 9110 §9.3.8), less the fields that carry
+    /// credentials.
+    pub fn trace(&self, head: &http::request::Parts) -> Response<Body> {
+        let mut text = format!("{} {} {:?}\r\n", head.method, head.uri, head.version);
+        for (name, value) in &head.headers {
+            if [header::AUTHORIZATION, header::PROXY_AUTHORIZATION, header::COOKIE].contains(name) {
+                continue;
+            }
+            text.push_str(name.as_str());
+            text.push_str(": ");
+            text.push_str(&String::from_utf8_lossy(value.as_bytes()));
+            text.push_str("\r\n");
+        }
+        text.push_str("\r\n");
+        let mut resp = Response::new(Body::full(Bytes::from(text)));
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("message/http"));
         resp
     }
 
@@ -419,12 +532,14 @@ impl RouteAnswers {
             Error::Internal(why) => format!("tollgate failed to serve the request: {why}"),
             Error::Forbidden => format!("route `{}`: this client's plan does not allow requests", self.name),
             Error::BadRequest(why) => (*why).to_owned(),
+            Error::MethodNotAllowed => format!("route `{}` does not take this method", self.name),
+            Error::TooLarge(max) => format!("route `{}` reads request bodies of at most {max} bytes", self.name),
             Error::NoRoute | Error::Throttled(_) | Error::StoreUnavailable { .. } => String::new(),
         }
     }
 
     fn render(&self, err: &Error, detail: &str) -> Rendered {
-        let (base, name, title) = problem_type(err);
+        let (base, name, title) = err.row().problem;
         let base = base.unwrap_or(&self.type_base);
         let status = err.status();
         let mut doc = Doc::new(base, name, title, status.as_u16(), detail);
@@ -435,6 +550,9 @@ impl RouteAnswers {
             doc.number("retry-after", secs);
         }
         let mut rendered = Rendered::new(status, doc.finish(), err.retry_after_secs());
+        if *err == Error::MethodNotAllowed {
+            rendered.headers.insert(header::ALLOW, self.allow.clone());
+        }
         self.reserve_id(&mut rendered);
         rendered
     }
@@ -468,7 +586,7 @@ impl RouteAnswers {
         detail.push_str(itoa::Buffer::new().format(secs));
         detail.push_str(" s");
         let err = Error::Throttled(denied.clone());
-        let (base, name, title) = problem_type(&err);
+        let (base, name, title) = err.row().problem;
         let mut doc = Doc::new(base.unwrap_or(&self.type_base), name, title, 429, &detail);
         doc.strings("violated-policies", names());
         doc.number("retry-after", secs);
@@ -498,18 +616,11 @@ const GRPC_PUSHBACK: header::HeaderName = header::HeaderName::from_static("grpc-
 /// (8); over capacity, an unavailable limit store and a failed upstream are `UNAVAILABLE`
 /// (14), which clients may retry; an upstream that sent no head in time is
 /// `DEADLINE_EXCEEDED` (4); no route is `UNIMPLEMENTED` (12); a plan's `deny` tier is
-/// `PERMISSION_DENIED` (7); a bad request and tollgate's
+/// `PERMISSION_DENIED` (7); a method the route does not take is `UNIMPLEMENTED` (12), a body
+/// over the route's bound `RESOURCE_EXHAUSTED` (8); a bad request and tollgate's
 /// own faults are `INTERNAL` (13), as gRPC maps HTTP 400 and 500.
 pub fn grpc_status(err: &Error) -> u8 {
-    match err {
-        Error::Throttled(_) => 8,
-        Error::OverCapacity | Error::TooManyTunnels | Error::StoreUnavailable { .. } => 14,
-        Error::Upstream(UpstreamFailure::Timeout) => 4,
-        Error::Upstream(_) => 14,
-        Error::NoRoute => 12,
-        Error::Forbidden => 7,
-        Error::BadRequest(_) | Error::ClientBody(_) | Error::Internal(_) => 13,
-    }
+    err.row().grpc
 }
 
 /// `grpc-message`: percent-encoded UTF-8, printable ASCII other than `%` as is.
@@ -525,45 +636,6 @@ fn grpc_message(text: &str) -> String {
         }
     }
     out
-}
-
-/// The source of each kind, for the metric's `source` label.
-fn kind_source(kind: &str) -> Source {
-    match kind {
-        "bad_request" | "client_body" => Source::Downstream,
-        "no_route" | "throttled" | "over_capacity" | "too_many_tunnels" | "forbidden" => Source::Policy,
-        "store_unavailable" => Source::Store,
-        "internal" => Source::Internal,
-        _ => Source::Upstream,
-    }
-}
-
-/// (base — `None` for the configured one —, name, title) of `err`'s problem type.
-fn problem_type(err: &Error) -> (Option<&'static str>, &'static str, &'static str) {
-    match err {
-        Error::Throttled(_) => (Some(IANA_BASE), "quota-exceeded", "Too many requests"),
-        Error::OverCapacity => (Some(IANA_BASE), "temporary-reduced-capacity", "Too many requests in flight"),
-        Error::TooManyTunnels => (Some(IANA_BASE), "temporary-reduced-capacity", "Too many tunnels"),
-        Error::StoreUnavailable { .. } => {
-            (Some(IANA_BASE), "temporary-reduced-capacity", "Rate limit store unavailable")
-        }
-        Error::BadRequest(_) => (None, "bad-request", "Bad request"),
-        Error::ClientBody(_) => (None, "bad-request-body", "Bad request body"),
-        Error::NoRoute => (None, "no-route", "No route matches this request"),
-        Error::Upstream(UpstreamFailure::Connect | UpstreamFailure::NotH2) => {
-            (None, "upstream-unreachable", "Upstream unreachable")
-        }
-        Error::Upstream(UpstreamFailure::Timeout) => (None, "upstream-timeout", "Upstream timed out"),
-        Error::Upstream(UpstreamFailure::Broken) => (None, "upstream-failed", "Upstream failed"),
-        Error::Upstream(UpstreamFailure::BadResponse(_)) => {
-            (None, "upstream-bad-response", "Upstream sent an invalid response")
-        }
-        Error::Upstream(UpstreamFailure::Unavailable { .. }) => {
-            (None, "upstream-unavailable", "No upstream server available")
-        }
-        Error::Internal(_) => (None, "internal", "Internal error"),
-        Error::Forbidden => (None, "plan-denied", "Forbidden by the client's plan"),
-    }
 }
 
 /// At most 256 bytes of a request path in a detail (cut at a character boundary).

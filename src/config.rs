@@ -259,6 +259,8 @@ pub struct Responder {
     pub headers: HeaderMap,
     pub body: Bytes,
     pub latency: Duration,
+    /// The longest request body read before answering; longer gets `413`.
+    pub max_body: u64,
 }
 
 #[derive(Debug, Clone)]

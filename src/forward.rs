@@ -10,6 +10,7 @@ pub mod group;
 pub mod grpc;
 pub mod h2;
 pub mod headers;
+pub mod hop;
 pub mod pool;
 pub mod rules;
 pub mod tunnel;
@@ -587,6 +588,31 @@ impl<F: Future> Future for Within<'_, F> {
 }
 
 /// The built-in responder: answers by itself after an optional fixed latency.
+/// Reads a client's body to its end without keeping it, at most `max` bytes (the built-in
+/// responder answers after the whole request, so a body that breaks its framing is refused).
+///
+/// # Errors
+/// More than `max` bytes: [`Error::TooLarge`]; a body that fails or pauses past `idle`:
+/// [`Error::ClientBody`].
+pub async fn read_to_end(body: Incoming, max: u64, idle: Duration) -> Result<(), Error> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+    if body.size_hint().lower() > max {
+        return Err(Error::TooLarge(max));
+    }
+    let mut body = RequestBody::new(body, idle);
+    let mut read = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Some(data) = frame.map_err(Error::ClientBody)?.data_ref() {
+            read = read.saturating_add(data.len() as u64);
+            if read > max {
+                return Err(Error::TooLarge(max));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub async fn respond(r: &Responder) -> Response<Body> {
     if !r.latency.is_zero() {
         Box::pin(tokio::time::sleep(r.latency)).await;

@@ -175,6 +175,7 @@ impl Proxy {
                         UpstreamKind::Http(h) => Some((upstream.name.as_str(), h.timeout)),
                         UpstreamKind::Respond(_) => None,
                     },
+                    methods: r.methods.as_deref(),
                 };
                 Lane {
                     answers: RouteAnswers::new(Some(facts), type_base.clone(), &metrics)
@@ -349,6 +350,11 @@ impl Proxy {
             // Every answer may need these (a 429 too); the request's only once it is admitted.
             let response_values: RenderedValues = render(&route.response_headers, &parts, &target);
             let mut resp = 'answer: {
+                // TRACE reflects the request, credentials and all: not taken unless the route
+                // lists it (nginx refuses it too).
+                if parts.method == Method::TRACE && !takes_trace(route) {
+                    break 'answer this.refused(route, lane, &Error::MethodNotAllowed, None, version, &mut log);
+                }
                 if let Some(rw) = &route.rewrite {
                     if let Some(path) = rw.apply(target.path(&parts)) {
                         if let Err(e) = target.rewrite(&mut parts, &path) {
@@ -385,8 +391,25 @@ impl Proxy {
                 }
                 // A copy of the head, only when a stale copy could be stored or served for it.
                 let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
+                if matches!(parts.method, Method::OPTIONS | Method::TRACE) {
+                    match forward::hop::last(&mut parts.headers) {
+                        Ok(false) => {}
+                        Ok(true) if parts.method == Method::OPTIONS => break 'answer lane.answers.options(),
+                        Ok(true) => break 'answer lane.answers.trace(&parts),
+                        Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                    }
+                }
                 let mut resp = match &*this.targets[route.upstream] {
-                    Backend::Respond(r) => forward::respond(r).await,
+                    Backend::Respond(r) => {
+                        // The whole request is read before the answer, as any server reads it.
+                        if !http_body::Body::is_end_stream(&body) {
+                            let read = forward::read_to_end(body, r.max_body, this.config.server.body_read_timeout);
+                            if let Err(e) = Box::pin(read).await {
+                                break 'answer this.refused(route, lane, &e, None, version, &mut log);
+                            }
+                        }
+                        forward::respond(r).await
+                    }
                     backend => {
                         let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
                             break 'answer this.refused(
@@ -538,7 +561,14 @@ impl Proxy {
             resp
         }
     }
+}
 
+/// Whether `route` takes `TRACE`: only when its `methods:` list it.
+fn takes_trace(route: &Route) -> bool {
+    route.methods.as_ref().is_some_and(|m| m.contains(&Method::TRACE))
+}
+
+impl Proxy {
     fn wants_copy(&self, route: &Route, lane: &Lane, parts: &Parts) -> bool {
         if route.stale_on_limit.is_none() && route.stale_on_upstream_error.is_none() {
             return false;

@@ -17,6 +17,7 @@ fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
         limits: r.limits.iter().map(|l| l.name.clone()).collect(),
         policy: gate.policy().cloned(),
         upstream: Some(("up", Duration::from_secs(2))),
+        methods: None,
     };
     let answers = RouteAnswers::new(Some(facts), Arc::from(DEFAULT_TYPE_BASE), &metrics);
     (gate, answers, metrics)
@@ -127,6 +128,8 @@ async fn every_error_has_one_answer_with_its_source() {
             Source::Upstream,
         ),
         (Error::Internal("x"), 500, "urn:tollgate:problem:internal", None, Source::Internal),
+        (Error::MethodNotAllowed, 405, "urn:tollgate:problem:method-not-allowed", None, Source::Policy),
+        (Error::TooLarge(16), 413, "urn:tollgate:problem:content-too-large", None, Source::Downstream),
     ];
     for (err, status, kind, retry, source) in cases {
         assert_eq!(err.source(), source, "{err:?}");

@@ -368,7 +368,12 @@ struct Respond {
     body: String,
     #[serde(default)]
     latency: Option<Dur>,
+    /// The longest request body the responder reads before answering (`413` past it).
+    max_body: Option<Size>,
 }
+
+/// As nginx's `client_max_body_size`.
+const DEFAULT_RESPOND_MAX_BODY: u64 = 1 << 20;
 
 fn default_status() -> u16 {
     200
@@ -845,6 +850,7 @@ impl Upstream {
                     headers,
                     body: Bytes::from(r.body),
                     latency: r.latency.map_or(std::time::Duration::ZERO, |d| d.0),
+                    max_body: r.max_body.map_or(DEFAULT_RESPOND_MAX_BODY, |s| s.0),
                 }))
             }
         }

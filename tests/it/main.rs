@@ -15,6 +15,7 @@ mod gateway;
 mod groups;
 mod grpc;
 mod h2_abuse;
+mod hops;
 mod hostile_config;
 mod limits;
 mod listener;
