@@ -64,7 +64,7 @@ enum RawProxyProtocol {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTls {
-    certificates: Vec<RawCertFiles>,
+    certificates: Vec<RawServedCert>,
     client_ca: Option<PathBuf>,
     client_auth: Option<RawClientAuth>,
     handshake_timeout: Option<Dur>,
@@ -75,6 +75,15 @@ struct RawTls {
 pub struct RawCertFiles {
     cert: PathBuf,
     key: PathBuf,
+}
+
+/// A listener's certificate: its files, and an OCSP response to staple.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServedCert {
+    cert: PathBuf,
+    key: PathBuf,
+    ocsp: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -122,7 +131,7 @@ pub enum ClientAuth {
 /// A listener's TLS section.
 #[derive(Debug, Clone)]
 pub struct TlsListener {
-    pub certificates: Vec<CertFiles>,
+    pub certificates: Vec<ServedCert>,
     pub client_ca: Option<PathBuf>,
     pub client_auth: ClientAuth,
     pub handshake_timeout: std::time::Duration,
@@ -135,6 +144,14 @@ pub struct TlsListener {
 pub struct CertFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+}
+
+/// A certificate a listener serves, and the OCSP response (DER) stapled to its handshakes,
+/// read with it (and again on reload), as nginx's `ssl_stapling_file`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedCert {
+    pub files: CertFiles,
+    pub ocsp: Option<PathBuf>,
 }
 
 impl From<RawCertFiles> for CertFiles {
@@ -243,7 +260,11 @@ pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, 
                     return Err((at(&["tls", "handshake_timeout"]), "expected a duration above 0".to_owned()));
                 }
                 Some(TlsListener {
-                    certificates: t.certificates.into_iter().map(CertFiles::from).collect(),
+                    certificates: t
+                        .certificates
+                        .into_iter()
+                        .map(|c| ServedCert { files: CertFiles { cert: c.cert, key: c.key }, ocsp: c.ocsp })
+                        .collect(),
                     client_ca: t.client_ca,
                     client_auth: match t.client_auth {
                         Some(RawClientAuth::Optional) => ClientAuth::Optional,
@@ -282,8 +303,11 @@ pub fn load_files(config: &mut super::Config, base: &Path) -> Result<(), Invalid
     for (i, l) in config.listeners.iter_mut().enumerate() {
         let Some(tls) = &mut l.tls else { continue };
         for c in &mut tls.certificates {
-            resolve(&mut c.cert);
-            resolve(&mut c.key);
+            resolve(&mut c.files.cert);
+            resolve(&mut c.files.key);
+            if let Some(ocsp) = &mut c.ocsp {
+                resolve(ocsp);
+            }
         }
         if let Some(ca) = &mut tls.client_ca {
             resolve(ca);
@@ -293,6 +317,7 @@ pub fn load_files(config: &mut super::Config, base: &Path) -> Result<(), Invalid
             match field {
                 crate::listen::tls::Field::Cert(j) => p.extend([key("certificates"), Seg::Index(j), key("cert")]),
                 crate::listen::tls::Field::Key(j) => p.extend([key("certificates"), Seg::Index(j), key("key")]),
+                crate::listen::tls::Field::Ocsp(j) => p.extend([key("certificates"), Seg::Index(j), key("ocsp")]),
                 crate::listen::tls::Field::ClientCa => p.push(key("client_ca")),
             }
             (p, message)
@@ -322,8 +347,9 @@ pub fn watched_files(config: &super::Config) -> Vec<PathBuf> {
     for l in &config.listeners {
         if let Some(t) = &l.tls {
             for c in &t.certificates {
-                out.push(c.cert.clone());
-                out.push(c.key.clone());
+                out.push(c.files.cert.clone());
+                out.push(c.files.key.clone());
+                out.extend(c.ocsp.clone());
             }
             out.extend(t.client_ca.clone());
         }

@@ -35,6 +35,7 @@ pub fn provider() -> Arc<CryptoProvider> {
 pub enum Field {
     Cert(usize),
     Key(usize),
+    Ocsp(usize),
     ClientCa,
 }
 
@@ -121,6 +122,37 @@ pub fn certified_key(
     Ok((Arc::new(ck), facts))
 }
 
+/// An OCSP response to staple: a DER `OCSPResponse` (as `openssl ocsp -respout` writes it),
+/// checked for its outer framing only; rustls sends it as it is.
+pub fn read_ocsp(path: &Path) -> Result<Vec<u8>, String> {
+    let der = read_file(path)?;
+    if der_sequence_len(&der) != Some(der.len()) {
+        return Err(format!(
+            "{}: not an OCSP response; expected one DER OCSPResponse (`openssl ocsp -respout FILE` writes one)",
+            path.display()
+        ));
+    }
+    Ok(der)
+}
+
+/// The whole length of the DER SEQUENCE `der` starts with (tag, length and contents).
+fn der_sequence_len(der: &[u8]) -> Option<usize> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    if tag != 0x30 {
+        return None;
+    }
+    if first < 0x80 {
+        return Some(2 + usize::from(first));
+    }
+    let n = usize::from(first & 0x7f);
+    if n == 0 || n > 4 || rest.len() < n {
+        return None;
+    }
+    let len = rest[..n].iter().fold(0usize, |acc, &b| acc << 8 | usize::from(b));
+    Some(2 + n + len)
+}
+
 /// Trust anchors from a PEM file of CA certificates.
 pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
@@ -137,8 +169,15 @@ pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
 pub fn load(tls: &TlsListener, now: i64) -> Result<Loaded, (Field, String)> {
     let mut sni = Sni::default();
     let mut served = Vec::with_capacity(tls.certificates.len());
-    for (i, files) in tls.certificates.iter().enumerate() {
-        let (ck, facts) = certified_key(files, i, now)?;
+    for (i, served_cert) in tls.certificates.iter().enumerate() {
+        let files = &served_cert.files;
+        let (mut ck, facts) = certified_key(files, i, now)?;
+        if let Some(path) = &served_cert.ocsp {
+            let response = read_ocsp(path).map_err(|e| (Field::Ocsp(i), e))?;
+            let mut stapled = CertifiedKey::clone(&ck);
+            stapled.ocsp = Some(response);
+            ck = Arc::new(stapled);
+        }
         let names = facts.served_names();
         for name in &names {
             match name.strip_prefix("*.") {

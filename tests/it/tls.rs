@@ -554,3 +554,111 @@ async fn shutdown_lets_tls_requests_in_flight_finish_on_h1_and_h2() {
     }
     tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
 }
+
+/// Accepts any server certificate and keeps every stapled OCSP response it is shown.
+#[derive(Debug, Default)]
+struct Stapled(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl rustls::client::danger::ServerCertVerifier for Stapled {
+    fn verify_server_cert(
+        &self,
+        end: &rustls::pki_types::CertificateDer<'_>,
+        chain: &[rustls::pki_types::CertificateDer<'_>],
+        name: &rustls::pki_types::ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.0.lock().unwrap().push(ocsp.to_vec());
+        AcceptAny.verify_server_cert(end, chain, name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        AcceptAny.verify_tls12_signature(m, c, d)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        AcceptAny.verify_tls13_signature(m, c, d)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        AcceptAny.supported_verify_schemes()
+    }
+}
+
+/// The OCSP response a TLS 1.3 or 1.2 handshake with `addr` staples (empty: none).
+async fn stapled(addr: std::net::SocketAddr, tls12: bool) -> Vec<u8> {
+    let verifier = Arc::new(Stapled::default());
+    let versions: &[&rustls::SupportedProtocolVersion] =
+        if tls12 { &[&rustls::version::TLS12] } else { &[&rustls::version::TLS13] };
+    let c = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(versions)
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(verifier.clone())
+        .with_no_client_auth();
+    connect(addr, "api.test", Arc::new(c)).await.unwrap();
+    let seen = verifier.0.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    seen[0].clone()
+}
+
+#[tokio::test]
+async fn an_ocsp_response_is_stapled_and_reloaded_with_its_file() {
+    let site = Site::new();
+    // A DER OCSPResponse: SEQUENCE { responseStatus ENUMERATED } (its framing is all tollgate
+    // reads; rustls staples the bytes as they are).
+    let first = [0x30, 0x03, 0x0a, 0x01, 0x00];
+    std::fs::write(site.dir.path("api.ocsp"), first).unwrap();
+    let file = site.dir.path("proxy.yaml");
+    let yaml = |ocsp: &str| {
+        format!(
+            "listen:\n  - addr: 127.0.0.1:0\n    tls:\n      certificates:\n        - {{ cert: api.pem, key: api.key{ocsp} }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n"
+        )
+    };
+    std::fs::write(&file, yaml(", ocsp: api.ocsp")).unwrap();
+    let tg = Tollgate::start_config(Config::load(&file).unwrap()).await;
+    assert_eq!(stapled(tg.addr, false).await, first);
+    assert_eq!(stapled(tg.addr, true).await, first);
+
+    // A renewed response alone reloads, as a renewed certificate does.
+    let reloader = tollgate::reload::Reloader::new(file.clone(), tg.shared.clone(), Box::new(|_| {}));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(reloader.run(Duration::from_millis(50), async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = [0x30, 0x03, 0x0a, 0x01, 0x01];
+    std::fs::write(site.dir.path("api.ocsp"), second).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        seen = stapled(tg.addr, false).await;
+        if seen == second {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, second);
+    let _ = stop.send(());
+    task.await.unwrap();
+
+    // Without `ocsp`, nothing is stapled; a file that is not one DER response is refused
+    // with its field.
+    let plain =
+        Tollgate::start_config(config(&yaml("").replace("api.", &format!("{}/api.", site.dir.0.display())))).await;
+    assert!(stapled(plain.addr, false).await.is_empty());
+    std::fs::write(site.dir.path("bad.ocsp"), "-----BEGIN OCSP-----").unwrap();
+    std::fs::write(&file, yaml(", ocsp: bad.ocsp")).unwrap();
+    let err = Config::load(&file).unwrap_err();
+    assert_eq!((err.line, err.path.as_str()), (5, "listen[0].tls.certificates[0].ocsp"), "{err}");
+    assert!(err.message.contains("bad.ocsp") && err.message.contains("not an OCSP response"), "{err}");
+}
