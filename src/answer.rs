@@ -31,7 +31,7 @@ pub use crate::body::ClientBodyError as ClientBody;
 pub const IANA_BASE: &str = "https://iana.org/assignments/http-problem-types#";
 /// tollgate's own problem types: a URN, because the project owns no domain to put documents
 /// under; `problems.type_base` points them at the operator's own pages instead.
-pub const DEFAULT_TYPE_BASE: &str = "urn:tollgate:problem:";
+pub const DEFAULT_TYPE_BASE: &str = crate::config::DEFAULT_PROBLEM_TYPE_BASE;
 
 pub const CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/problem+json");
 
@@ -83,6 +83,17 @@ pub enum UpstreamFailure {
     /// No server of a group may take requests (all ejected or failing their checks): 503
     /// with Retry-After no shorter than the earliest re-admission.
     Unavailable { retry_after_secs: u32 },
+}
+
+/// Why a stale copy is wanted (the answer a stale copy stands in for); it decides the `Cache-Status` and whether the response's
+/// `stale-if-error` applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleReason {
+    /// The gate rejected the request; nothing went upstream.
+    Throttled,
+    /// The upstream failed; `status` is what it answered, or what tollgate would answer for a
+    /// failure without a response (502 connect failure, 504 timeout).
+    UpstreamError { status: u16 },
 }
 
 /// The limits that denied a request: (limit index in the route, its Retry-After seconds).
@@ -277,8 +288,7 @@ impl Error {
 
     /// Whether a stale copy may stand in for this answer: throttled (`on_limit.stale`) or the
     /// upstream failed (`on_upstream_error.stale`). Never for the client's own faults.
-    pub fn stale_reason(&self) -> Option<crate::cache::StaleReason> {
-        use crate::cache::StaleReason;
+    pub fn stale_reason(&self) -> Option<StaleReason> {
         match self {
             Error::Throttled(_) | Error::OverCapacity => Some(StaleReason::Throttled),
             Error::Upstream(_) => Some(StaleReason::UpstreamError { status: self.status().as_u16() }),

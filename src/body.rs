@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -29,6 +30,41 @@ pub struct UpstreamConn {
     pub send: hyper::client::conn::http1::SendRequest<RequestBody>,
     pub deadline: Deadline,
 }
+
+/// What a response body keeps until it has been sent in full, given by the room that owns
+/// it and released by being dropped: a route's concurrency slot, an upstream stream's place.
+/// An enum of the shapes those take, so that keeping one allocates nothing.
+pub enum Guard {
+    /// A semaphore permit (a fixed concurrency cap).
+    Permit(tokio::sync::OwnedSemaphorePermit),
+    /// A place in a counted set.
+    Place(Place),
+    /// Anything else, boxed by its owner.
+    Boxed(Box<dyn Send + Sync>),
+}
+
+/// One place in a counted set (an HTTP/2 connection's open streams): counted when taken,
+/// given back when dropped.
+pub struct Place(Arc<AtomicUsize>);
+
+impl Place {
+    pub fn take(count: &Arc<AtomicUsize>) -> Place {
+        count.fetch_add(1, Ordering::Relaxed);
+        Place(count.clone())
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A hold on a client's stream that outlives its request (an HTTP/2 CONNECT's, for the
+/// tunnel it becomes): the server puts it in the request's extensions, and whatever keeps the
+/// stream open takes it.
+#[derive(Clone)]
+pub struct StreamHold(pub Arc<dyn Send + Sync>);
 
 /// Where an upstream connection goes back to once the response it carried has ended.
 pub trait Home: Send + Sync {
@@ -154,7 +190,7 @@ pin_project! {
         Upstream { #[pin] inner: Incoming, lease: Option<Lease>, quiet: Quiet },
         // An HTTP/2 upstream's stream (trailers pass); `stream` is its place on the shared
         // connection, given back when the body ends.
-        Stream { #[pin] inner: Incoming, idle: Idle, stream: Option<crate::forward::h2::Stream> },
+        Stream { #[pin] inner: Incoming, idle: Idle, stream: Option<Place> },
     }
 }
 
@@ -165,7 +201,7 @@ pin_project! {
         kind: Kind,
         tap: Option<Box<dyn Tap>>,
         // A route's concurrency slot: released when the body ends (or is dropped).
-        hold: Option<crate::gate::Slot>,
+        hold: Option<Guard>,
     }
 }
 
@@ -197,7 +233,7 @@ impl Body {
 
     /// A response streamed from an HTTP/2 upstream, trailers included; one that sends
     /// nothing for `idle_timeout` (zero: no limit) fails.
-    pub fn stream(inner: Incoming, stream: crate::forward::h2::Stream, idle_timeout: Duration) -> Body {
+    pub fn stream(inner: Incoming, stream: Place, idle_timeout: Duration) -> Body {
         Body::of(Kind::Stream { inner, idle: Idle::new(idle_timeout), stream: Some(stream) })
     }
 
@@ -216,9 +252,9 @@ impl Body {
         self.tap.is_some()
     }
 
-    /// Keeps `permit` until the body has been sent in full.
-    pub fn hold(&mut self, permit: crate::gate::Slot) {
-        self.hold = Some(permit);
+    /// Keeps `guard` until the body has been sent in full.
+    pub fn hold(&mut self, guard: Guard) {
+        self.hold = Some(guard);
     }
 }
 

@@ -43,6 +43,7 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use http_body::Body as _;
 
+use crate::answer::StaleReason;
 use crate::body::Body;
 use capture::Pending;
 use key::Keys;
@@ -68,17 +69,6 @@ const NOT_REPLAYED: [HeaderName; 6] = [
     HeaderName::from_static("ratelimit-remaining"),
     HeaderName::from_static("ratelimit-reset"),
 ];
-
-/// Why a stale copy is wanted; it decides the `Cache-Status` and whether the response's
-/// `stale-if-error` applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StaleReason {
-    /// The gate rejected the request; nothing went upstream.
-    Throttled,
-    /// The upstream failed; `status` is what it answered, or what tollgate would answer for a
-    /// failure without a response (502 connect failure, 504 timeout).
-    UpstreamError { status: u16 },
-}
 
 /// Counters since start, plus the store's current size (moka's view, eventually consistent).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -32,6 +32,10 @@ pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, Store
 pub use locate::Seg;
 pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
 
+/// `problems.type_base` by default: a URN, because the project owns no domain to put
+/// problem documents under.
+pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "urn:tollgate:problem:";
+
 /// A config error, positioned in its file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {

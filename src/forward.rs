@@ -218,7 +218,7 @@ impl HttpForwarder {
         let extended = req.version() == Version::HTTP_2;
         // An HTTP/2 CONNECT's stream stays counted as open (the connection is not idle) for
         // as long as the tunnel it becomes.
-        let stream = req.extensions_mut().remove::<crate::server::StreamHold>();
+        let stream = req.extensions_mut().remove::<crate::body::StreamHold>();
         let mut req = self.prepare(req, strip, down)?;
         // Taken out of the request: the client's socket (or HTTP/2 stream), once hyper has
         // written our 101 (or 200).

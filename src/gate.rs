@@ -100,6 +100,15 @@ impl Slot {
     }
 }
 
+impl From<Slot> for crate::body::Guard {
+    fn from(slot: Slot) -> crate::body::Guard {
+        match slot {
+            Slot::Fixed(p) => crate::body::Guard::Permit(p),
+            Slot::Adaptive(h) => crate::body::Guard::Boxed(h),
+        }
+    }
+}
+
 /// What the gate decided, for the access log: the limit that bound the request (the one
 /// with the fewest remaining, or the first that rejected), what it said, and any delay.
 #[derive(Debug, Default, Clone, Copy)]

@@ -26,7 +26,7 @@
 //! - [`body`]: the body types at both edges, with their read deadlines.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.
-//! - [`timer`]: the coarse clock for long timeouts.
+//! - [`timer`]: the coarse clock for long timeouts; [`workers`]: which worker thread runs.
 //! - [`explain`]: limits in plain words for `tollgate explain`; [`bench`]: the harness candidate.
 //! - [`calibrate`]: `tollgate calibrate`, an open-loop load test that finds the knee and
 //!   suggests limits (not on the request path).
@@ -57,3 +57,4 @@ pub mod route;
 pub mod server;
 pub mod target;
 pub mod timer;
+pub mod workers;

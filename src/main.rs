@@ -360,7 +360,7 @@ fn run(
     adjust(&mut config);
     let log_switch = init_logging(config.log.format);
     let workers = config.server.workers.count();
-    tollgate::instance::workers::set_count(workers);
+    tollgate::workers::set_count(workers);
     // One socket per listener and worker, all bound to the same address with SO_REUSEPORT:
     // the kernel spreads new connections over the workers.
     let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
@@ -392,7 +392,7 @@ fn run(
     for (i, own) in (1..workers).zip(own_sockets) {
         let (shared, mut stop) = (shared.clone(), stop_rx.clone());
         let thread = std::thread::Builder::new().name(format!("tollgate-worker-{i}")).spawn(move || {
-            tollgate::instance::workers::set_index(i);
+            tollgate::workers::set_index(i);
             let runtime = match worker_runtime() {
                 Ok(r) => r,
                 Err(e) => return tracing::error!(worker = i, error = %e, "cannot start a worker's runtime"),

@@ -11,9 +11,9 @@ use http::request::Parts;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::answer::{Error, RouteAnswers, RouteFacts};
+use crate::answer::{Error, RouteAnswers, RouteFacts, StaleReason};
 use crate::body::Body;
-use crate::cache::{Cache, StaleReason};
+use crate::cache::Cache;
 use crate::config::{Config, LimitConfig, Route, StoreKind, UpstreamKind};
 use crate::forward::{self, Downstream, HttpForwarder};
 use crate::gate::{Gate, Limit, Note};
@@ -544,7 +544,7 @@ impl Proxy {
                     }
                 }
                 if let Some(permit) = permit {
-                    resp.body_mut().hold(permit);
+                    resp.body_mut().hold(permit.into());
                 }
                 resp
             };

@@ -13,8 +13,6 @@ mod edge;
 mod h1;
 mod h2;
 
-pub(crate) use h2::StreamHold;
-
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;

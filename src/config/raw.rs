@@ -276,7 +276,7 @@ struct Problems {
 }
 
 fn default_type_base() -> String {
-    crate::answer::DEFAULT_TYPE_BASE.to_owned()
+    super::DEFAULT_PROBLEM_TYPE_BASE.to_owned()
 }
 
 impl Default for Problems {

@@ -28,13 +28,7 @@ struct Conn {
 }
 
 /// One stream's place on its connection; given back on drop.
-pub struct Stream(Arc<AtomicUsize>);
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+pub use crate::body::Place as Stream;
 
 pub struct H2Pool {
     conns: std::sync::Mutex<Vec<Conn>>,
@@ -159,6 +153,5 @@ impl H2Pool {
 }
 
 fn take(streams: &Arc<AtomicUsize>) -> Stream {
-    streams.fetch_add(1, Ordering::Relaxed);
-    Stream(streams.clone())
+    Stream::take(streams)
 }

@@ -5,7 +5,7 @@
 //!
 //! This replaces hyper-util's legacy pooled client on the hot path: checkout is a mutex-held
 //! `Vec::pop`, and the connection task is spawned once. Each worker thread has its own shard of
-//! the pool ([`crate::instance::workers`]): a connection's task runs on the worker that opened
+//! the pool ([`crate::workers`]): a connection's task runs on the worker that opened
 //! it, and the worker's requests find it there, so the lock is never contended and no request
 //! wakes another thread.
 
@@ -39,7 +39,7 @@ impl Pool {
         read_timeouts: Counter,
     ) -> Pool {
         let idle_timeout_ms = u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX);
-        let workers = crate::instance::workers::count();
+        let workers = crate::workers::count();
         let shards = (0..workers).map(|_| Shard::default()).collect();
         // `pool_max_idle` is the upstream's: each worker keeps its share, rounded up.
         let max_idle = max_idle.div_ceil(workers);
@@ -50,7 +50,7 @@ impl Pool {
     fn shard(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, u64)>> {
         let shard = match self.shards.len() {
             1 => &self.shards[0],
-            n => &self.shards[crate::instance::workers::index() % n],
+            n => &self.shards[crate::workers::index() % n],
         };
         shard.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }

@@ -4,7 +4,7 @@
 //! for `h2.idle_timeout` gets a graceful GOAWAY, and is dropped if the client has not let
 //! it close within `h2.ping_timeout` after that. A CONNECT's stream outlives its response
 //! when it becomes a tunnel (RFC 8441): it stays counted while the tunnel holds its
-//! [`StreamHold`].
+//! [`crate::body::StreamHold`].
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -152,11 +152,6 @@ impl Drop for StreamGuard {
     }
 }
 
-/// A CONNECT's stream counted as open for as long as a clone of this lives: one rides in
-/// the request's extensions, and a tunnel takes it for its life.
-#[derive(Clone)]
-pub(crate) struct StreamHold(#[allow(dead_code)] Arc<StreamGuard>);
-
 /// The service with each stream counted.
 #[derive(Clone)]
 pub(crate) struct Streams<S> {
@@ -174,7 +169,8 @@ where
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         if req.method() == http::Method::CONNECT {
-            req.extensions_mut().insert(StreamHold(Arc::new(StreamGuard::open(&self.state))));
+            // Counted as open for as long as the hold lives: a tunnel takes it for its life.
+            req.extensions_mut().insert(crate::body::StreamHold(Arc::new(StreamGuard::open(&self.state))));
         }
         StreamFuture { guard: Some(StreamGuard::open(&self.state)), inner: Box::pin(self.inner.call(req)) }
     }
