@@ -155,10 +155,11 @@ impl Limit {
         Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics, cost_unread: None, tiers: None }
     }
 
-    /// Live keys in this limit's in-process state (for Redis: denials and leases held locally).
-    pub fn live_keys(&self) -> usize {
+    /// Live keys in this limit's in-process state at `now`: keys that still hold state (a
+    /// local store sweeps first), for Redis denials and leases held locally.
+    pub fn live_keys(&self, now: Timestamp) -> usize {
         match &*self.store {
-            Store::Local(s) => s.len(),
+            Store::Local(s) => s.live(now),
             Store::Redis(s) => {
                 let (denials, leases) = s.remembered();
                 denials + leases
@@ -168,7 +169,8 @@ impl Limit {
 
     /// A fresh in-process store for `config`.
     pub fn local_store(config: &LimitConfig) -> Arc<Store> {
-        Arc::new(Store::Local(LocalStore::new(config.algorithm.clone(), config.max_keys)))
+        let tiers = config.plan.iter().flat_map(|p| p.algorithms.iter().flatten().cloned());
+        Arc::new(Store::Local(LocalStore::with_tiers(config.algorithm.clone(), config.max_keys, tiers)))
     }
 
     fn enforced(&self) -> bool {
