@@ -234,7 +234,8 @@ impl Limit {
         ratelimit::retry_after_capped(&self.config.algorithm, retry_after)
     }
 
-    /// The longest Retry-After of this limit (in `tier`, for a plan limit).
+    /// The period `w` of this limit (in `tier`, for a plan limit): the Retry-After of a never
+    /// admissible cost.
     fn period_secs(&self, tier: Option<TierId>) -> u64 {
         tier.and_then(|t| self.in_tier(t)).map_or(self.window_secs, |t| t.window_secs).max(1)
     }
@@ -741,7 +742,7 @@ mod tests {
                 continue;
             }
             let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
-            // The bucket's period: 4 × 10 s, the longest Retry-After it sends.
+            // The bucket's period: 4 × 10 s, what a never admissible cost is answered with.
             assert_eq!((&d.limits[..], d.retry_after_secs), (&[(0, 40)][..], 40));
             assert_eq!(limit.never_secs(None), 40);
             assert_eq!(limit.metrics.throttled.get(), 1);
