@@ -381,6 +381,23 @@ impl Config {
             let (line, column) = inside(text, r.line, r.column);
             ConfigError { file: file.to_owned(), line, column, path: String::new(), message: redact(&r.message) }
         })?;
+        if let Some(d) = locate::duplicate_key(text) {
+            let (line, column) = inside(text, d.line, d.column);
+            let key = match d.path.last() {
+                Some(Seg::Key(k)) => k.as_str(),
+                _ => "",
+            };
+            return Err(ConfigError {
+                file: file.to_owned(),
+                line,
+                column,
+                path: locate::render(&d.path),
+                message: redact(&format!(
+                    "`{key}` is given twice in this mapping (first on line {}); a key may appear only once",
+                    d.first_line
+                )),
+            });
+        }
         let de = serde_yaml::Deserializer::from_str(text);
         let raw: raw::Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let segs = segments(e.path());

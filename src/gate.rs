@@ -40,7 +40,7 @@ const MICROS_PER_SEC: u64 = 1_000_000;
 pub struct Limit {
     pub config: LimitConfig,
     pub store: Arc<Store>,
-    /// The `w` of its RateLimit-Policy item: the longest Retry-After it sends.
+    /// The `w` of its RateLimit-Policy item: the Retry-After of a never admissible cost.
     window_secs: u64,
     /// Last time a shadow denial was logged (µs), so a flood logs once a second.
     shadow_logged: AtomicU64,
@@ -164,10 +164,11 @@ impl Limit {
         Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics, cost_unread: None, tiers: None }
     }
 
-    /// Live keys in this limit's in-process state (for Redis: denials and leases held locally).
-    pub fn live_keys(&self) -> usize {
+    /// Live keys in this limit's in-process state at `now`: keys that still hold state (a
+    /// local store sweeps first), for Redis denials and leases held locally.
+    pub fn live_keys(&self, now: Timestamp) -> usize {
         match &*self.store {
-            Store::Local(s) => s.len(),
+            Store::Local(s) => s.live(now),
             Store::Redis(s) => {
                 let (denials, leases) = s.remembered();
                 denials + leases
@@ -177,7 +178,8 @@ impl Limit {
 
     /// A fresh in-process store for `config`.
     pub fn local_store(config: &LimitConfig) -> Arc<Store> {
-        Arc::new(Store::Local(LocalStore::new(config.algorithm.clone(), config.max_keys)))
+        let tiers = config.plan.iter().flat_map(|p| p.algorithms.iter().flatten().cloned());
+        Arc::new(Store::Local(LocalStore::with_tiers(config.algorithm.clone(), config.max_keys, tiers)))
     }
 
     fn enforced(&self) -> bool {
@@ -229,19 +231,20 @@ impl Limit {
         }
     }
 
-    /// Retry-After seconds of a denial: rounded up, and never longer than the limit's period
-    /// (no request of an allowed cost ever waits longer than that for a fresh quota).
-    fn retry_after_secs(&self, tier: Option<TierId>, retry_after: Span) -> u64 {
-        let secs = ratelimit::retry_after_secs(retry_after);
+    /// Retry-After seconds of a denial: rounded up, and never longer than the longest wait
+    /// the algorithm can need ([`ratelimit::retry_after_capped`]; a client that waits the
+    /// number sent is admitted).
+    fn retry_after_secs(&self, retry_after: Span) -> u64 {
         // A debt (a response that cost more than its estimate, or units spent in a larger
-        // tier) can take longer than a period.
+        // tier) can take longer still.
         if self.config.response_cost.is_some() || self.tiers.is_some() {
-            return secs;
+            return ratelimit::retry_after_secs(retry_after);
         }
-        secs.min(self.period_secs(tier))
+        ratelimit::retry_after_capped(&self.config.algorithm, retry_after)
     }
 
-    /// The longest Retry-After of this limit (in `tier`, for a plan limit).
+    /// The period `w` of this limit (in `tier`, for a plan limit): the Retry-After of a never
+    /// admissible cost.
     fn period_secs(&self, tier: Option<TierId>) -> u64 {
         tier.and_then(|t| self.in_tier(t)).map_or(self.window_secs, |t| t.window_secs).max(1)
     }
@@ -553,7 +556,7 @@ impl Gate {
             .filter_map(|d| {
                 let limit = &self.limits[d.limit];
                 let secs = match d.decision {
-                    Decision::Deny { retry_after, .. } => limit.retry_after_secs(tier, retry_after),
+                    Decision::Deny { retry_after, .. } => limit.retry_after_secs(retry_after),
                     Decision::Never { .. } => limit.never_secs(tier),
                     Decision::Allow { .. } | Decision::Delay { .. } => return None,
                 };
@@ -667,8 +670,64 @@ mod tests {
         let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
         assert_eq!(d.retry_after_secs, 10);
         // A window's wait is measured from now; it is never longer than a window.
-        assert_eq!(g.limits[0].retry_after_secs(None, Span::MAX), 10);
-        assert_eq!(g.limits[0].retry_after_secs(None, Span::from_micros(3_000_001)), 4);
+        assert_eq!(g.limits[0].retry_after_secs(Span::MAX), 10);
+        assert_eq!(g.limits[0].retry_after_secs(Span::from_micros(3_000_001)), 4);
+    }
+
+    /// Limits of the Retry-After probe: every algorithm, windows of 1 and 2 s, costs above 1.
+    const PROBED: [&str; 9] = [
+        "{ name: l, algorithm: sliding_window, rate: 2/s }",
+        "{ name: l, algorithm: sliding_window, rate: 3/2s }",
+        "{ name: l, algorithm: sliding_window, rate: 4/s, cost: 3 }",
+        "{ name: l, algorithm: fixed_window, rate: 2/s }",
+        "{ name: l, algorithm: sliding_log, rate: 2/s }",
+        "{ name: l, algorithm: token_bucket, rate: 2/s }",
+        "{ name: l, algorithm: token_bucket, rate: 2/s, burst: 4, warmup: 3s, cost: 4 }",
+        "{ name: l, algorithm: leaky_bucket, rate: 2/s }",
+        "{ name: l, algorithm: leaky_bucket, rate: 2/s, max_delay: 1500ms, cost: 3 }",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// A client sends until its first 429, waits exactly its Retry-After (plus a little
+        /// latency) and is admitted; one second earlier it is still refused. Arrival phases,
+        /// earlier traffic and the client's pace are random; time is a manual clock.
+        #[test]
+        fn waiting_the_retry_after_sent_is_enough(
+            which in 0..PROBED.len(),
+            phase in 0u64..4_000_000,
+            before in proptest::collection::vec(0u64..700_000, 0..6),
+            pace in 0u64..20_000,
+            latency in 0u64..5_000,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                use crate::limit::{Clock, ManualClock};
+                let (_, g) = gate(&format!("      - {}\n", PROBED[which]));
+                let clock = ManualClock::new(Timestamp::from_micros(1_000_000_000_000 + phase));
+                let at = |c: &ManualClock| c.now().as_micros();
+                for gap in before {
+                    clock.advance(Span::from_micros(gap));
+                    let _ = check(&g, at(&clock)).await;
+                }
+                let mut secs = None;
+                for _ in 0..200 {
+                    clock.advance(Span::from_micros(pace));
+                    if let Err(Error::Throttled(d)) = check(&g, at(&clock)).await {
+                        secs = Some(d.retry_after_secs);
+                        break;
+                    }
+                }
+                let secs = secs.expect("a 429 within 200 requests");
+                let denied = clock.now();
+                clock.set(denied + Span::from_secs(secs - 1));
+                assert!(check(&g, at(&clock)).await.is_err(), "{}: admitted 1 s before Retry-After: {secs}", PROBED[which]);
+                clock.set(denied + Span::from_secs(secs) + Span::from_micros(latency));
+                let again = check(&g, at(&clock)).await;
+                assert!(again.is_ok(), "{}: refused after Retry-After: {secs} (phase {phase})", PROBED[which]);
+            });
+        }
     }
 
     #[tokio::test]
@@ -692,7 +751,7 @@ mod tests {
                 continue;
             }
             let Err(Error::Throttled(d)) = check(&g, 0).await else { panic!("admitted") };
-            // The bucket's period: 4 × 10 s, the longest Retry-After it sends.
+            // The bucket's period: 4 × 10 s, what a never admissible cost is answered with.
             assert_eq!((&d.limits[..], d.retry_after_secs), (&[(0, 40)][..], 40));
             assert_eq!(limit.never_secs(None), 40);
             assert_eq!(limit.metrics.throttled.get(), 1);

@@ -20,7 +20,7 @@ pub mod plan;
 pub mod store;
 pub mod time;
 
-pub use algo::{debit, decide, max_cost, refund, Algorithm, State};
+pub use algo::{debit, decide, longest_wait, max_cost, refund, Algorithm, State};
 pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};

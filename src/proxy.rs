@@ -703,9 +703,10 @@ impl Proxy {
         for g in self.groups() {
             g.refresh_gauges();
         }
+        let now = self.clock.now();
         for lane in &self.lanes {
             for l in lane.gate.limits() {
-                l.metrics.keys.set(i64::try_from(l.live_keys()).unwrap_or(i64::MAX));
+                l.metrics.keys.set(i64::try_from(l.live_keys(now)).unwrap_or(i64::MAX));
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use http::header::{HeaderName, HeaderValue};
 
-use crate::limit::{Algorithm, Span};
+use crate::limit::{longest_wait, Algorithm, Span};
 
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -14,9 +14,17 @@ pub fn retry_after_secs(wait: Span) -> u64 {
     wait.as_secs_ceil().max(1)
 }
 
-/// `q` and `w` of an algorithm's RateLimit-Policy item. `w` is also the longest
-/// `Retry-After` the limit ever sends: no single request waits longer than a whole period,
-/// and a `Decision::Never` (a cost no wait makes fit) is answered with `w`.
+/// `Retry-After` seconds of a denial of `alg` that must wait `wait`: [`retry_after_secs`],
+/// capped at the longest wait the algorithm can need ([`longest_wait`], rounded up), so that
+/// a client waiting the number sent is always admitted. That cap is not the period `w`: a
+/// sliding window's request can have to wait well into the next window (up to two windows),
+/// a warming token bucket up to three refills, a leaky bucket the slots of its largest cost.
+pub fn retry_after_capped(alg: &Algorithm, wait: Span) -> u64 {
+    retry_after_secs(wait).min(retry_after_secs(longest_wait(alg)))
+}
+
+/// `q` and `w` of an algorithm's RateLimit-Policy item. A `Decision::Never` (a cost no wait
+/// makes fit) is answered with `w`.
 pub fn policy_numbers(alg: &Algorithm) -> (u64, u64) {
     match alg {
         // A full bucket refills in burst × interval: "burst per that many seconds".

@@ -255,6 +255,16 @@ pub fn load_clients(plans: &mut Plans, config_file: &Path) -> Result<Vec<String>
     if let Some(line) = pairs.bad {
         return Err(format!("{}:{line}: expected a map of `client: tier` with plain values", full.display()));
     }
+    let mut seen = HashMap::with_capacity(pairs.pairs.len());
+    for (client, _, line) in &pairs.pairs {
+        if let Some(first) = seen.insert(client.as_str(), *line) {
+            return Err(format!(
+                "{}:{line}: client `{}` is listed twice (first on line {first}); a client may appear only once",
+                full.display(),
+                client.escape_debug()
+            ));
+        }
+    }
     let mut warnings = Vec::new();
     map.clear();
     for (client, tier, line) in pairs.pairs {

@@ -151,6 +151,39 @@ fn broken_configs_name_line_column_and_field() {
     }
 }
 
+/// Issue 31 (6): a key given twice in any mapping is refused at the second one (serde_yaml let
+/// the last upstream of a name win, and put a field given twice at 1:1).
+#[test]
+fn a_key_given_twice_is_refused_where_it_is_given_again() {
+    let cases: &[(&str, (usize, usize), &str)] = &[
+        ("upstreams: { ok: { respond: {} }, ok: { url: http://x:1 } }\nroutes: [{ upstream: ok }]\n", (1, 35), "upstreams.ok"),
+        ("upstreams: { ok: { respond: {} } }\nroutes: [{ upstream: ok }]\nroutes: []\n", (3, 1), "routes"),
+        (
+            "upstreams:\n  ok:\n    respond: {}\nroutes:\n  - upstream: ok\n    limits:\n      - { name: a, rate: 1/s, rate: 2/s }\n",
+            (7, 31),
+            "routes[0].limits[0].rate",
+        ),
+        (
+            "\u{feff}upstreams:\n  ok: { respond: {} }\n  \"ok\": { respond: {} }\nroutes: [{ upstream: ok }]\n",
+            (3, 3),
+            "upstreams.ok",
+        ),
+        // After a byte order mark, the first key too.
+        ("\u{feff}upstreams: { ok: { respond: {} } }\nroutes: [{ upstream: ok }]\nupstreams: {}\n", (3, 1), "upstreams"),
+    ];
+    for (text, (line, column), path) in cases {
+        let e = err(text);
+        assert_eq!((e.line, e.column, e.path.as_str()), (*line, *column, *path), "{text:?}: {e}");
+        assert!(e.message.contains("given twice") && e.message.contains("first on line"), "{e}");
+    }
+    // The same key in two mappings is no duplicate.
+    Config::from_yaml(
+        Path::new("proxy.yaml"),
+        "upstreams: { a: { respond: {} }, b: { respond: {} } }\nroutes: [{ upstream: a }, { upstream: b }]\n",
+    )
+    .unwrap();
+}
+
 #[test]
 fn the_shipped_config_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("proxy.yaml");

@@ -162,6 +162,29 @@ pub fn max_cost(alg: &Algorithm) -> u64 {
     }
 }
 
+/// The longest `retry_after` a denial of `alg` can carry for a cost it admits (at most
+/// [`max_cost`]), absent a debit: what a client may have to wait, which can be longer than the
+/// limit's period. Token bucket: `burst × interval`, three times that with a warm-up (a cold
+/// unit is charged up to `3 × interval`). Leaky bucket: the largest cost's slots,
+/// `interval × (max_delay / interval + 1)`. Fixed window and log: one window. Sliding window:
+/// two windows less 1 µs (a full window's count weighs on the next one, which the request may
+/// have to wait for well into), rounded here to two.
+pub fn longest_wait(alg: &Algorithm) -> Span {
+    match alg {
+        Algorithm::TokenBucket { interval, burst, warmup } => {
+            let full = interval.get() * burst.get();
+            if warmup.is_zero() {
+                full
+            } else {
+                full * 3
+            }
+        }
+        Algorithm::LeakyBucket { interval, max_delay } => interval.get() * leaky::max_cost(*interval, *max_delay),
+        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingLog { window, .. } => window.get(),
+        Algorithm::SlidingWindow { window, .. } => window.get() * 2,
+    }
+}
+
 /// [`decide`] on a mutable state, without cloning (the store's hot path). A state of another
 /// algorithm's shape is first reset to `alg`'s initial state.
 pub fn decide_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u64) -> Decision {

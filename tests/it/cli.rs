@@ -52,6 +52,27 @@ fn check_rejects_a_broken_config_with_exit_2_and_position() {
 }
 
 #[test]
+fn check_rejects_a_key_given_twice_with_exit_2_and_its_position() {
+    // Issue 31 (6): the second `ok` used to win, and a field given twice was put at 1:1.
+    for (text, want) in [
+        (
+            "upstreams: { ok: { respond: {} }, ok: { url: http://x:1 } }\nroutes: [{ upstream: ok }]\n",
+            ":1:35: upstreams.ok: `ok` is given twice in this mapping (first on line 1)",
+        ),
+        (
+            "upstreams:\n  ok: { respond: {} }\nroutes: [{ upstream: ok }]\nroutes: []\n",
+            ":4:1: routes: `routes` is given twice in this mapping (first on line 3)",
+        ),
+    ] {
+        let f = write_config(text);
+        let out = Command::new(BIN).arg("check").arg("-c").arg(&f.0).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[test]
 fn version_flag_prints_version() {
     let out = Command::new(BIN).arg("--version").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));

@@ -393,3 +393,16 @@ async fn tiers_from_a_redis_hash_through_the_cache_and_state_in_redis() {
     let keys: Vec<_> = node.tollgate_keys().into_iter().filter(|(k, _)| k.starts_with("tollgate:{")).collect();
     assert_eq!(keys.len(), 2, "{keys:?}");
 }
+
+#[test]
+fn a_client_listed_twice_in_the_clients_file_is_refused_at_its_line() {
+    // Issue 31 (6): the second entry used to win silently.
+    let path = clients_file("key-pro: pro\nkey-free: free\n'key-pro': free\n");
+    let yaml = plans_yaml(&format!("'{}'", path.display()), "local", "");
+    let Err(e) = tollgate::config::Config::from_yaml(std::path::Path::new("test.yaml"), &yaml) else {
+        panic!("a client listed twice is accepted");
+    };
+    let shown = e.to_string();
+    assert!(shown.contains("plans.clients: "), "{shown}");
+    assert!(shown.contains("clients.yaml:3: client `key-pro` is listed twice (first on line 1)"), "{shown}");
+}

@@ -468,3 +468,56 @@ async fn password_and_acl_user_in_the_url() {
 }
 
 mod proxy;
+
+/// Issue 31's probe against the Lua scripts: a client sends until its first denial, waits
+/// exactly the `Retry-After` the gate would send (plus a little latency) and is admitted; a
+/// second earlier it is still refused. Arrival phases and the client's pace are pseudo-random;
+/// the scripts run on the test's clock.
+#[tokio::test]
+async fn waiting_the_retry_after_sent_is_enough_with_redis() {
+    let node = RedisNode::start();
+    let client = client_with(Target::Single(node.url()), |_| {});
+    let sw = |w: u64, l: u64| Algorithm::SlidingWindow { window: nzs(w), limit: nz(l) };
+    let probed = [
+        (sw(1_000_000, 2), 1),
+        (sw(2_000_000, 3), 1),
+        (sw(1_000_000, 4), 3),
+        (Algorithm::FixedWindow { window: nzs(1_000_000), limit: nz(2), calendar: None }, 1),
+        (Algorithm::SlidingLog { window: nzs(1_000_000), limit: nz(2) }, 1),
+        (tb(500_000, 2), 1),
+        (Algorithm::TokenBucket { interval: nzs(500_000), burst: nz(4), warmup: Span::from_secs(3) }, 4),
+        (Algorithm::LeakyBucket { interval: nzs(500_000), max_delay: Span::from_micros(1_500_000) }, 3),
+    ];
+    // A second boundary (and a two-second one) of the unix clock.
+    let base = 1_700_000_000_000_000u64;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    for (n, (alg, cost)) in probed.into_iter().enumerate() {
+        let s = store(&client, &format!("probe{n}"), alg.clone(), None);
+        for trial in 0..40u64 {
+            let key = KeyHash(0x9_0000 + (n as u128) * 1_000 + u128::from(trial));
+            let mut now = base + trial * 10_000_000 + next(4_000_000);
+            let pace = next(20_000);
+            let mut secs = None;
+            for _ in 0..200 {
+                now += pace;
+                if let Decision::Deny { retry_after, .. } = s.decide_at(key, at_us(now), cost).await.unwrap() {
+                    secs = Some(tollgate::ratelimit::retry_after_capped(&alg, retry_after));
+                    break;
+                }
+            }
+            let secs = secs.expect("a denial within 200 requests");
+            let early = s.decide_at(key, at_us(now + (secs - 1) * 1_000_000), cost).await.unwrap();
+            assert!(!early.is_admitted(), "{alg:?}: admitted 1 s before Retry-After: {secs}");
+            let later = now + secs * 1_000_000 + next(5_000);
+            let d = s.decide_at(key, at_us(later), cost).await.unwrap();
+            assert!(d.is_admitted(), "{alg:?}: refused after Retry-After: {secs} (phase {}): {d:?}", now % 2_000_000);
+        }
+    }
+    assert_eq!(client.metrics().snapshot().fallbacks, 0);
+}

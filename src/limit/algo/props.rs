@@ -1,13 +1,13 @@
 //! Property tests over random arrival times and costs: no algorithm ever admits more than its
-//! documented bound, waiting `retry_after` is admitted (and one µs less is not), a refund at
-//! the same instant restores the previous behaviour exactly, and `Never` is the answer exactly
-//! to a cost above `max_cost`.
+//! documented bound, waiting `retry_after` or longer is admitted (and one µs less is not), no
+//! `retry_after` exceeds [`longest_wait`], a refund at the same instant restores the previous
+//! behaviour exactly, and `Never` is the answer exactly to a cost above `max_cost`.
 
 use std::num::NonZeroU64;
 
 use proptest::prelude::*;
 
-use super::{decide, max_cost, refund, Algorithm, Decision, NonZeroSpan, Span, State, Timestamp};
+use super::{decide, longest_wait, max_cost, refund, Algorithm, Decision, NonZeroSpan, Span, State, Timestamp};
 
 fn nz(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n.max(1)).expect("non-zero")
@@ -180,6 +180,7 @@ proptest! {
     #[test]
     fn waiting_retry_after_is_admitted(
         alg in any_algorithm(), arr in arrivals(), gap in 0u64..100, seed in any::<u64>(),
+        later in prop_oneof![Just(0u64), 0u64..3_000],
     ) {
         let (log, state) = run(&alg, &arr);
         let now = log.last().map_or(Timestamp::ZERO, |l| l.0) + Span::from_micros(gap);
@@ -187,9 +188,14 @@ proptest! {
         let (d, after) = decide(&alg, state.as_ref(), now, cost);
         if let Decision::Deny { retry_after, .. } = d {
             prop_assert!(retry_after > Span::ZERO && retry_after < Span::MAX);
-            // Nothing consumed by the denial.
+            // The Retry-After header is capped at this bound.
+            prop_assert!(retry_after <= longest_wait(&alg), "{retry_after:?} > {:?}", longest_wait(&alg));
+            // Nothing consumed by the denial; waiting longer (a rounded-up header, latency)
+            // is admitted too.
             let (d2, _) = decide(&alg, after.as_ref(), now + retry_after, cost);
             prop_assert!(d2.is_admitted(), "not admitted after {retry_after:?}: {d2:?}");
+            let (d3, _) = decide(&alg, after.as_ref(), now + retry_after + Span::from_micros(later), cost);
+            prop_assert!(d3.is_admitted(), "not admitted {later} µs after {retry_after:?}: {d3:?}");
             let (d1, _) = decide(&alg, state.as_ref(), now + retry_after - Span::from_micros(1), cost);
             prop_assert!(!d1.is_admitted(), "retry_after {retry_after:?} not minimal");
         }

@@ -1,6 +1,17 @@
 //! In-process store: 64 shards of `Mutex<HashMap<KeyHash, State>>`, no global lock. Invariants:
-//! an entry exists only while its state is not back to initial (a full bucket = no entry), at
-//! most `max_keys` entries exist, and a state that is not initial is never dropped.
+//! a state back to initial (a full bucket = no entry) is dropped when its key is next decided
+//! or by the next sweep of its shard, at most `max_keys` entries exist, and a state that is not
+//! initial is never dropped.
+//!
+//! # Forgetting idle keys
+//! A key that never comes back is not decided again, so shards sweep: a shard drops the
+//! entries that are back to initial when a new key arrives and the shard holds twice the
+//! entries its last sweep left (at least [`SWEEP_MIN`]), or is full. A sweep costs O(entries)
+//! once per doubling, as a hash table's own growth does: O(1) per new key amortized, and
+//! nothing at all for a key that has an entry. So the entries of a shard stay below twice the
+//! keys that still hold state (plus [`SWEEP_MIN`]), whatever the churn of keys, and a table
+//! left four times larger than needed is shrunk. Reading the live count ([`LocalStore::live`],
+//! for the metric) sweeps first, so it counts only keys that still hold state.
 //!
 //! # Key bound and overflow
 //! `max_keys` is split over the shards (shard `i` holds at most `max_keys / 64`, plus one for
@@ -31,10 +42,17 @@ const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 /// Minimum time between two sweeps of one shard.
 const SWEEP_GAP: Span = Span::from_micros(50_000);
 
+/// A shard sweeps on a new key once it holds this many entries (or twice what its last
+/// sweep left, if more).
+pub const SWEEP_MIN: usize = 16;
+
 /// The sharded, bounded map of per-key states for one limit.
 #[derive(Debug)]
 pub struct LocalStore {
     alg: Algorithm,
+    /// A state is dropped by a sweep only if idle under each of these: `alg`, and for a plan
+    /// limit the parameters of every tier (one state per client, decided with its tier's).
+    idle_under: Box<[Algorithm]>,
     max_keys: usize,
     shards: Box<[Padded]>,
 }
@@ -52,29 +70,50 @@ struct Shard {
     overflow: Option<State>,
     /// No sweep before this time: nothing can have become idle earlier.
     next_sweep: Timestamp,
+    /// A new key sweeps once the map holds this many entries: twice what the last sweep left.
+    sweep_at: usize,
 }
 
 impl LocalStore {
     /// A store for `alg` holding at most `max_keys` keys (0 = every key shares the overflow).
     pub fn new(alg: Algorithm, max_keys: usize) -> Self {
+        Self::with_tiers(alg, max_keys, std::iter::empty())
+    }
+
+    /// A store for `alg` that also decides keys with the parameters of `tiers` (a plan limit:
+    /// one state per client, decided with its tier's parameters). Sweeps keep a state until it
+    /// is idle under every one of them.
+    pub fn with_tiers(alg: Algorithm, max_keys: usize, tiers: impl IntoIterator<Item = Algorithm>) -> Self {
+        let mut idle_under = vec![alg.clone()];
+        for t in tiers {
+            if !idle_under.contains(&t) {
+                idle_under.push(t);
+            }
+        }
         let shards = (0..SHARDS)
             .map(|i| {
                 let cap = max_keys / SHARDS + usize::from(i < max_keys % SHARDS);
-                Padded(Mutex::new(Shard { map: HashMap::default(), cap, overflow: None, next_sweep: Timestamp::ZERO }))
+                Padded(Mutex::new(Shard {
+                    map: HashMap::default(),
+                    cap,
+                    overflow: None,
+                    next_sweep: Timestamp::ZERO,
+                    sweep_at: SWEEP_MIN,
+                }))
             })
             .collect();
-        Self { alg, max_keys, shards }
+        Self { alg, idle_under: idle_under.into(), max_keys, shards }
     }
 
     /// Decides one request of `cost` for `key` at `now`.
     pub fn decide(&self, key: KeyHash, now: Timestamp, cost: u64) -> Decision {
-        self.lock(key).decide(&self.alg, key.0, now, cost)
+        self.lock(key).decide(&self.alg, &self.idle_under, key.0, now, cost)
     }
 
     /// [`LocalStore::decide`] with other parameters of the same algorithm: a plan limit keeps
     /// one state per client and decides it with the parameters of the client's tier.
     pub fn decide_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) -> Decision {
-        self.lock(key).decide(alg, key.0, now, cost)
+        self.lock(key).decide(alg, &self.idle_under, key.0, now, cost)
     }
 
     /// [`LocalStore::refund`] with the parameters of a plan tier.
@@ -84,7 +123,7 @@ impl LocalStore {
 
     /// [`LocalStore::debit`] with the parameters of a plan tier.
     pub fn debit_as(&self, alg: &Algorithm, key: KeyHash, now: Timestamp, cost: u64) {
-        self.lock(key).debit(alg, key.0, now, cost);
+        self.lock(key).debit(alg, &self.idle_under, key.0, now, cost);
     }
 
     /// Undoes an admission of `cost` for `key` made at `now` (see [`crate::limit::refund`]).
@@ -96,12 +135,26 @@ impl LocalStore {
     /// Charges `cost` more for `key` at `now` (see [`crate::limit::debit`]); a key without an
     /// entry and no room for one charges its shard's overflow state.
     pub fn debit(&self, key: KeyHash, now: Timestamp, cost: u64) {
-        self.lock(key).debit(&self.alg, key.0, now, cost);
+        self.lock(key).debit(&self.alg, &self.idle_under, key.0, now, cost);
     }
 
-    /// Live keys (entries whose state is not known to be initial), for a metric.
+    /// Entries held: keys whose state was not back to initial when last seen (some may be
+    /// by now; see [`LocalStore::live`]).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(&s.0).map.len()).sum()
+    }
+
+    /// Keys that still hold state at `now` (for the metric): sweeps every shard first, one
+    /// shard locked at a time.
+    pub fn live(&self, now: Timestamp) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut shard = lock(&s.0);
+                shard.sweep(&self.idle_under, now);
+                shard.map.len()
+            })
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -117,10 +170,9 @@ impl LocalStore {
         self.max_keys
     }
 
-    /// Drops every entry that is back to initial at `now` (for an optional periodic task, so
-    /// that `len()` follows live traffic); returns how many were dropped.
+    /// Drops every entry that is back to initial at `now`; returns how many were dropped.
     pub fn sweep(&self, now: Timestamp) -> usize {
-        self.shards.iter().map(|s| lock(&s.0).sweep(&self.alg, now)).sum()
+        self.shards.iter().map(|s| lock(&s.0).sweep(&self.idle_under, now)).sum()
     }
 
     fn lock(&self, key: KeyHash) -> MutexGuard<'_, Shard> {
@@ -136,7 +188,7 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Shard {
-    fn decide(&mut self, alg: &Algorithm, key: u128, now: Timestamp, cost: u64) -> Decision {
+    fn decide(&mut self, alg: &Algorithm, idle_under: &[Algorithm], key: u128, now: Timestamp, cost: u64) -> Decision {
         if let Some(st) = self.map.get_mut(&key) {
             let d = decide_in_place(alg, st, now, cost);
             if st.is_idle(alg, now) {
@@ -144,9 +196,7 @@ impl Shard {
             }
             return d;
         }
-        if self.map.len() >= self.cap && now >= self.next_sweep {
-            self.sweep(alg, now);
-        }
+        self.sweep_for_new_key(idle_under, now);
         if self.overflow.as_ref().is_some_and(|o| o.is_idle(alg, now)) {
             self.overflow = None;
         }
@@ -170,14 +220,12 @@ impl Shard {
         d
     }
 
-    fn debit(&mut self, alg: &Algorithm, key: u128, now: Timestamp, cost: u64) {
+    fn debit(&mut self, alg: &Algorithm, idle_under: &[Algorithm], key: u128, now: Timestamp, cost: u64) {
         if let Some(st) = self.map.get_mut(&key) {
             debit_in_place(alg, st, now, cost);
             return;
         }
-        if self.map.len() >= self.cap && now >= self.next_sweep {
-            self.sweep(alg, now);
-        }
+        self.sweep_for_new_key(idle_under, now);
         if self.map.len() < self.cap {
             let mut st = self.overflow.clone().unwrap_or_else(|| State::initial(alg));
             debit_in_place(alg, &mut st, now, cost);
@@ -204,19 +252,35 @@ impl Shard {
         }
     }
 
-    /// Drops idle entries; schedules the next sweep at the earliest time one can be idle.
-    fn sweep(&mut self, alg: &Algorithm, now: Timestamp) -> usize {
+    /// Before a new key takes an entry: a sweep if the shard is full or has doubled since the
+    /// last one, and something can be idle by now.
+    fn sweep_for_new_key(&mut self, idle_under: &[Algorithm], now: Timestamp) {
+        if self.map.len() >= self.cap.min(self.sweep_at) && now >= self.next_sweep {
+            self.sweep(idle_under, now);
+        }
+    }
+
+    /// Drops the entries idle under every algorithm of `idle_under`; schedules the next sweep
+    /// at the earliest time one can be idle, and the next on a new key at twice what is left.
+    /// A table left four times larger than its entries need is shrunk.
+    fn sweep(&mut self, idle_under: &[Algorithm], now: Timestamp) -> usize {
         let before = self.map.len();
         let mut earliest = Timestamp::MAX;
         self.map.retain(|_, st| {
-            let idle = st.is_idle(alg, now);
+            let idle = idle_under.iter().all(|alg| st.is_idle(alg, now));
             if !idle {
-                earliest = earliest.min(st.idle_at(alg));
+                let at = idle_under.iter().map(|alg| st.idle_at(alg)).max().unwrap_or(Timestamp::ZERO);
+                earliest = earliest.min(at);
             }
             !idle
         });
+        let left = self.map.len();
         self.next_sweep = earliest.max(now + SWEEP_GAP);
-        before - self.map.len()
+        self.sweep_at = left.saturating_mul(2).max(SWEEP_MIN);
+        if self.map.capacity() > left.saturating_add(SWEEP_MIN).saturating_mul(4) {
+            self.map.shrink_to(left.saturating_mul(2));
+        }
+        before - left
     }
 }
 
@@ -225,7 +289,7 @@ mod tests {
     use std::num::NonZeroU64;
 
     use super::*;
-    use crate::limit::NonZeroSpan;
+    use crate::limit::{Clock, ManualClock, NonZeroSpan};
 
     fn nz(n: u64) -> NonZeroU64 {
         NonZeroU64::new(n).expect("non-zero")
@@ -261,6 +325,73 @@ mod tests {
         assert_eq!(s.sweep(at(999)), 0);
         assert_eq!(s.sweep(at(1_005)), 1);
         assert!(s.is_empty());
+    }
+
+    /// Key `n`, spread over the shards as digests are.
+    fn spread(n: u64) -> KeyHash {
+        KeyHash(u128::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
+    }
+
+    #[test]
+    fn keys_back_to_initial_are_not_counted_live() {
+        let s = LocalStore::new(tb(), 100_000);
+        let clock = ManualClock::new(at(5_000));
+        for n in 0..1_000 {
+            assert!(s.decide(spread(n), clock.now(), 1).is_admitted());
+        }
+        assert_eq!(s.live(clock.now()), 1_000);
+        clock.advance(Span::from_micros(999));
+        assert_eq!(s.live(clock.now()), 1_000, "not yet refilled");
+        // Every bucket has refilled: none of these keys holds state any more.
+        clock.advance(Span::from_micros(1));
+        assert_eq!(s.live(clock.now()), 0);
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn a_churn_of_new_keys_holds_about_the_live_ones() {
+        // One new key a millisecond, each holding state for a second: about 1,000 live keys
+        // at any time, 200,000 keys in all, none ever decided twice.
+        let alg = Algorithm::TokenBucket { interval: nzs(1_000_000), burst: nz(1), warmup: Span::ZERO };
+        let s = LocalStore::new(alg, 1_000_000);
+        let clock = ManualClock::new(at(0));
+        let mut most = 0;
+        for n in 0..200_000 {
+            clock.advance(Span::from_micros(1_000));
+            assert!(s.decide(spread(n), clock.now(), 1).is_admitted());
+            if n % 500 == 0 {
+                most = most.max(s.len());
+            }
+        }
+        println!("churn: at most {most} entries for about 1,000 live keys");
+        // At most twice the live keys per shard, plus the sweep threshold.
+        assert!(most <= 2 * 1_100 + SHARDS * SWEEP_MIN, "{most} entries for about 1,000 live keys");
+        assert!(s.len() >= 900, "keys that still hold state are kept: {}", s.len());
+        clock.advance(Span::from_micros(1_000_000));
+        assert_eq!(s.live(clock.now()), 0);
+    }
+
+    #[test]
+    fn a_table_emptied_by_a_sweep_gives_its_memory_back() {
+        let s = LocalStore::new(tb(), 1_000_000);
+        for n in 0..100_000 {
+            s.decide(spread(n), at(0), 1);
+        }
+        let capacity = |s: &LocalStore| s.shards.iter().map(|sh| lock(&sh.0).map.capacity()).sum::<usize>();
+        assert!(capacity(&s) >= 100_000);
+        assert_eq!(s.live(at(1_000)), 0);
+        assert!(capacity(&s) <= SHARDS * 4 * SWEEP_MIN, "{}", capacity(&s));
+    }
+
+    #[test]
+    fn a_plan_store_keeps_a_state_until_idle_in_every_tier() {
+        // Tier parameters: the same bucket refilling in 1 ms (the store's) or in 10 ms.
+        let slow = Algorithm::TokenBucket { interval: nzs(10_000), burst: nz(1), warmup: Span::ZERO };
+        let s = LocalStore::with_tiers(tb(), 1_000, [slow.clone()]);
+        assert!(s.decide_as(&slow, key(2, 1), at(0), 1).is_admitted());
+        assert_eq!(s.live(at(1_000)), 1, "idle for the store's parameters, not for its tier's");
+        assert!(!s.decide_as(&slow, key(2, 1), at(5_000), 1).is_admitted());
+        assert_eq!(s.live(at(10_000)), 0);
     }
 
     #[test]
