@@ -16,7 +16,7 @@ use crate::body::Body;
 use crate::cache::Cache;
 use crate::config::{Config, LimitConfig, Route, StoreKind, UpstreamKind};
 use crate::forward::{self, Downstream, HttpForwarder};
-use crate::gate::{Gate, Limit, Note};
+use crate::gate::{Admission, Gate, Limit, Note};
 use crate::limit::plan::Directory;
 use crate::limit::store::redis::fallback_algorithm;
 use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
@@ -283,8 +283,10 @@ impl Proxy {
         self.serve(routed, parts, body, peer, started)
     }
 
-    /// The answer of the routed request: from upstream when admitted, else a refusal or a
-    /// stale copy. One `async fn` holding the head once (see [`Proxy::handle`]).
+    /// The routed request, in phases over one [`Ctx`]: *route* (done by the caller; a miss is
+    /// answered here), *admit* and *forward* ([`Proxy::answer`]), then *finish* (request id,
+    /// response header rules, metrics) and *log*. One future holding the head once (see
+    /// [`Proxy::handle`]).
     // Not an `async fn`: its arguments would be kept twice in the future, as arguments and as
     // locals (376 bytes); captured by an `async move` block, each is kept once.
     #[allow(clippy::manual_async_fn)]
@@ -299,257 +301,20 @@ impl Proxy {
         async move {
             let this = &*self;
             let _in_flight = InFlight::enter(&this.metrics);
-            // Whether the peer is a trusted proxy: decided once, read by the request id and the
-            // forwarding fields.
-            let peer_trusted = this.trusted.is_trusted(peer.addr.ip());
-            // The request's id, made as it enters; only a trusted proxy's own is read, so the
-            // common case looks up no field.
-            let id = this.config.request_id.as_ref().map(|name| RequestId::decide(name, &parts.headers, peer_trusted));
-            // The field and its value, made once: the forwarded request gets a clone.
-            let id_field = this.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
-            // The id as text, for the log and rule values; read only where they need it.
-            let request_id = || id.as_ref().map(RequestId::as_str);
-            // gRPC runs on HTTP/2 only: an HTTP/1 request costs one comparison here.
-            let grpc = parts.version == http::Version::HTTP_2 && forward::grpc::is_grpc(&parts.headers);
+            let ctx = Ctx::new(this, &parts, &peer);
             let (idx, mut target) = match routed {
                 Ok(found) => found,
-                Err(e) => {
-                    if started.is_some() {
-                        let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
-                        let peer = peer.addr.ip();
-                        tracing::info!(target: "tollgate::access", %peer, %method, path, status, error = e.kind(), request_id = request_id());
-                    }
-                    let mut resp = if grpc {
-                        this.unrouted.respond_grpc(&e)
-                    } else {
-                        this.unrouted.respond(&e, &parts.method, parts.uri.path(), parts.version)
-                    };
-                    if let Some((name, id)) = id_field {
-                        set_id(resp.headers_mut(), name, id);
-                    }
-                    return resp;
-                }
+                Err(e) => return this.unrouted(&e, &parts, &ctx, started),
             };
             let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
-            let mut log = Access::new(lane, route, &parts, this.config.log.access, id.as_ref());
-            log.grpc = grpc;
-            let version = parts.version;
-            // Values with variables read the request as the client sent it (its head is not
-            // changed before it is forwarded; `{path}` is the client's path after a rewrite too).
-            let render = |rules: &Option<Arc<forward::rules::HeaderRules>>, parts: &Parts, target: &Target| {
-                let rules = rules.as_ref().filter(|r| r.is_dynamic())?;
-                Some(rules.render(&forward::rules::Vars {
-                    route: &route.name,
-                    headers: &parts.headers,
-                    path: target.path(parts),
-                    request_id: request_id(),
-                    peer: peer.addr.ip(),
-                    trusted: &this.trusted,
-                }))
-            };
+            let mut log = Access::new(lane, route, &parts, this.config.log.access, ctx.id.as_ref());
+            log.grpc = ctx.grpc;
             // Every answer may need these (a 429 too); the request's only once it is admitted.
-            let response_values: RenderedValues = render(&route.response_headers, &parts, &target);
-            let mut resp = 'answer: {
-                // TRACE reflects the request, credentials and all: not taken unless the route
-                // lists it (nginx refuses it too).
-                if parts.method == Method::TRACE && !takes_trace(route) {
-                    break 'answer this.refused(route, lane, &Error::MethodNotAllowed, None, version, &mut log);
-                }
-                if let Some(rw) = &route.rewrite {
-                    if let Some(path) = rw.apply(target.path(&parts)) {
-                        if let Err(e) = target.rewrite(&mut parts, &path) {
-                            break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
-                        }
-                    }
-                }
-                let mut admission = None;
-                if !lane.gate.is_open() {
-                    // The key's context lives for the decision only, and the decision is moved
-                    // out before any wait: the request's future keeps neither across another
-                    // await (each would take a slot of its own in it).
-                    let checked = {
-                        let client_ip = this.trusted.client_ip(peer.addr.ip(), &parts.headers);
-                        let ctx = KeyCtx {
-                            route: &route.name,
-                            client_ip,
-                            path: target.path(&parts),
-                            parts: &parts,
-                            tls_client: peer.tls_client(),
-                        };
-                        lane.gate.check(&ctx, this.clock.now()).await
-                    };
-                    let wait = match checked {
-                        Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
-                        Ok(a) => {
-                            log.note = a.note;
-                            admission.insert(a).wait()
-                        }
-                    };
-                    if !wait.is_zero() {
-                        Box::pin(tokio::time::sleep(wait)).await;
-                    }
-                }
-                // A copy of the head, only when a stale copy could be stored or served for it.
-                let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
-                if matches!(parts.method, Method::OPTIONS | Method::TRACE) {
-                    match forward::hop::last(&mut parts.headers) {
-                        Ok(false) => {}
-                        Ok(true) if parts.method == Method::OPTIONS => break 'answer lane.answers.options(),
-                        Ok(true) => break 'answer lane.answers.trace(&parts),
-                        Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
-                    }
-                }
-                let mut resp = match &*this.targets[route.upstream] {
-                    Backend::Respond(r) => {
-                        // The whole request is read before the answer, as any server reads it.
-                        if !http_body::Body::is_end_stream(&body) {
-                            let read = forward::read_to_end(body, r.max_body, this.config.server.body_read_timeout);
-                            if let Err(e) = Box::pin(read).await {
-                                break 'answer this.refused(route, lane, &e, None, version, &mut log);
-                            }
-                        }
-                        forward::respond(r).await
-                    }
-                    backend => {
-                        let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
-                            break 'answer this.refused(
-                                route,
-                                lane,
-                                &Error::BadRequest(STRIP_PARAMS),
-                                Some(&parts),
-                                version,
-                                &mut log,
-                            );
-                        };
-                        let request_values: RenderedValues = render(&route.request_headers, &parts, &target);
-                        let down = Downstream {
-                            peer: peer.addr.ip(),
-                            peer_trusted,
-                            https: peer.tls.is_some(),
-                            request_id: id_field.as_ref().map(|(name, id)| (*name, id.clone())),
-                            rules: route
-                                .request_headers
-                                .as_deref()
-                                .map(|r| (r, request_values.as_deref().unwrap_or_default())),
-                        };
-                        let sent = Instant::now();
-                        // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
-                        // `OnUpgrade` in the request's (usually empty) extensions, and only a flag is
-                        // kept here, so the request's future grows by a byte.
-                        let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
-                        // The tunnel slot of an upgrade the route tunnels (`upgrades:`) to a backend that
-                        // can: taken first, it goes with the tunnel, or back on any other answer.
-                        let tunnel_slot = |tunnels: bool, parts: &Parts| {
-                            let wanted = tunnels
-                                && !route.upgrades.is_empty()
-                                && forward::tunnel::wanted(
-                                    &parts.headers,
-                                    &parts.extensions,
-                                    parts.version,
-                                    &route.upgrades,
-                                )
-                                .is_some();
-                            if !wanted {
-                                return Ok(None);
-                            }
-                            lane.tunnels.clone().try_acquire_owned().map(Some).map_err(|_| Error::TooManyTunnels)
-                        };
-                        let out = match backend {
-                            Backend::Http(fwd) if upgrade => {
-                                // Boxed: rare, and its future would enlarge every request's.
-                                Box::pin(async {
-                                    let slot = tunnel_slot(fwd.tunnels(), &parts)?;
-                                    let req = Request::from_parts(parts, body);
-                                    if let Some(slot) = slot {
-                                        fwd.upgrade(req, strip, &down, &route.upgrades, slot).await
-                                    } else if is_extended_connect(&req) {
-                                        Err(Error::BadRequest(UNTUNNELLED_CONNECT))
-                                    } else if fwd.is_h2() {
-                                        fwd.forward_h2(req, strip, &down).await
-                                    } else {
-                                        // `Upgrade` removed: an ordinary request.
-                                        fwd.forward(req, strip, &down).await
-                                    }
-                                })
-                                .await
-                            }
-                            // Boxed: its future would otherwise enlarge every HTTP/1 request's.
-                            Backend::Http(fwd) if fwd.is_h2() => {
-                                Box::pin(fwd.forward_h2(Request::from_parts(parts, body), strip, &down)).await
-                            }
-                            Backend::Http(fwd) => fwd.forward(Request::from_parts(parts, body), strip, &down).await,
-                            Backend::Group(group) => {
-                                // `balance: hash`: the request's key, as a limit keys it.
-                                let key = group.hash_key().map_or(0, |spec| {
-                                    let ctx = KeyCtx {
-                                        route: &route.name,
-                                        client_ip: this.trusted.client_ip(peer.addr.ip(), &parts.headers),
-                                        path: target.path(&parts),
-                                        parts: &parts,
-                                        tls_client: peer.tls_client(),
-                                    };
-                                    spec.hash(&ctx).0 as u64
-                                });
-                                // Boxed: a group's future stays out of every single-server request's.
-                                // An ordinary request's box holds the forwarding future alone.
-                                if !upgrade {
-                                    Box::pin(group.forward(Request::from_parts(parts, body), strip, &down, key)).await
-                                } else {
-                                    Box::pin(async {
-                                        let slot = tunnel_slot(group.tunnels(), &parts)?;
-                                        let req = Request::from_parts(parts, body);
-                                        if let Some(slot) = slot {
-                                            group.upgrade(req, strip, &down, &route.upgrades, slot, key).await
-                                        } else if is_extended_connect(&req) {
-                                            Err(Error::BadRequest(UNTUNNELLED_CONNECT))
-                                        } else {
-                                            group.forward(req, strip, &down, key).await
-                                        }
-                                    })
-                                    .await
-                                }
-                            }
-                            Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
-                        };
-                        let took = sent.elapsed();
-                        lane.metrics.upstream_seconds.observe(took);
-                        log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
-                        match out {
-                            Ok(resp) => resp,
-                            Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
-                        }
-                    }
-                };
-                // A cost taken from the response: debited or refunded now that the head is here.
-                // Boxed, so that routes without one carry no larger future.
-                if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
-                    Box::pin(lane.gate.settle(a, resp.headers(), this.clock.now())).await;
-                }
-                if let Some(head) = &head {
-                    resp = this.after_upstream(route, lane, head, resp, &mut log);
-                }
-                let mut permit = None;
-                if let Some(mut a) = admission {
-                    lane.gate.decorate(&mut a, &mut resp);
-                    permit = a.permit;
-                }
-                if let Some(p) = &mut permit {
-                    p.answered(resp.status());
-                }
-                // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
-                if matches!(resp.status().as_u16(), 101 | 200) {
-                    // The tunnel holds the concurrency slot and its tunnel slot for its life.
-                    if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
-                        pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
-                    }
-                }
-                if let Some(permit) = permit {
-                    resp.body_mut().hold(permit.into());
-                }
-                resp
-            };
-            if let Some((name, id)) = id_field {
-                set_id(resp.headers_mut(), name, id);
+            let response_values = this.values(&route.response_headers, route, &parts, &target, &ctx);
+            let mut resp = this.answer(route, lane, &mut parts, body, &mut target, &ctx, &mut log).await;
+            // Finish: what every answer of the route carries, then the log line.
+            if let Some((name, id)) = &ctx.id_field {
+                set_id(resp.headers_mut(), name, id.clone());
             }
             if let Some(rules) = &route.response_headers {
                 rules.apply(resp.headers_mut(), response_values.as_deref().unwrap_or_default());
@@ -560,6 +325,363 @@ impl Proxy {
             }
             resp
         }
+    }
+
+    /// The answer to a request no route took (a bad target, no route), logged.
+    fn unrouted(&self, e: &Error, parts: &Parts, ctx: &Ctx<'_>, started: Option<Instant>) -> Response<Body> {
+        if started.is_some() {
+            let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
+            let peer = ctx.peer.addr.ip();
+            tracing::info!(target: "tollgate::access", %peer, %method, path, status, error = e.kind(), request_id = ctx.request_id());
+        }
+        let mut resp = if ctx.grpc {
+            self.unrouted.respond_grpc(e)
+        } else {
+            self.unrouted.respond(e, &parts.method, parts.uri.path(), parts.version)
+        };
+        if let Some((name, id)) = &ctx.id_field {
+            set_id(resp.headers_mut(), name, id.clone());
+        }
+        resp
+    }
+
+    /// A route's header rule values for this request. They read the request as the client
+    /// sent it (its head is not changed before it is forwarded; `{path}` is the client's path
+    /// after a rewrite too).
+    fn values(
+        &self,
+        rules: &Option<Arc<forward::rules::HeaderRules>>,
+        route: &Route,
+        parts: &Parts,
+        target: &Target,
+        ctx: &Ctx<'_>,
+    ) -> RenderedValues {
+        let rules = rules.as_ref().filter(|r| r.is_dynamic())?;
+        Some(rules.render(&forward::rules::Vars {
+            route: &route.name,
+            headers: &parts.headers,
+            path: target.path(parts),
+            request_id: ctx.request_id(),
+            peer: ctx.peer.addr.ip(),
+            trusted: &self.trusted,
+        }))
+    }
+
+    /// The routed request's answer: *admit* (rewrite, method, limits and cap, a shaping
+    /// wait), *forward* (or answer at the last hop, or from the responder), then *settle*
+    /// (a cost from the response, the stale copy, RateLimit fields, the slot the body holds).
+    // Not `async fn`s (this and `forward`): what they take by value would be kept twice in
+    // the request's future (see `serve`).
+    #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+    fn answer<'f, 'a>(
+        &'f self,
+        route: &'f Route,
+        lane: &'f Lane,
+        parts: &'f mut Parts,
+        body: Incoming,
+        target: &'f mut Target,
+        ctx: &'f Ctx<'a>,
+        log: &'f mut Access<'a>,
+    ) -> impl Future<Output = Response<Body>> + use<'f, 'a> {
+        async move {
+            let version = parts.version;
+            let mut admission = match self.admit(route, lane, parts, target, ctx, log).await {
+                Ok(a) => a,
+                Err(e) => return self.refused(route, lane, &e, Some(parts), version, log),
+            };
+            // A copy of the head, only when a stale copy could be stored or served for it.
+            let head = self.wants_copy(route, lane, parts).then(|| Box::new(parts.clone()));
+            let sent = Instant::now();
+            let out = self.forward(route, lane, parts, body, target, ctx).await;
+            let mut resp = match out {
+                Forwarded::Here(resp) => resp,
+                Forwarded::Refused(e) => return self.refused(route, lane, &e, head.as_deref(), version, log),
+                Forwarded::Upstream(out) => {
+                    let took = sent.elapsed();
+                    lane.metrics.upstream_seconds.observe(took);
+                    log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
+                    match out {
+                        Ok(resp) => resp,
+                        Err(e) => return self.refused(route, lane, &e, head.as_deref(), version, log),
+                    }
+                }
+            };
+            // A cost taken from the response: debited or refunded now that the head is here.
+            // Boxed, so that routes without one carry no larger future.
+            if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
+                Box::pin(lane.gate.settle(a, resp.headers(), self.clock.now())).await;
+            }
+            if let Some(head) = &head {
+                resp = self.after_upstream(route, lane, head, resp, log);
+            }
+            let mut permit = None;
+            if let Some(mut a) = admission {
+                lane.gate.decorate(&mut a, &mut resp);
+                permit = a.permit;
+            }
+            if let Some(p) = &mut permit {
+                p.answered(resp.status());
+            }
+            // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
+            if matches!(resp.status().as_u16(), 101 | 200) {
+                // The tunnel holds the concurrency slot and its tunnel slot for its life.
+                if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
+                    pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
+                }
+            }
+            if let Some(permit) = permit {
+                resp.body_mut().hold(permit.into());
+            }
+            resp
+        }
+    }
+
+    /// *Admit*: the route's path rewrite and method rule, then its limits and cap; waits
+    /// out a shaping delay. `None`: the route has no gate.
+    async fn admit(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        parts: &mut Parts,
+        target: &mut Target,
+        ctx: &Ctx<'_>,
+        log: &mut Access<'_>,
+    ) -> Result<Option<Admission>, Error> {
+        // TRACE reflects the request, credentials and all: not taken unless the route lists
+        // it (nginx refuses it too).
+        if parts.method == Method::TRACE && !takes_trace(route) {
+            return Err(Error::MethodNotAllowed);
+        }
+        if let Some(rw) = &route.rewrite {
+            if let Some(path) = rw.apply(target.path(parts)) {
+                target.rewrite(parts, &path)?;
+            }
+        }
+        if lane.gate.is_open() {
+            return Ok(None);
+        }
+        // The key's context lives for the decision only, and the decision is moved out
+        // before any wait: the request's future keeps neither across another await (each
+        // would take a slot of its own in it).
+        let checked = {
+            let key = self.key_ctx(route, parts, target, ctx.peer);
+            lane.gate.check(&key, self.clock.now()).await
+        };
+        let admission = checked?;
+        log.note = admission.note;
+        let wait = admission.wait();
+        if !wait.is_zero() {
+            Box::pin(tokio::time::sleep(wait)).await;
+        }
+        Ok(Some(admission))
+    }
+
+    /// What limit keys (and a `hash` group's balancing) read of the request.
+    fn key_ctx<'k>(&'k self, route: &'k Route, parts: &'k Parts, target: &'k Target, peer: &'k Peer) -> KeyCtx<'k> {
+        KeyCtx {
+            route: &route.name,
+            client_ip: self.trusted.client_ip(peer.addr.ip(), &parts.headers),
+            path: target.path(parts),
+            parts,
+            tls_client: peer.tls_client(),
+        }
+    }
+
+    /// *Forward*: to the route's backend, or answered here at the last hop (`Max-Forwards`)
+    /// or by the built-in responder once it has read the request.
+    #[allow(clippy::manual_async_fn)]
+    fn forward<'f, 'a>(
+        &'f self,
+        route: &'f Route,
+        lane: &'f Lane,
+        parts: &'f mut Parts,
+        body: Incoming,
+        target: &'f Target,
+        ctx: &'f Ctx<'a>,
+    ) -> impl Future<Output = Forwarded> + use<'f, 'a> {
+        async move {
+            if matches!(parts.method, Method::OPTIONS | Method::TRACE) {
+                match forward::hop::last(&mut parts.headers) {
+                    Ok(false) => {}
+                    Ok(true) if parts.method == Method::OPTIONS => return Forwarded::Here(lane.answers.options()),
+                    Ok(true) => return Forwarded::Here(lane.answers.trace(parts)),
+                    Err(e) => return Forwarded::Refused(e),
+                }
+            }
+            let backend = match &*self.targets[route.upstream] {
+                Backend::Respond(r) => {
+                    // The whole request is read before the answer, as any server reads it; a
+                    // client that waits for `100 Continue` gets the final answer instead
+                    // (RFC 9110 §10.1.1), as nginx's `return` gives it.
+                    let waits = parts
+                        .headers
+                        .get(http::header::EXPECT)
+                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+                    if !waits && !http_body::Body::is_end_stream(&body) {
+                        let read = forward::read_to_end(body, r.max_body, self.config.server.body_read_timeout);
+                        if let Err(e) = Box::pin(read).await {
+                            return Forwarded::Refused(e);
+                        }
+                    }
+                    return Forwarded::Here(forward::respond(r).await);
+                }
+                backend => backend,
+            };
+            let Some(strip) = strip_len(route, parts.uri.path(), target.path(parts)) else {
+                return Forwarded::Refused(Error::BadRequest(STRIP_PARAMS));
+            };
+            let request_values = self.values(&route.request_headers, route, parts, target, ctx);
+            let down = Downstream {
+                peer: ctx.peer.addr.ip(),
+                peer_trusted: ctx.peer_trusted,
+                https: ctx.peer.tls.is_some(),
+                request_id: ctx.id_field.clone(),
+                rules: route.request_headers.as_deref().map(|r| (r, request_values.as_deref().unwrap_or_default())),
+            };
+            // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an `OnUpgrade`
+            // in the request's (usually empty) extensions, and only a flag is kept here, so the
+            // request's future grows by a byte.
+            let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
+            Forwarded::Upstream(match backend {
+                // Boxed: rare, and its future would enlarge every request's.
+                Backend::Http(fwd) if upgrade => {
+                    Box::pin(self.upgrade(route, lane, fwd, parts, body, strip, &down)).await
+                }
+                // Boxed: its future would otherwise enlarge every HTTP/1 request's.
+                Backend::Http(fwd) if fwd.is_h2() => Box::pin(fwd.forward_h2(request(parts, body), strip, &down)).await,
+                Backend::Http(fwd) => fwd.forward(request(parts, body), strip, &down).await,
+                Backend::Group(group) => {
+                    // `balance: hash`: the request's key, as a limit keys it.
+                    let key = group
+                        .hash_key()
+                        .map_or(0, |spec| spec.hash(&self.key_ctx(route, parts, target, ctx.peer)).0 as u64);
+                    // Boxed: a group's future stays out of every single-server request's. An
+                    // ordinary request's box holds the forwarding future alone.
+                    if upgrade {
+                        Box::pin(self.upgrade_group(route, lane, group, parts, body, strip, &down, key)).await
+                    } else {
+                        Box::pin(group.forward(request(parts, body), strip, &down, key)).await
+                    }
+                }
+                Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
+            })
+        }
+    }
+}
+
+impl Proxy {
+    /// The tunnel slot of an upgrade the route tunnels (`upgrades:`) to a backend that can:
+    /// taken first, it goes with the tunnel, or back on any other answer.
+    fn tunnel_slot(
+        route: &Route,
+        lane: &Lane,
+        tunnels: bool,
+        parts: &Parts,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Error> {
+        let wanted = tunnels
+            && !route.upgrades.is_empty()
+            && forward::tunnel::wanted(&parts.headers, &parts.extensions, parts.version, &route.upgrades).is_some();
+        if !wanted {
+            return Ok(None);
+        }
+        lane.tunnels.clone().try_acquire_owned().map(Some).map_err(|_| Error::TooManyTunnels)
+    }
+
+    /// An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT) to a single server: a tunnel
+    /// when the route allows one, else an ordinary request without `Upgrade`.
+    #[allow(clippy::too_many_arguments)]
+    async fn upgrade(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        fwd: &HttpForwarder,
+        parts: &mut Parts,
+        body: Incoming,
+        strip: usize,
+        down: &Downstream<'_>,
+    ) -> Result<Response<Body>, Error> {
+        let slot = Proxy::tunnel_slot(route, lane, fwd.tunnels(), parts)?;
+        let req = request(parts, body);
+        if let Some(slot) = slot {
+            fwd.upgrade(req, strip, down, &route.upgrades, slot).await
+        } else if is_extended_connect(&req) {
+            Err(Error::BadRequest(UNTUNNELLED_CONNECT))
+        } else if fwd.is_h2() {
+            fwd.forward_h2(req, strip, down).await
+        } else {
+            fwd.forward(req, strip, down).await
+        }
+    }
+
+    /// [`Proxy::upgrade`] to a group of servers.
+    #[allow(clippy::too_many_arguments)]
+    async fn upgrade_group(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        group: &forward::group::Group,
+        parts: &mut Parts,
+        body: Incoming,
+        strip: usize,
+        down: &Downstream<'_>,
+        key: u64,
+    ) -> Result<Response<Body>, Error> {
+        let slot = Proxy::tunnel_slot(route, lane, group.tunnels(), parts)?;
+        let req = request(parts, body);
+        if let Some(slot) = slot {
+            group.upgrade(req, strip, down, &route.upgrades, slot, key).await
+        } else if is_extended_connect(&req) {
+            Err(Error::BadRequest(UNTUNNELLED_CONNECT))
+        } else {
+            group.forward(req, strip, down, key).await
+        }
+    }
+}
+
+/// The request to send on: its head moves out of `parts` (what stays is an empty head, never
+/// read again), so the request's future holds the head in one place only.
+fn request(parts: &mut Parts, body: Incoming) -> Request<Incoming> {
+    let head = std::mem::replace(parts, Request::new(()).into_parts().0);
+    Request::from_parts(head, body)
+}
+
+/// What the *forward* phase came back with.
+enum Forwarded {
+    /// Answered without an upstream (the last hop, the responder).
+    Here(Response<Body>),
+    /// Refused before anything went upstream.
+    Refused(Error),
+    /// The upstream exchange: timed and logged as one.
+    Upstream(Result<Response<Body>, Error>),
+}
+
+/// What every phase of one request reads: who sent it and under which id.
+struct Ctx<'a> {
+    peer: &'a Peer,
+    /// Whether the peer is a trusted proxy: decided once, read by the request id and the
+    /// forwarding fields.
+    peer_trusted: bool,
+    /// The request's id, made as it enters; only a trusted proxy's own is read, so the
+    /// common case looks up no field.
+    id: Option<RequestId>,
+    /// The field and its value, made once: the forwarded request gets a clone.
+    id_field: Option<(&'a http::HeaderName, http::HeaderValue)>,
+    /// gRPC runs on HTTP/2 only: an HTTP/1 request costs one comparison here.
+    grpc: bool,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(proxy: &'a Proxy, parts: &Parts, peer: &'a Peer) -> Ctx<'a> {
+        let peer_trusted = proxy.trusted.is_trusted(peer.addr.ip());
+        let id = proxy.config.request_id.as_ref().map(|name| RequestId::decide(name, &parts.headers, peer_trusted));
+        let id_field = proxy.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
+        let grpc = parts.version == http::Version::HTTP_2 && forward::grpc::is_grpc(&parts.headers);
+        Ctx { peer, peer_trusted, id, id_field, grpc }
+    }
+
+    /// The id as text, for the log and rule values.
+    fn request_id(&self) -> Option<&str> {
+        self.id.as_ref().map(RequestId::as_str)
     }
 }
 

@@ -158,3 +158,12 @@ async fn an_h2_body_shorter_than_its_content_length_gets_no_answer_from_the_resp
     assert!(c.answered.is_empty(), "a body 5 bytes short of its content-length was answered");
     assert_eq!(c.resets, vec![(1, 1)], "the stream is reset with PROTOCOL_ERROR (RFC 9113 §8.1.1)");
 }
+
+#[tokio::test]
+async fn the_responder_answers_a_client_waiting_for_100_continue_at_once() {
+    let tg = Tollgate::start(RESPONDER).await;
+    let mut c = RawClient::connect(tg.addr).await;
+    c.send(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n").await;
+    let resp = c.response(false).await.unwrap();
+    assert_eq!((resp.status(), resp.body_str().as_str()), (200, "ok"), "a final answer, not 100 Continue");
+}
