@@ -467,4 +467,5 @@ async fn password_and_acl_user_in_the_url() {
     assert!(wrong.ping().await.is_err());
 }
 
+mod cluster;
 mod proxy;

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::{Notify, OnceCell};
 
 use super::breaker::{Breaker, BreakerState, Pass};
 use super::metrics::{FailureKind, Metrics};
+use super::script::Invocation;
 use super::{RedisConfig, Target};
 use crate::limit::store::StoreError;
 
@@ -234,7 +235,7 @@ impl RedisClient {
     }
 
     /// Runs one script call within the decision deadline, through the breaker.
-    pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &ScriptInvocation<'_>) -> Result<T, Failure> {
+    pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &Invocation<'_>) -> Result<T, Failure> {
         let pass = self.breaker.pass();
         if let Pass::Open(retry_in) = pass {
             self.metrics.failure(FailureKind::BreakerOpen);
@@ -246,7 +247,7 @@ impl RedisClient {
                 return Err(None);
             };
             self.metrics.call();
-            inv.invoke_async::<T>(&mut conn).await.map_err(Some)
+            self.eval(&mut conn, inv).await.map_err(Some)
         };
         let result = tokio::time::timeout(self.config.timeout, call).await;
         self.metrics.latency(started.elapsed());
@@ -264,4 +265,42 @@ impl RedisClient {
         self.breaker.failure(pass, &failure);
         Err(failure)
     }
+
+    /// `EVALSHA`, loading the script once on `NOSCRIPT`, and following the cluster's redirects
+    /// that reach this far (the cluster client follows MOVED and ASK itself, but sends its
+    /// `ASKING` apart from the command on a shared connection, where another caller's command
+    /// can take the flag: the call then bounces between the two nodes while a slot migrates).
+    /// A redirect is followed with `ASKING` and the call written together in one pipeline,
+    /// routed by the key: right after an `ASK` from the slot's owner, or a `MOVED` to the new
+    /// owner, whose `ASKING` does nothing. Redirects are the cluster working, not failures.
+    async fn eval<T: FromRedisValue>(&self, conn: &mut Conn, inv: &Invocation<'_>) -> Result<T, RedisError> {
+        let (mut loaded, mut redirects) = (false, 0);
+        loop {
+            let result = if redirects == 0 {
+                inv.evalsha.query_async::<T>(conn).await
+            } else {
+                let mut p = redis::pipe();
+                p.cmd("ASKING").ignore().add_command(inv.evalsha.clone());
+                p.query_async::<(T,)>(conn).await.map(|(v,)| v)
+            };
+            match result {
+                Err(e) if e.kind() == ErrorKind::NoScriptError && !loaded => {
+                    loaded = true;
+                    inv.script.load_cmd().query_async::<String>(conn).await?;
+                }
+                Err(e) if is_redirect(&e) && redirects < MAX_REDIRECTS && matches!(conn, Conn::Cluster(_)) => {
+                    redirects += 1;
+                    self.metrics.redirect();
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+/// Redirects one call follows itself (each after the cluster client's own).
+const MAX_REDIRECTS: u32 = 3;
+
+fn is_redirect(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask)
 }
