@@ -468,4 +468,5 @@ async fn password_and_acl_user_in_the_url() {
 }
 
 mod cluster;
+mod partition;
 mod proxy;
