@@ -135,3 +135,34 @@ async fn a_slot_migration_and_a_reshard_are_followed_without_errors() {
     assert_ne!(owner_of(&cluster, slot), to);
     assert!(n > 200, "traffic ran through the migration: {n}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_down_is_counted_as_connection_errors_not_replies() {
+    let mut cluster = RedisCluster::start();
+    let client = client_with(Target::Cluster(cluster.urls()), |c| {
+        c.on_error = OnError::Deny;
+        c.memo_keys = 0;
+        // Every call reaches the cluster client: no breaker in between.
+        c.breaker_failures = std::num::NonZeroU32::MAX;
+    });
+    client.connect().await.unwrap();
+    let s = store(&client, "down", tb(1_000, 1_000_000), None);
+    // A key on the first master.
+    let key = (0..10_000u128)
+        .map(KeyHash)
+        .find(|k| {
+            let slot = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", &s.redis_key(*k)]).trim().parse().unwrap();
+            owner_of(&cluster, slot) == 0
+        })
+        .unwrap();
+    assert!(s.decide(key, at_us(0), 1).await.unwrap().is_admitted());
+    cluster.nodes[0].kill();
+    let mut failed = 0;
+    for _ in 0..40 {
+        failed += u32::from(s.decide(key, at_us(0), 1).await.is_err());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = client.metrics().snapshot();
+    assert!(failed > 0 && m.connection_errors > 0, "{m:?}");
+    assert_eq!(m.reply_errors, 0, "{m:?}");
+}

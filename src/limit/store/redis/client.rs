@@ -107,10 +107,27 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// The kind a failed call is counted as: `connection` for anything that says a node could not
+/// be reached or serve (I/O, refused or dropped connections, a cluster without a master for
+/// the slot, a node loading or failing over, redirects past the store's own), `reply` for an
+/// answer about the call itself (a script error, an unreadable reply).
 fn classify(e: &RedisError) -> FailureKind {
     if e.is_timeout() {
-        FailureKind::Timeout
-    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error() {
+        return FailureKind::Timeout;
+    }
+    let unreachable = matches!(
+        e.kind(),
+        ErrorKind::IoError
+            | ErrorKind::ClusterDown
+            | ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::MasterDown
+            | ErrorKind::TryAgain
+            | ErrorKind::BusyLoadingError
+            | ErrorKind::ReadOnly
+            | ErrorKind::Moved
+            | ErrorKind::Ask
+    );
+    if unreachable || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error() {
         FailureKind::Connection
     } else {
         FailureKind::Reply
@@ -378,4 +395,41 @@ const MAX_REDIRECTS: u32 = 3;
 
 fn is_redirect(e: &RedisError) -> bool {
     matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    #[test]
+    fn failures_are_counted_by_what_went_wrong() {
+        let io = |k: io::ErrorKind| RedisError::from(io::Error::from(k));
+        let server = |k: ErrorKind, code: &'static str| RedisError::from((k, code, "detail".to_owned()));
+        let cases = [
+            (io(io::ErrorKind::TimedOut), FailureKind::Timeout),
+            (io(io::ErrorKind::ConnectionRefused), FailureKind::Connection),
+            (io(io::ErrorKind::ConnectionReset), FailureKind::Connection),
+            (io(io::ErrorKind::BrokenPipe), FailureKind::Connection),
+            (io(io::ErrorKind::UnexpectedEof), FailureKind::Connection),
+            (io(io::ErrorKind::HostUnreachable), FailureKind::Connection),
+            // A master down: the cluster says so, or the client has no connection to ask.
+            (server(ErrorKind::ClusterDown, "CLUSTERDOWN"), FailureKind::Connection),
+            (server(ErrorKind::MasterDown, "MASTERDOWN"), FailureKind::Connection),
+            (server(ErrorKind::TryAgain, "TRYAGAIN"), FailureKind::Connection),
+            (server(ErrorKind::BusyLoadingError, "LOADING"), FailureKind::Connection),
+            (server(ErrorKind::ReadOnly, "READONLY"), FailureKind::Connection),
+            (server(ErrorKind::Moved, "MOVED"), FailureKind::Connection),
+            (server(ErrorKind::Ask, "ASK"), FailureKind::Connection),
+            (RedisError::from((ErrorKind::ClusterConnectionNotFound, "No connections found")), FailureKind::Connection),
+            // An answer about the call itself.
+            (server(ErrorKind::ResponseError, "ERR"), FailureKind::Reply),
+            (server(ErrorKind::NoScriptError, "NOSCRIPT"), FailureKind::Reply),
+            (RedisError::from((ErrorKind::TypeError, "not a number")), FailureKind::Reply),
+        ];
+        for (e, want) in cases {
+            assert_eq!(classify(&e), want, "{e:?}");
+        }
+    }
 }
