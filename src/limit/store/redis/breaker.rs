@@ -138,7 +138,10 @@ impl Breaker {
         if (last == 0 || now.saturating_sub(last) >= 1_000_000)
             && self.logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
-            tracing::warn!("redis store: {ctx}: {what}");
+            match super::noise::take_held_back() {
+                0 => tracing::warn!("redis store: {ctx}: {what}"),
+                n => tracing::warn!("redis store: {ctx}: {what} ({n} lines of the redis client held back)"),
+            }
         }
     }
 }
