@@ -165,4 +165,6 @@ async fn a_master_down_is_counted_as_connection_errors_not_replies() {
     let m = client.metrics().snapshot();
     assert!(failed > 0 && m.connection_errors > 0, "{m:?}");
     assert_eq!(m.reply_errors, 0, "{m:?}");
+    // The live masters point at the dead one: that redirect is followed once per call, not again.
+    assert!(m.redirects <= 40, "{m:?}");
 }

@@ -355,6 +355,9 @@ impl RedisClient {
     /// owner, whose `ASKING` does nothing. Redirects are the cluster working, not failures.
     async fn eval<T: FromRedisValue>(&self, conn: &mut Conn, inv: &Invocation<'_>) -> Result<T, RedisError> {
         let (mut loaded, mut redirects) = (false, 0);
+        // The redirect followed last: the same one again is a node that cannot serve (a master
+        // down: the others keep pointing at it), not a slot on the move.
+        let mut followed: Option<RedisError> = None;
         loop {
             let result = if redirects == 0 {
                 inv.evalsha.query_async::<T>(conn).await
@@ -368,9 +371,15 @@ impl RedisClient {
                     loaded = true;
                     inv.script.load_cmd().query_async::<String>(conn).await?;
                 }
-                Err(e) if is_redirect(&e) && redirects < MAX_REDIRECTS && matches!(conn, Conn::Cluster(_)) => {
+                Err(e)
+                    if is_redirect(&e)
+                        && redirects < MAX_REDIRECTS
+                        && matches!(conn, Conn::Cluster(_))
+                        && !followed.as_ref().is_some_and(|f| same_redirect(f, &e)) =>
+                {
                     redirects += 1;
                     self.metrics.redirect();
+                    followed = Some(e);
                 }
                 r => return r,
             }
@@ -395,6 +404,10 @@ const MAX_REDIRECTS: u32 = 3;
 
 fn is_redirect(e: &RedisError) -> bool {
     matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask)
+}
+
+fn same_redirect(a: &RedisError, b: &RedisError) -> bool {
+    a.kind() == b.kind() && a.redirect_node() == b.redirect_node()
 }
 
 #[cfg(test)]
