@@ -335,7 +335,9 @@ fn init_logging(format: LogFormat) -> LogSwitch {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let (layer, handle) = tracing_subscriber::reload::Layer::new(fmt_layer(format));
-    let _ = tracing_subscriber::registry().with(layer).with(filter).try_init();
+    // The redis crate's own lines at most once a second (a node down warns on every attempt).
+    let cap = tollgate::limit::store::redis::ClientLogCap::default();
+    let _ = tracing_subscriber::registry().with(layer).with(cap).with(filter).try_init();
     Box::new(move |format| handle.reload(fmt_layer(format)).map_err(|e| e.to_string()))
 }
 

@@ -590,6 +590,11 @@ fn encode_redis(out: &mut String, s: &Snapshot, breaker: i64) {
     for (name, help, n) in [
         ("redis_calls", "Script calls sent to Redis.", s.calls),
         ("redis_fallbacks", "Decisions answered by on_error instead of Redis.", s.fallbacks),
+        (
+            "redis_redirects",
+            "Cluster redirects (MOVED, ASK) followed by the store after the cluster client's own.",
+            s.redirects,
+        ),
         ("redis_denial_memory_hits", "Denials answered from the local memory of a Redis denial.", s.denial_hits),
         ("redis_lease_hits", "Admissions spent from a local lease.", s.lease_hits),
     ] {

@@ -467,6 +467,8 @@ async fn password_and_acl_user_in_the_url() {
     assert!(wrong.ping().await.is_err());
 }
 
+mod cluster;
+mod partition;
 mod proxy;
 
 /// Issue 31's probe against the Lua scripts: a client sends until its first denial, waits

@@ -154,3 +154,65 @@ impl RedisCluster {
         self.nodes.iter().flat_map(RedisNode::tollgate_keys).collect()
     }
 }
+
+/// A TCP relay in front of a Redis node that can be cut off like a network partition: while
+/// cut, it keeps every socket open and accepts what is written, but forwards nothing either
+/// way (the bytes are dropped), so a client hears nothing and sees no error.
+pub struct Relay {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Relays `127.0.0.1:<port>` to `127.0.0.1:<to>` (call from a Tokio runtime).
+    pub async fn start(to: u16) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c = cut.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else { continue };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(Relay::pipe(cr, sw, c.clone()));
+                tokio::spawn(Relay::pipe(sr, cw, c.clone()));
+            }
+        });
+        Relay { port, cut, task }
+    }
+
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !cut.load(Ordering::Relaxed) && to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops (`true`) or resumes forwarding.
+    pub fn cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

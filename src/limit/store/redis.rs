@@ -33,6 +33,7 @@ mod breaker;
 mod client;
 mod memo;
 mod metrics;
+mod noise;
 mod script;
 
 use std::num::{NonZeroU32, NonZeroU64};
@@ -45,6 +46,7 @@ use tokio::sync::Notify;
 pub use breaker::BreakerState;
 pub use client::RedisClient;
 pub use metrics::{FailureKind, Metrics, Snapshot, LATENCY_BUCKETS_US};
+pub use noise::ClientLogCap;
 pub use script::{check_precision, LUA_EXACT};
 
 use self::client::Failure;

@@ -95,6 +95,17 @@ impl Breaker {
         }
     }
 
+    /// Redis answered a fresh connection's handshake: if open, the next call is the probe,
+    /// without waiting out the rest of the cooldown (a handshake alone does not close it: in a
+    /// cluster it may come from a node other than the one the calls need).
+    pub fn probe_now(&self) {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until != 0 {
+            let _ =
+                self.open_until.compare_exchange(until, self.mono().min(until), Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     /// Records a failure; `what` is only logged (rate-limited).
     pub fn failure(&self, pass: Pass, what: &dyn std::fmt::Display) {
         let now = self.mono();
@@ -127,7 +138,10 @@ impl Breaker {
         if (last == 0 || now.saturating_sub(last) >= 1_000_000)
             && self.logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
-            tracing::warn!("redis store: {ctx}: {what}");
+            match super::noise::take_held_back() {
+                0 => tracing::warn!("redis store: {ctx}: {what}"),
+                n => tracing::warn!("redis store: {ctx}: {what} ({n} lines of the redis client held back)"),
+            }
         }
     }
 }
@@ -158,6 +172,20 @@ mod tests {
         b.success(Pass::Probe);
         assert_eq!(b.state(), BreakerState::Closed);
         assert_eq!(b.pass(), Pass::Call);
+    }
+
+    #[test]
+    fn a_fresh_connection_makes_the_next_call_the_probe() {
+        let b = Breaker::new(1, Duration::from_secs(3600));
+        b.probe_now();
+        assert_eq!(b.pass(), Pass::Call, "closed: nothing to probe");
+        b.failure(Pass::Call, &"x");
+        assert!(matches!(b.pass(), Pass::Open(_)));
+        b.probe_now();
+        assert_eq!(b.pass(), Pass::Probe, "no waiting out the hour");
+        assert!(matches!(b.pass(), Pass::Open(_)), "still one probe at a time");
+        b.failure(Pass::Probe, &"x");
+        assert!(matches!(b.pass(), Pass::Open(_)));
     }
 
     #[test]

@@ -1,19 +1,29 @@
 //! The shared connection to Redis (one per config): a multiplexed, auto-reconnecting
 //! `ConnectionManager` for one node or the cluster client, wrapped with the decision deadline,
 //! the breaker and the counters. Concurrent calls are pipelined on the one connection.
+//!
+//! A connection that stops answering (a network partition: the socket stays open, nothing comes
+//! back) is not waited for: the breaker's probe drops a connection that has been silent since a
+//! call timed out and connects afresh, so decisions are shared again about one probe interval
+//! after Redis is reachable, however long the partition lasted (the old socket would wait for
+//! the kernel's retransmission backoff). Sockets also carry TCP keepalive and a user timeout, so
+//! the kernel gives up on a dead peer by itself.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
-use tokio::sync::{Notify, OnceCell};
+use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
+use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, Value};
+use tokio::sync::Notify;
 
 use super::breaker::{Breaker, BreakerState, Pass};
 use super::metrics::{FailureKind, Metrics};
+use super::script::Invocation;
 use super::{RedisConfig, Target};
 use crate::limit::store::StoreError;
 
@@ -61,8 +71,13 @@ enum Builder {
 pub struct RedisClient {
     config: RedisConfig,
     builder: Builder,
-    conn: OnceCell<Conn>,
+    conn: ArcSwapOption<Conn>,
     connecting: AtomicBool,
+    epoch: Instant,
+    /// Monotonic µs since `epoch` of the last answer on the current connection (or its opening).
+    heard: AtomicU64,
+    /// Monotonic µs since `epoch` when the latest call that got no answer in time was sent.
+    unanswered: AtomicU64,
     /// Woken when a background connect attempt ends, either way.
     attempted: Notify,
     breaker: Breaker,
@@ -92,10 +107,27 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// The kind a failed call is counted as: `connection` for anything that says a node could not
+/// be reached or serve (I/O, refused or dropped connections, a cluster without a master for
+/// the slot, a node loading or failing over, redirects past the store's own), `reply` for an
+/// answer about the call itself (a script error, an unreadable reply).
 fn classify(e: &RedisError) -> FailureKind {
     if e.is_timeout() {
-        FailureKind::Timeout
-    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error() {
+        return FailureKind::Timeout;
+    }
+    let unreachable = matches!(
+        e.kind(),
+        ErrorKind::IoError
+            | ErrorKind::ClusterDown
+            | ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::MasterDown
+            | ErrorKind::TryAgain
+            | ErrorKind::BusyLoadingError
+            | ErrorKind::ReadOnly
+            | ErrorKind::Moved
+            | ErrorKind::Ask
+    );
+    if unreachable || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error() {
         FailureKind::Connection
     } else {
         FailureKind::Reply
@@ -114,6 +146,7 @@ impl RedisClient {
             Target::Single(url) => Builder::Single(redis::Client::open(url.as_str()).map_err(bad)?),
             Target::Cluster(urls) => Builder::Cluster(
                 ClusterClient::builder(urls.iter().map(String::as_str))
+                    .tcp_settings(tcp_settings())
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.connect_timeout)
                     .retries(2)
@@ -127,8 +160,11 @@ impl RedisClient {
         Ok(Arc::new(RedisClient {
             config,
             builder,
-            conn: OnceCell::new(),
+            conn: ArcSwapOption::empty(),
             connecting: AtomicBool::new(false),
+            epoch: Instant::now(),
+            heard: AtomicU64::new(0),
+            unanswered: AtomicU64::new(0),
             attempted: Notify::new(),
             breaker,
             metrics: Metrics::default(),
@@ -153,6 +189,7 @@ impl RedisClient {
                 // Few, short retries: the breaker and the next call take over from there.
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(self.config.connect_timeout)
+                    .set_tcp_settings(tcp_settings())
                     .set_number_of_retries(2)
                     .set_factor(10)
                     .set_max_delay(200);
@@ -172,22 +209,50 @@ impl RedisClient {
             retry_after: self.config.breaker_cooldown,
             message: e.to_string(),
         };
-        self.conn.get_or_try_init(|| self.open()).await.map_err(unavailable)?;
+        if self.conn.load().is_some() {
+            return Ok(());
+        }
+        // The whole handshake within the connect timeout (the crate's own retries included).
+        let opened = match tokio::time::timeout(self.config.connect_timeout, self.open()).await {
+            Ok(r) => r.map_err(unavailable)?,
+            Err(_) => {
+                return Err(StoreError::Unavailable {
+                    kind: FailureKind::Timeout,
+                    retry_after: self.config.breaker_cooldown,
+                    message: "connecting timed out".into(),
+                })
+            }
+        };
+        self.heard.store(self.mono(), Ordering::Relaxed);
+        self.conn.store(Some(Arc::new(opened)));
         Ok(())
+    }
+
+    fn mono(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn current(&self) -> Option<Conn> {
+        self.conn.load().as_deref().cloned()
+    }
+
+    /// Did a call get no answer in time, and nothing come back on the connection since it was sent?
+    fn silent(&self) -> bool {
+        self.unanswered.load(Ordering::Relaxed) > self.heard.load(Ordering::Relaxed)
     }
 
     /// The connection. Without one, connects in a background task (so a decision that gives up
     /// at its deadline does not abort the handshake for the others) and waits for that attempt.
     async fn conn(self: &Arc<Self>) -> Option<Conn> {
-        if let Some(c) = self.conn.get() {
-            return Some(c.clone());
+        if let Some(c) = self.current() {
+            return Some(c);
         }
         let attempt = self.attempted.notified();
         tokio::pin!(attempt);
         // Registered before the re-check, so an attempt ending in between is not missed.
         attempt.as_mut().enable();
-        if let Some(c) = self.conn.get() {
-            return Some(c.clone());
+        if let Some(c) = self.current() {
+            return Some(c);
         }
         if !self.connecting.swap(true, Ordering::AcqRel) {
             let me = Arc::clone(self);
@@ -195,13 +260,15 @@ impl RedisClient {
                 let result = me.connect().await;
                 me.connecting.store(false, Ordering::Release);
                 me.attempted.notify_waiters();
-                if let Err(e) = result {
-                    me.breaker.failure(Pass::Call, &e);
+                match result {
+                    // Redis answered the handshake: the next call may probe at once.
+                    Ok(()) => me.breaker.probe_now(),
+                    Err(e) => me.breaker.failure(Pass::Call, &e),
                 }
             });
         }
         attempt.await;
-        self.conn.get().cloned()
+        self.current()
     }
 
     /// `PING` within the connect timeout (readiness checks).
@@ -212,8 +279,7 @@ impl RedisClient {
         let fail = |kind, message: String| StoreError::Unavailable { kind, retry_after: Duration::ZERO, message };
         let attempt = async {
             self.connect().await?;
-            let mut c =
-                self.conn.get().cloned().ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
+            let mut c = self.current().ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
             redis::cmd("PING").query_async::<String>(&mut c).await.map_err(|e| fail(classify(&e), e.to_string()))
         };
         match tokio::time::timeout(self.config.connect_timeout, attempt).await {
@@ -234,34 +300,149 @@ impl RedisClient {
     }
 
     /// Runs one script call within the decision deadline, through the breaker.
-    pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &ScriptInvocation<'_>) -> Result<T, Failure> {
+    pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &Invocation<'_>) -> Result<T, Failure> {
         let pass = self.breaker.pass();
         if let Pass::Open(retry_in) = pass {
             self.metrics.failure(FailureKind::BreakerOpen);
             return Err(Failure { kind: FailureKind::BreakerOpen, retry_in, error: None });
         }
+        if pass == Pass::Probe && self.silent() {
+            // Silent since a call timed out: the probe asks over a fresh connection.
+            self.conn.store(None);
+        }
         let started = Instant::now();
+        let sent = self.mono();
         let call = async {
             let Some(mut conn) = self.conn().await else {
                 return Err(None);
             };
             self.metrics.call();
-            inv.invoke_async::<T>(&mut conn).await.map_err(Some)
+            self.eval(&mut conn, inv).await.map_err(Some)
         };
         let result = tokio::time::timeout(self.config.timeout, call).await;
         self.metrics.latency(started.elapsed());
         let cooldown = self.config.breaker_cooldown;
         let failure = match result {
             Ok(Ok(v)) => {
+                self.heard.fetch_max(self.mono(), Ordering::Relaxed);
                 self.breaker.success(pass);
                 return Ok(v);
             }
-            Ok(Err(Some(e))) => Failure { kind: classify(&e), retry_in: cooldown, error: Some(e) },
+            Ok(Err(Some(e))) => {
+                if e.kind() != ErrorKind::IoError {
+                    // Redis answered, with an error.
+                    self.heard.fetch_max(self.mono(), Ordering::Relaxed);
+                }
+                Failure { kind: classify(&e), retry_in: cooldown, error: Some(e) }
+            }
             Ok(Err(None)) => Failure { kind: FailureKind::Connection, retry_in: cooldown, error: None },
-            Err(_) => Failure { kind: FailureKind::Timeout, retry_in: cooldown, error: None },
+            Err(_) => {
+                self.unanswered.fetch_max(sent, Ordering::Relaxed);
+                Failure { kind: FailureKind::Timeout, retry_in: cooldown, error: None }
+            }
         };
         self.metrics.failure(failure.kind);
         self.breaker.failure(pass, &failure);
         Err(failure)
+    }
+
+    /// `EVALSHA`, loading the script once on `NOSCRIPT`, and following the cluster's redirects
+    /// that reach this far (the cluster client follows MOVED and ASK itself, but sends its
+    /// `ASKING` apart from the command on a shared connection, where another caller's command
+    /// can take the flag: the call then bounces between the two nodes while a slot migrates).
+    /// A redirect is followed with `ASKING` and the call written together in one pipeline,
+    /// routed by the key: right after an `ASK` from the slot's owner, or a `MOVED` to the new
+    /// owner, whose `ASKING` does nothing. Redirects are the cluster working, not failures.
+    async fn eval<T: FromRedisValue>(&self, conn: &mut Conn, inv: &Invocation<'_>) -> Result<T, RedisError> {
+        let (mut loaded, mut redirects) = (false, 0);
+        // The redirect followed last: the same one again is a node that cannot serve (a master
+        // down: the others keep pointing at it), not a slot on the move.
+        let mut followed: Option<RedisError> = None;
+        loop {
+            let result = if redirects == 0 {
+                inv.evalsha.query_async::<T>(conn).await
+            } else {
+                let mut p = redis::pipe();
+                p.cmd("ASKING").ignore().add_command(inv.evalsha.clone());
+                p.query_async::<(T,)>(conn).await.map(|(v,)| v)
+            };
+            match result {
+                Err(e) if e.kind() == ErrorKind::NoScriptError && !loaded => {
+                    loaded = true;
+                    inv.script.load_cmd().query_async::<String>(conn).await?;
+                }
+                Err(e)
+                    if is_redirect(&e)
+                        && redirects < MAX_REDIRECTS
+                        && matches!(conn, Conn::Cluster(_))
+                        && !followed.as_ref().is_some_and(|f| same_redirect(f, &e)) =>
+                {
+                    redirects += 1;
+                    self.metrics.redirect();
+                    followed = Some(e);
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+/// Keepalive probes on an idle connection and a bound on unacknowledged data: the kernel
+/// drops a connection to a peer that went away, and the next call reconnects.
+fn tcp_settings() -> TcpSettings {
+    let keepalive = TcpKeepalive::new().with_time(Duration::from_secs(5)).with_interval(Duration::from_secs(1));
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let keepalive = keepalive.with_retries(3);
+    let settings = TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let settings = settings.set_user_timeout(Duration::from_secs(5));
+    settings
+}
+
+/// Redirects one call follows itself (each after the cluster client's own).
+const MAX_REDIRECTS: u32 = 3;
+
+fn is_redirect(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask)
+}
+
+fn same_redirect(a: &RedisError, b: &RedisError) -> bool {
+    a.kind() == b.kind() && a.redirect_node() == b.redirect_node()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    #[test]
+    fn failures_are_counted_by_what_went_wrong() {
+        let io = |k: io::ErrorKind| RedisError::from(io::Error::from(k));
+        let server = |k: ErrorKind, code: &'static str| RedisError::from((k, code, "detail".to_owned()));
+        let cases = [
+            (io(io::ErrorKind::TimedOut), FailureKind::Timeout),
+            (io(io::ErrorKind::ConnectionRefused), FailureKind::Connection),
+            (io(io::ErrorKind::ConnectionReset), FailureKind::Connection),
+            (io(io::ErrorKind::BrokenPipe), FailureKind::Connection),
+            (io(io::ErrorKind::UnexpectedEof), FailureKind::Connection),
+            (io(io::ErrorKind::HostUnreachable), FailureKind::Connection),
+            // A master down: the cluster says so, or the client has no connection to ask.
+            (server(ErrorKind::ClusterDown, "CLUSTERDOWN"), FailureKind::Connection),
+            (server(ErrorKind::MasterDown, "MASTERDOWN"), FailureKind::Connection),
+            (server(ErrorKind::TryAgain, "TRYAGAIN"), FailureKind::Connection),
+            (server(ErrorKind::BusyLoadingError, "LOADING"), FailureKind::Connection),
+            (server(ErrorKind::ReadOnly, "READONLY"), FailureKind::Connection),
+            (server(ErrorKind::Moved, "MOVED"), FailureKind::Connection),
+            (server(ErrorKind::Ask, "ASK"), FailureKind::Connection),
+            (RedisError::from((ErrorKind::ClusterConnectionNotFound, "No connections found")), FailureKind::Connection),
+            // An answer about the call itself.
+            (server(ErrorKind::ResponseError, "ERR"), FailureKind::Reply),
+            (server(ErrorKind::NoScriptError, "NOSCRIPT"), FailureKind::Reply),
+            (RedisError::from((ErrorKind::TypeError, "not a number")), FailureKind::Reply),
+        ];
+        for (e, want) in cases {
+            assert_eq!(classify(&e), want, "{e:?}");
+        }
     }
 }

@@ -38,6 +38,7 @@ pub struct Metrics {
     connection_errors: AtomicU64,
     reply_errors: AtomicU64,
     short_circuits: AtomicU64,
+    redirects: AtomicU64,
     fallbacks: AtomicU64,
     denial_hits: AtomicU64,
     lease_hits: AtomicU64,
@@ -55,6 +56,8 @@ pub struct Snapshot {
     pub reply_errors: u64,
     /// Decisions answered without calling Redis because the breaker was open.
     pub short_circuits: u64,
+    /// Cluster redirects (MOVED, ASK) the store followed itself after the cluster client's.
+    pub redirects: u64,
     /// Decisions answered by `on_error` (allow, local or deny) instead of Redis.
     pub fallbacks: u64,
     /// Denials answered from the local memory of a Redis denial.
@@ -79,6 +82,10 @@ impl Metrics {
             FailureKind::BreakerOpen => &self.short_circuits,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn redirect(&self) {
+        self.redirects.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn fallback(&self) {
@@ -108,6 +115,7 @@ impl Metrics {
             connection_errors: r(&self.connection_errors),
             reply_errors: r(&self.reply_errors),
             short_circuits: r(&self.short_circuits),
+            redirects: r(&self.redirects),
             fallbacks: r(&self.fallbacks),
             denial_hits: r(&self.denial_hits),
             lease_hits: r(&self.lease_hits),

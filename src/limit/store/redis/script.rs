@@ -2,7 +2,7 @@
 //! reply decoding, and the precision bound: Lua numbers are doubles, so every intermediate of a
 //! script must stay below 2^53 for the port to agree bit for bit with `crate::limit::algo`.
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script};
 
 use crate::limit::{Algorithm, Calendar, Decision, Span, Timestamp};
 
@@ -26,6 +26,8 @@ pub enum Op {
 /// One algorithm's script with its parameters already in ARGV order.
 #[derive(Debug)]
 pub struct AlgScript {
+    /// The Lua source (`SCRIPT LOAD` when Redis does not know the SHA) and its SHA1.
+    code: &'static str,
     script: Script,
     params: Vec<u64>,
     token_bucket: bool,
@@ -55,6 +57,7 @@ impl AlgScript {
             _ => None,
         };
         AlgScript {
+            code,
             script: Script::new(code),
             params,
             token_bucket: matches!(alg, Algorithm::TokenBucket { .. }),
@@ -75,6 +78,13 @@ impl AlgScript {
         self.script.get_hash()
     }
 
+    /// `SCRIPT LOAD` of this script (after a `NOSCRIPT`).
+    pub fn load_cmd(&self) -> Cmd {
+        let mut c = redis::cmd("SCRIPT");
+        c.arg("LOAD").arg(self.code);
+        c
+    }
+
     /// The EVALSHA call for `op` on `key`; `now` only from tests (production: Redis TIME).
     /// `local` is this instance's clock: a calendar window's boundaries around it are passed
     /// (the script picks the one holding Redis' time; clocks apart by more than a window
@@ -86,15 +96,15 @@ impl AlgScript {
         cost: u64,
         local: Timestamp,
         now: Option<Timestamp>,
-    ) -> ScriptInvocation<'_> {
-        let mut inv = self.script.prepare_invoke();
+    ) -> Invocation<'_> {
+        let mut inv = redis::cmd("EVALSHA");
         let (code, lease) = match op {
             Op::Decide => ("d", 0),
             Op::Lease(n) => ("l", n),
             Op::Refund => ("r", 0),
             Op::Debit => ("b", 0),
         };
-        inv.key(key).arg(code).arg(cost);
+        inv.arg(self.sha()).arg(1).arg(key).arg(code).arg(cost);
         for p in &self.params {
             inv.arg(*p);
         }
@@ -115,8 +125,14 @@ impl AlgScript {
         if let Some(now) = now {
             inv.arg(now.as_micros());
         }
-        inv
+        Invocation { evalsha: inv, script: self }
     }
+}
+
+/// One script call: its `EVALSHA`, and the script to load when Redis answers `NOSCRIPT`.
+pub struct Invocation<'a> {
+    pub evalsha: Cmd,
+    pub script: &'a AlgScript,
 }
 
 /// A decision reply `{kind, wait_or_retry_after, remaining, reset, granted}` → the decision and
