@@ -23,8 +23,19 @@ use smallvec::SmallVec;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 mod adaptive;
+mod cap;
+mod headers;
+mod limit;
+mod ticket;
 
 pub use adaptive::{Gradient, Window};
+pub use cap::Slot;
+pub use limit::Limit;
+pub use ticket::{Admission, Note};
+
+use cap::Cap;
+use limit::TierLimit;
+use ticket::{Decided, Product};
 
 use crate::answer::{Denied, Error};
 use crate::body::Body;
@@ -35,29 +46,6 @@ use crate::metrics::{LimitMetrics, Metrics};
 use crate::ratelimit::{self, RATELIMIT, RATELIMIT_POLICY};
 
 const MICROS_PER_SEC: u64 = 1_000_000;
-
-/// One configured limit with its state.
-pub struct Limit {
-    pub config: LimitConfig,
-    pub store: Arc<Store>,
-    /// The `w` of its RateLimit-Policy item: the Retry-After of a never admissible cost.
-    window_secs: u64,
-    /// Last time a shadow denial was logged (µs), so a flood logs once a second.
-    shadow_logged: AtomicU64,
-    pub metrics: LimitMetrics,
-    /// With `cost.response_header`: responses whose header could not be read.
-    cost_unread: Option<prometheus_client::metrics::counter::Counter>,
-    /// `plan: true`: by tier, its parameters and store (`None`: the tier is not limited by it).
-    tiers: Option<Vec<Option<TierLimit>>>,
-}
-
-/// A plan limit in one tier. Local: the limit's one store, decided with these parameters.
-/// Redis: a store per tier on the same Redis keys (see [`crate::limit::RedisStore::for_plan`]).
-struct TierLimit {
-    alg: Algorithm,
-    store: Arc<Store>,
-    window_secs: u64,
-}
 
 /// A route's limits and concurrency cap.
 pub struct Gate {
@@ -74,199 +62,6 @@ pub struct Gate {
     directory: Option<Arc<Directory>>,
     /// `RateLimit-Policy` by tier (plan routes only).
     tier_policies: Vec<Option<HeaderValue>>,
-}
-
-enum Cap {
-    Fixed { slots: Arc<Semaphore>, max_wait: Duration },
-    Adaptive { cap: Arc<adaptive::Cap>, max_wait: Duration },
-}
-
-/// A slot of a route's concurrency cap, held until the response body ends.
-pub enum Slot {
-    Fixed(OwnedSemaphorePermit),
-    /// Boxed: an adaptive slot carries its start time, and this type lives in every body.
-    Adaptive(Box<adaptive::Held>),
-}
-
-impl Slot {
-    /// The answer's status: an adaptive limit takes the round trip of one below 500 as a
-    /// latency sample, and counts anything else (or a slot dropped unanswered) as a failure.
-    pub fn answered(&mut self, status: http::StatusCode) {
-        if let Slot::Adaptive(h) = self {
-            if !status.is_server_error() {
-                h.succeeded();
-            }
-        }
-    }
-}
-
-impl From<Slot> for crate::body::Guard {
-    fn from(slot: Slot) -> crate::body::Guard {
-        match slot {
-            Slot::Fixed(p) => crate::body::Guard::Permit(p),
-            Slot::Adaptive(h) => crate::body::Guard::Boxed(h),
-        }
-    }
-}
-
-/// What the gate decided, for the access log: the limit that bound the request (the one
-/// with the fewest remaining, or the first that rejected), what it said, and any delay.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Note {
-    pub limit: Option<usize>,
-    pub remaining: Option<u64>,
-    pub retry_after_secs: Option<u64>,
-    pub delayed_us: u64,
-}
-
-/// An admitted request: wait [`Admission::wait`] first (leaky-bucket shaping), hold `permit`
-/// until the response body ends, and put `ratelimit` on the answer. Kept at 128 bytes: it is
-/// moved with the request's future, and a larger value is moved by `memcpy` calls.
-#[derive(Default)]
-pub struct Admission {
-    pub permit: Option<Slot>,
-    pub note: Note,
-    ratelimit: Option<HeaderValue>,
-    /// Only on routes with plan limits or costs from the response.
-    product: Option<Box<Product>>,
-}
-
-/// What an admission of an API product route remembers.
-#[derive(Default)]
-struct Product {
-    /// Limits whose cost the response settles, with the key they charged.
-    owed: SmallVec<[(usize, KeyHash); 2]>,
-    /// The client's plan tier, on routes with plan limits.
-    tier: Option<TierId>,
-}
-
-impl Admission {
-    /// How long to wait before forwarding (leaky-bucket shaping).
-    pub fn wait(&self) -> Duration {
-        Duration::from_micros(self.note.delayed_us)
-    }
-
-    fn tier(&self) -> Option<TierId> {
-        self.product.as_ref().and_then(|p| p.tier)
-    }
-}
-
-/// Decision of one limit for this request.
-struct Decided {
-    limit: usize,
-    key: KeyHash,
-    decision: Decision,
-}
-
-impl Limit {
-    pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
-        let (_, window_secs) = ratelimit::policy_numbers(&config.algorithm);
-        Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics, cost_unread: None, tiers: None }
-    }
-
-    /// Live keys in this limit's in-process state at `now`: keys that still hold state (a
-    /// local store sweeps first), for Redis denials and leases held locally.
-    pub fn live_keys(&self, now: Timestamp) -> usize {
-        match &*self.store {
-            Store::Local(s) => s.live(now),
-            Store::Redis(s) => {
-                let (denials, leases) = s.remembered();
-                denials + leases
-            }
-        }
-    }
-
-    /// A fresh in-process store for `config`.
-    pub fn local_store(config: &LimitConfig) -> Arc<Store> {
-        let tiers = config.plan.iter().flat_map(|p| p.algorithms.iter().flatten().cloned());
-        Arc::new(Store::Local(LocalStore::with_tiers(config.algorithm.clone(), config.max_keys, tiers)))
-    }
-
-    fn enforced(&self) -> bool {
-        self.config.mode == Mode::Enforce
-    }
-
-    /// The local store answers at once; Redis applies its `on_error` policy itself and fails
-    /// only with `on_error: deny`. A plan limit decides with the parameters of `tier`.
-    async fn decide(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp) -> Result<Decision, StoreError> {
-        let (store, alg) = self.store_in(tier);
-        match (&**store, alg) {
-            (Store::Local(s), None) => Ok(s.decide(key, now, self.config.cost)),
-            (Store::Local(s), Some(alg)) => Ok(s.decide_as(alg, key, now, self.config.cost)),
-            // Boxed: the Redis future is large, and an unboxed one would make every local
-            // decision's future as large (and memcpy'd as such).
-            (Store::Redis(s), _) => Box::pin(s.decide(key, now, self.config.cost)).await,
-        }
-    }
-
-    /// Gives back `cost` charged for `key` (in `tier`, for a plan limit).
-    async fn refund(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp, cost: u64) {
-        let (store, alg) = self.store_in(tier);
-        match (&**store, alg) {
-            (Store::Local(s), None) => s.refund(key, now, cost),
-            (Store::Local(s), Some(alg)) => s.refund_as(alg, key, now, cost),
-            (Store::Redis(s), _) => Box::pin(s.refund(key, now, cost)).await,
-        }
-    }
-
-    /// The store and, for a plan limit in `tier`, the parameters to decide with.
-    fn store_in(&self, tier: Option<TierId>) -> (&Arc<Store>, Option<&Algorithm>) {
-        match tier.and_then(|t| self.in_tier(t)) {
-            Some(t) => (&t.store, Some(&t.alg)),
-            None => (&self.store, None),
-        }
-    }
-
-    /// This plan limit in `tier`: `None` when the tier is not limited by it.
-    fn in_tier(&self, tier: TierId) -> Option<&TierLimit> {
-        self.tiers.as_ref()?.get(usize::from(tier))?.as_ref()
-    }
-
-    async fn debit(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp, cost: u64) {
-        let (store, alg) = self.store_in(tier);
-        match (&**store, alg) {
-            (Store::Local(s), None) => s.debit(key, now, cost),
-            (Store::Local(s), Some(alg)) => s.debit_as(alg, key, now, cost),
-            (Store::Redis(s), _) => Box::pin(s.debit(key, now, cost)).await,
-        }
-    }
-
-    /// Retry-After seconds of a denial: rounded up, and never longer than the longest wait
-    /// the algorithm can need ([`ratelimit::retry_after_capped`]; a client that waits the
-    /// number sent is admitted).
-    fn retry_after_secs(&self, retry_after: Span) -> u64 {
-        // A debt (a response that cost more than its estimate, or units spent in a larger
-        // tier) can take longer still.
-        if self.config.response_cost.is_some() || self.tiers.is_some() {
-            return ratelimit::retry_after_secs(retry_after);
-        }
-        ratelimit::retry_after_capped(&self.config.algorithm, retry_after)
-    }
-
-    /// The period `w` of this limit (in `tier`, for a plan limit): the Retry-After of a never
-    /// admissible cost.
-    fn period_secs(&self, tier: Option<TierId>) -> u64 {
-        tier.and_then(|t| self.in_tier(t)).map_or(self.window_secs, |t| t.window_secs).max(1)
-    }
-
-    /// Retry-After seconds of a [`Decision::Never`]: the longest a denial of this limit sends,
-    /// its period. Config validation keeps every configured cost within what the limit (and
-    /// its Redis fallback) admits, so this answers only a store that disagrees with it.
-    fn never_secs(&self, tier: Option<TierId>) -> u64 {
-        self.period_secs(tier)
-    }
-
-    /// `retry_after`: `None` for a [`Decision::Never`].
-    fn log_shadow(&self, route: &str, now: Timestamp, retry_after: Option<Span>) {
-        let now = now.as_micros();
-        let last = self.shadow_logged.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= MICROS_PER_SEC
-            && self.shadow_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-        {
-            let retry_after_ms = retry_after.map(|r| r.as_micros() / 1000);
-            tracing::info!(route, limit = %self.config.name, retry_after_ms, "shadow limit would reject");
-        }
-    }
 }
 
 impl Gate {
@@ -485,129 +280,11 @@ impl Gate {
         Ok(Admission { permit, note, ratelimit: self.ratelimit_admitted(&decided), product })
     }
 
-    /// True when `admission` waits for its response's cost ([`Gate::settle`]).
-    pub fn owes(admission: &Admission) -> bool {
-        admission.product.as_ref().is_some_and(|p| !p.owed.is_empty())
-    }
-
-    /// Settles the costs taken from the response head `headers` at `now`: each limit with
-    /// `cost.response_header` debits `actual − estimate` (refunds when negative). A header that
-    /// is missing or not a whole number debits nothing and counts in
-    /// `tollgate_response_cost_unread`. Runs once per admission.
-    pub async fn settle(&self, admission: &mut Admission, headers: &HeaderMap, now: Timestamp) {
-        let tier = admission.tier();
-        let owed = admission.product.as_mut().map(|p| std::mem::take(&mut p.owed)).unwrap_or_default();
-        for (i, key) in owed {
-            let limit = &self.limits[i];
-            let Some(name) = &limit.config.response_cost else { continue };
-            let actual = headers.get(name).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<u64>().ok());
-            let Some(actual) = actual else {
-                if let Some(c) = &limit.cost_unread {
-                    c.inc();
-                }
-                continue;
-            };
-            let estimate = limit.config.cost;
-            if actual > estimate {
-                limit.debit(tier, key, now, actual - estimate).await;
-            } else if actual < estimate {
-                limit.refund(tier, key, now, estimate - actual).await;
-            }
-        }
-    }
-
-    async fn acquire(&self, cap: &Cap) -> Option<Slot> {
-        match cap {
-            Cap::Fixed { slots, max_wait } => match slots.clone().try_acquire_owned() {
-                Ok(p) => Some(Slot::Fixed(p)),
-                Err(_) if max_wait.is_zero() => None,
-                Err(_) => Box::pin(tokio::time::timeout(*max_wait, slots.clone().acquire_owned()))
-                    .await
-                    .ok()?
-                    .ok()
-                    .map(Slot::Fixed),
-            },
-            Cap::Adaptive { cap, max_wait } => {
-                Box::pin(cap.acquire(*max_wait)).await.map(|h| Slot::Adaptive(Box::new(h)))
-            }
-        }
-    }
-
-    /// The current limit of an adaptive cap.
-    pub fn adaptive_limit(&self) -> Option<usize> {
-        match &self.cap {
-            Some(Cap::Adaptive { cap, .. }) => Some(cap.limit()),
-            _ => None,
-        }
-    }
-
     /// Gives back every admission of a request that is refused, shadow limits' included.
     async fn refund_admitted(&self, decided: &[Decided], tier: Option<TierId>, now: Timestamp) {
         for d in decided.iter().filter(|d| d.decision.is_admitted()) {
             let limit = &self.limits[d.limit];
             limit.refund(tier, d.key, now, limit.config.cost).await;
-        }
-    }
-
-    /// The enforced limits that denied, with their waits.
-    fn denied(&self, decided: &[Decided], tier: Option<TierId>) -> Denied {
-        let limits: SmallVec<[(usize, u64); 2]> = decided
-            .iter()
-            .filter_map(|d| {
-                let limit = &self.limits[d.limit];
-                let secs = match d.decision {
-                    Decision::Deny { retry_after, .. } => limit.retry_after_secs(retry_after),
-                    Decision::Never { .. } => limit.never_secs(tier),
-                    Decision::Allow { .. } | Decision::Delay { .. } => return None,
-                };
-                limit.enforced().then_some((d.limit, secs))
-            })
-            .collect();
-        let mut limits = limits;
-        if self.spread > 0 {
-            // Round robin over 0..=spread: a wave of denials in the same second is told to come
-            // back evenly over the next `spread` seconds, each still after its honest wait.
-            let extra = self.next.fetch_add(1, Ordering::Relaxed) % (self.spread + 1);
-            for l in &mut limits {
-                l.1 += extra;
-            }
-        }
-        let retry_after_secs = limits.iter().map(|l| l.1).max().unwrap_or(1);
-        // A plan tier's own policy (the route's is the answers' default).
-        let policy = tier.and_then(|t| self.tier_policies.get(usize::from(t))?.clone()).map(Box::new);
-        Denied { limits, retry_after_secs, policy }
-    }
-
-    fn ratelimit_admitted(&self, decided: &[Decided]) -> Option<HeaderValue> {
-        self.policy.as_ref()?;
-        let mut out = String::with_capacity(32 * decided.len());
-        for d in decided.iter().filter(|d| self.limits[d.limit].enforced()) {
-            let (remaining, reset) = match d.decision {
-                Decision::Allow { remaining, reset } | Decision::Delay { remaining, reset, .. } => (remaining, reset),
-                Decision::Deny { reset, .. } | Decision::Never { reset } => (0, reset),
-            };
-            ratelimit::state(&mut out, &self.limits[d.limit].config.name, remaining, reset);
-        }
-        // Sensitive, as request ids are: a remaining count changes with every answer, so
-        // HPACK should not index it (see `RequestId::value`).
-        if out.is_empty() {
-            return None;
-        }
-        let mut v = HeaderValue::try_from(out).ok()?;
-        v.set_sensitive(true);
-        Some(v)
-    }
-
-    /// Puts the RateLimit headers of an admitted request on its answer.
-    pub fn decorate(&self, admission: &mut Admission, resp: &mut Response<Body>) {
-        let policy = match admission.tier() {
-            Some(t) => self.tier_policies.get(usize::from(t)).and_then(Option::as_ref),
-            None => self.policy.as_ref(),
-        };
-        if let (Some(policy), Some(rl)) = (policy, admission.ratelimit.take()) {
-            let h = resp.headers_mut();
-            h.insert(RATELIMIT_POLICY, policy.clone());
-            h.insert(RATELIMIT, rl);
         }
     }
 }

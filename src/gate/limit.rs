@@ -1,0 +1,142 @@
+//! One limit of a route with its store, its plan tiers and what a refused client is told.
+
+use super::*;
+
+/// One configured limit with its state.
+pub struct Limit {
+    pub config: LimitConfig,
+    pub store: Arc<Store>,
+    /// The `w` of its RateLimit-Policy item: the Retry-After of a never admissible cost.
+    pub(super) window_secs: u64,
+    /// Last time a shadow denial was logged (µs), so a flood logs once a second.
+    pub(super) shadow_logged: AtomicU64,
+    pub metrics: LimitMetrics,
+    /// With `cost.response_header`: responses whose header could not be read.
+    pub(super) cost_unread: Option<prometheus_client::metrics::counter::Counter>,
+    /// `plan: true`: by tier, its parameters and store (`None`: the tier is not limited by it).
+    pub(super) tiers: Option<Vec<Option<TierLimit>>>,
+}
+
+/// A plan limit in one tier. Local: the limit's one store, decided with these parameters.
+/// Redis: a store per tier on the same Redis keys (see [`crate::limit::RedisStore::for_plan`]).
+pub(super) struct TierLimit {
+    pub(super) alg: Algorithm,
+    pub(super) store: Arc<Store>,
+    pub(super) window_secs: u64,
+}
+
+impl Limit {
+    pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
+        let (_, window_secs) = ratelimit::policy_numbers(&config.algorithm);
+        Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics, cost_unread: None, tiers: None }
+    }
+
+    /// Live keys in this limit's in-process state at `now`: keys that still hold state (a
+    /// local store sweeps first), for Redis denials and leases held locally.
+    pub fn live_keys(&self, now: Timestamp) -> usize {
+        match &*self.store {
+            Store::Local(s) => s.live(now),
+            Store::Redis(s) => {
+                let (denials, leases) = s.remembered();
+                denials + leases
+            }
+        }
+    }
+
+    /// A fresh in-process store for `config`.
+    pub fn local_store(config: &LimitConfig) -> Arc<Store> {
+        let tiers = config.plan.iter().flat_map(|p| p.algorithms.iter().flatten().cloned());
+        Arc::new(Store::Local(LocalStore::with_tiers(config.algorithm.clone(), config.max_keys, tiers)))
+    }
+
+    pub(super) fn enforced(&self) -> bool {
+        self.config.mode == Mode::Enforce
+    }
+
+    /// The local store answers at once; Redis applies its `on_error` policy itself and fails
+    /// only with `on_error: deny`. A plan limit decides with the parameters of `tier`.
+    pub(super) async fn decide(
+        &self,
+        tier: Option<TierId>,
+        key: KeyHash,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let (store, alg) = self.store_in(tier);
+        match (&**store, alg) {
+            (Store::Local(s), None) => Ok(s.decide(key, now, self.config.cost)),
+            (Store::Local(s), Some(alg)) => Ok(s.decide_as(alg, key, now, self.config.cost)),
+            // Boxed: the Redis future is large, and an unboxed one would make every local
+            // decision's future as large (and memcpy'd as such).
+            (Store::Redis(s), _) => Box::pin(s.decide(key, now, self.config.cost)).await,
+        }
+    }
+
+    /// Gives back `cost` charged for `key` (in `tier`, for a plan limit).
+    pub(super) async fn refund(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp, cost: u64) {
+        let (store, alg) = self.store_in(tier);
+        match (&**store, alg) {
+            (Store::Local(s), None) => s.refund(key, now, cost),
+            (Store::Local(s), Some(alg)) => s.refund_as(alg, key, now, cost),
+            (Store::Redis(s), _) => Box::pin(s.refund(key, now, cost)).await,
+        }
+    }
+
+    /// The store and, for a plan limit in `tier`, the parameters to decide with.
+    pub(super) fn store_in(&self, tier: Option<TierId>) -> (&Arc<Store>, Option<&Algorithm>) {
+        match tier.and_then(|t| self.in_tier(t)) {
+            Some(t) => (&t.store, Some(&t.alg)),
+            None => (&self.store, None),
+        }
+    }
+
+    /// This plan limit in `tier`: `None` when the tier is not limited by it.
+    pub(super) fn in_tier(&self, tier: TierId) -> Option<&TierLimit> {
+        self.tiers.as_ref()?.get(usize::from(tier))?.as_ref()
+    }
+
+    pub(super) async fn debit(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp, cost: u64) {
+        let (store, alg) = self.store_in(tier);
+        match (&**store, alg) {
+            (Store::Local(s), None) => s.debit(key, now, cost),
+            (Store::Local(s), Some(alg)) => s.debit_as(alg, key, now, cost),
+            (Store::Redis(s), _) => Box::pin(s.debit(key, now, cost)).await,
+        }
+    }
+
+    /// Retry-After seconds of a denial: rounded up, and never longer than the longest wait
+    /// the algorithm can need ([`ratelimit::retry_after_capped`]; a client that waits the
+    /// number sent is admitted).
+    pub(super) fn retry_after_secs(&self, retry_after: Span) -> u64 {
+        // A debt (a response that cost more than its estimate, or units spent in a larger
+        // tier) can take longer still.
+        if self.config.response_cost.is_some() || self.tiers.is_some() {
+            return ratelimit::retry_after_secs(retry_after);
+        }
+        ratelimit::retry_after_capped(&self.config.algorithm, retry_after)
+    }
+
+    /// The period `w` of this limit (in `tier`, for a plan limit): the Retry-After of a never
+    /// admissible cost.
+    pub(super) fn period_secs(&self, tier: Option<TierId>) -> u64 {
+        tier.and_then(|t| self.in_tier(t)).map_or(self.window_secs, |t| t.window_secs).max(1)
+    }
+
+    /// Retry-After seconds of a [`Decision::Never`]: the longest a denial of this limit sends,
+    /// its period. Config validation keeps every configured cost within what the limit (and
+    /// its Redis fallback) admits, so this answers only a store that disagrees with it.
+    pub(super) fn never_secs(&self, tier: Option<TierId>) -> u64 {
+        self.period_secs(tier)
+    }
+
+    /// `retry_after`: `None` for a [`Decision::Never`].
+    pub(super) fn log_shadow(&self, route: &str, now: Timestamp, retry_after: Option<Span>) {
+        let now = now.as_micros();
+        let last = self.shadow_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= MICROS_PER_SEC
+            && self.shadow_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            let retry_after_ms = retry_after.map(|r| r.as_micros() / 1000);
+            tracing::info!(route, limit = %self.config.name, retry_after_ms, "shadow limit would reject");
+        }
+    }
+}
