@@ -8,7 +8,7 @@
 # The upstream (nginx, `return 200`) and every candidate share core 0, wrk -t1 -c50 runs on
 # core 1; each round measures every binary once, in turn, after a 2 s warm-up. CPU per request
 # comes from /proc (utime + stime) of the candidate process, its user-space part (utime) beside it. There is no quiet gate as in
-# shared/bench/run.sh, so absolute figures run ~10% high: use the differences between binaries
+# benches/harness/run.sh, so absolute figures run ~10% high: use the differences between binaries
 # measured in the same rounds, and the harness for figures you quote.
 set -euo pipefail
 # shellcheck source=benches/upstream.sh

@@ -2,7 +2,7 @@
 # User-space instructions per request of the harness's peers, nginx and HAProxy, counted by
 # callgrind exactly as benches/instr.sh counts tollgate's: the same nginx upstream, the same
 # h2load load (2,000 warm-up requests, then N counted ones over 50 keep-alive connections),
-# the same three paths. Their configs are ../shared/bench/run.sh's (one worker or thread, an
+# the same three paths. Their configs are benches/harness/run.sh's (one worker or thread, an
 # upstream keep-alive pool, a per-client-IP limit on the path), except that the reject
 # path's limit is 1/s as in instr.sh, so that next to nothing is admitted however slowly
 # valgrind runs. Read the figures beside instr.sh's: what a path costs in user space when

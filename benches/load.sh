@@ -1,25 +1,23 @@
 #!/usr/bin/env bash
 # Load comparison: tollgate vs nginx (and HAProxy) on this machine, same upstream, same run.
 #
-#   benches/load.sh                      # all scenarios through shared/bench/run.sh
+#   benches/load.sh                      # all scenarios through benches/harness/run.sh
 #   SCENARIOS=pass ROUNDS=5 benches/load.sh
 #
 # It builds tollgate in release mode and hands it to the shared harness as the candidate
 # (`tollgate bench`: one worker thread, pass / reject / h2c ports from the environment). The
 # harness pins cores, interleaves rounds, reports CPU per request (`srv us/req`) and req/s
-# ratios against nginx, and flags disturbed runs; see shared/bench/README.md. Without the
-# harness, a minimal nginx-vs-tollgate pass comparison with wrk runs instead.
+# ratios against nginx, and flags disturbed runs; see benchmarks/harness.md. It needs nginx,
+# HAProxy, wrk and h2load (benchmarks/README.md, "What the scripts need"); without HAProxy a
+# minimal nginx-vs-tollgate pass comparison with wrk runs instead.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 cargo build --release --quiet
 bin=$root/target/release/tollgate
 
-harness=""
-for h in "$root/../shared/bench/run.sh" "$root/../../shared/bench/run.sh"; do
-  [[ -x $h || -f $h ]] && harness=$h && break
-done
-if [[ -n $harness ]]; then
+harness=$root/benches/harness/run.sh
+if command -v haproxy >/dev/null && command -v h2load >/dev/null; then
   export CANDIDATE_NAME=${CANDIDATE_NAME:-tollgate}
   export CANDIDATE_PORT=${CANDIDATE_PORT:-18020}
   export CANDIDATE_REJECT_PORT=${CANDIDATE_REJECT_PORT:-18021}

@@ -13,7 +13,7 @@
 # 2. full handshakes: HANDSHAKES connections of one request each (h2load resumes no sessions),
 #    in batches of 100; CPU per handshake and handshakes/s.
 #
-# Rounds alternate the two servers. Without the quiet gate of shared/bench/run.sh the
+# Rounds alternate the two servers. Without the quiet gate of benches/harness/run.sh the
 # absolute numbers are noisy on a shared machine: compare the two within a round.
 set -euo pipefail
 # shellcheck source=benches/upstream.sh

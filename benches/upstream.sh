@@ -21,7 +21,7 @@ NGX
 
 #   nginx_proxy_conf FILE UPSTREAM_PORT PASS_PORT REJECT_PORT REJECT_RATE REJECT_BURST [H2_PORT] [HEAD]
 #
-# Writes the config of shared/bench/run.sh's nginx proxy: one worker, an upstream keep-alive
+# Writes the config of benches/harness/run.sh's nginx proxy: one worker, an upstream keep-alive
 # pool, a never-rejecting `limit_req` on PASS_PORT (and on H2_PORT for h2c, when given), and
 # `limit_req` at REJECT_RATE r/s with REJECT_BURST on REJECT_PORT. HEAD: the lines before
 # `events` (pid, daemon, error_log, master_process).

@@ -6,7 +6,7 @@
 #   benches/wakeups.sh nginx target/release/tollgate "YARD_BARE=1 target/release/examples/yardstick"
 #   ROUNDS=3 DURATION=10 benches/wakeups.sh              # defaults: ROUNDS=2 DURATION=8 (seconds)
 #
-# A candidate is `nginx` (configured like shared/bench/run.sh's nginx proxy: proxy_pass to the
+# A candidate is `nginx` (configured like benches/harness/run.sh's nginx proxy: proxy_pass to the
 # upstream with a `keepalive 1024` pool, HTTP/1.1 and `Connection ""` upstream, a never-
 # rejecting `limit_req`) or a binary, optionally preceded by VAR=value words, run as
 # `env VAR=value... BINARY bench` with the harness's UPSTREAM_ADDR / LISTEN_ADDR (tollgate
@@ -34,7 +34,7 @@
 #      sched:sched_wakeup (counted in the waker: wake-ups this process caused, same core).
 #      perf costs each traced syscall and switch: throughput drops ~20 % in this window and
 #      its context-switch counts run ~10 % below window 1's; read wake-ups from window 1.
-# A quiet gate as in shared/bench/run.sh: each measurement waits until other processes use
+# A quiet gate as in benches/harness/run.sh: each measurement waits until other processes use
 # <= QUIET_MAX % (10) of a core, for up to QUIET_WAIT s (900), and is re-run (RETRIES, 3)
 # when other load rose during it: a CPU hog on core 0 changes the regime (context switches
 # per request fell 2-10 x in disturbed runs), so only quiet windows are comparable.
