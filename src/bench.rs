@@ -1,4 +1,4 @@
-//! `tollgate bench`: the candidate of the benchmark harness (`shared/bench/run.sh`). One
+//! `tollgate bench`: the candidate of the benchmark harness (`benches/harness/run.sh`). One
 //! worker thread, like nginx's `worker_processes 1`; every listener is a normal tollgate
 //! config built from the harness's environment, so what is measured is what users run.
 //!

@@ -114,7 +114,7 @@ enum Command {
     Check,
     /// Print each route's limits in plain words, with the Retry-After a client will see.
     Explain,
-    /// Be the candidate of the benchmark harness (shared/bench/run.sh): one worker thread,
+    /// Be the candidate of the benchmark harness (benches/harness/run.sh): one worker thread,
     /// configured from UPSTREAM_ADDR, LISTEN_ADDR, REJECT_PORT, H2_PORT, REJECT_RATE, REJECT_BURST.
     Bench,
     /// Load-test URL step by step at constant arrival rates (open loop), find the knee and
