@@ -4,11 +4,12 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::request::Parts;
-use http::{Method, Request, Response};
+use http::{HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
 
 use crate::answer::{Error, RouteAnswers, RouteFacts, StaleReason};
@@ -208,7 +209,7 @@ impl Proxy {
         };
         let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let location = if port == 443 { format!("https://{host}{pq}") } else { format!("https://{host}:{port}{pq}") };
-        match http::HeaderValue::try_from(location) {
+        match HeaderValue::try_from(location) {
             Ok(v) => crate::answer::redirect(v),
             Err(_) => self.unrouted.respond(
                 &Error::BadRequest("the request's URL cannot be redirected"),
@@ -284,9 +285,10 @@ impl Proxy {
     }
 
     /// The routed request, in phases over one [`Ctx`]: *route* (done by the caller; a miss is
-    /// answered here), *admit* and *forward* ([`Proxy::answer`]), then *finish* (request id,
-    /// response header rules, metrics) and *log*. One future holding the head once (see
-    /// [`Proxy::handle`]).
+    /// answered here), *admit* ([`Proxy::admit`]), *forward* (or answer at the last hop, or
+    /// from the responder), *settle* ([`Proxy::settle`]), then *finish* and *log*
+    /// ([`Proxy::finish`]). One future holding the head once (see [`Proxy::handle`]): the
+    /// forwarded request is made from it in this block, so no phase takes the head by value.
     // Not an `async fn`: its arguments would be kept twice in the future, as arguments and as
     // locals (376 bytes); captured by an `async move` block, each is kept once.
     #[allow(clippy::manual_async_fn)]
@@ -301,34 +303,116 @@ impl Proxy {
         async move {
             let this = &*self;
             let _in_flight = InFlight::enter(&this.metrics);
-            let ctx = Ctx::new(this, &parts, &peer);
+            let mut ctx = Ctx::new(this, &parts, &peer);
             let (idx, mut target) = match routed {
                 Ok(found) => found,
-                Err(e) => return this.unrouted(&e, &parts, &ctx, started),
+                Err(e) => return this.unrouted(&e, &parts, &mut ctx, started),
             };
             let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
             let mut log = Access::new(lane, route, &parts, this.config.log.access, ctx.id.as_ref());
             log.grpc = ctx.grpc;
             // Every answer may need these (a 429 too); the request's only once it is admitted.
             let response_values = this.values(&route.response_headers, route, &parts, &target, &ctx);
-            let mut resp = this.answer(route, lane, &mut parts, body, &mut target, &ctx, &mut log).await;
-            // Finish: what every answer of the route carries, then the log line.
-            if let Some((name, id)) = &ctx.id_field {
-                set_id(resp.headers_mut(), name, id.clone());
-            }
-            if let Some(rules) = &route.response_headers {
-                rules.apply(resp.headers_mut(), response_values.as_deref().unwrap_or_default());
-            }
-            lane.metrics.response(resp.status().as_u16());
-            if let Some(started) = started {
-                log.emit(resp.status().as_u16(), started.elapsed(), peer.addr.ip());
-            }
-            resp
+            let version = parts.version;
+            let resp = 'answer: {
+                let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
+                    Ok(a) => a,
+                    Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
+                };
+                // A copy of the head, only when a stale copy could be stored or served for it.
+                let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
+                match this.last_hop(lane, &mut parts) {
+                    Ok(None) => {}
+                    Ok(Some(here)) => break 'answer here,
+                    Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                }
+                let resp = match &*this.targets[route.upstream] {
+                    Backend::Respond(r) => {
+                        match Proxy::respond(r, &parts, body, this.config.server.body_read_timeout) {
+                            Ok(answered) => answered.await,
+                            Err(read) => match read.await {
+                                Ok(()) => forward::respond(r).await,
+                                Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                            },
+                        }
+                    }
+                    backend => {
+                        let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
+                            let e = Error::BadRequest(STRIP_PARAMS);
+                            break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
+                        };
+                        let request_values = this.values(&route.request_headers, route, &parts, &target, &ctx);
+                        let down = ctx.downstream(route, request_values.as_deref());
+                        let key = this.hash_key(backend, route, &parts, &target, &peer);
+                        // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
+                        // `OnUpgrade` in the request's (usually empty) extensions.
+                        let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
+                        let req = Request::from_parts(parts, body);
+                        let sent = Instant::now();
+                        let out = match backend {
+                            // Boxed: rare, and its future would enlarge every request's.
+                            Backend::Http(fwd) if upgrade => {
+                                Box::pin(Proxy::upgrade(route, lane, fwd, req, strip, &down)).await
+                            }
+                            // Boxed: its future would otherwise enlarge every HTTP/1 request's.
+                            Backend::Http(fwd) if fwd.is_h2() => Box::pin(fwd.forward_h2(req, strip, &down)).await,
+                            Backend::Http(fwd) => fwd.forward(req, strip, &down).await,
+                            // Boxed: a group's future stays out of every single-server request's.
+                            Backend::Group(g) if upgrade => {
+                                Box::pin(Proxy::upgrade_group(route, lane, g, req, strip, &down, key)).await
+                            }
+                            Backend::Group(g) => Box::pin(g.forward(req, strip, &down, key)).await,
+                            Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
+                        };
+                        lane.upstream_took(&mut log, out.as_ref().map_or(0, |r| r.status().as_u16()), sent.elapsed());
+                        match out {
+                            Ok(resp) => resp,
+                            Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
+                        }
+                    }
+                };
+                this.settle(route, lane, admission, head.as_deref(), resp, &mut log).await
+            };
+            this.finish(
+                lane,
+                route,
+                resp,
+                ctx.id_field.take(),
+                response_values.as_deref(),
+                &log,
+                (started, peer.addr.ip()),
+            )
         }
     }
 
+    /// *Finish* and *log*: what every answer of the route carries (the request id, response
+    /// header rules), its count, then the access log line.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        lane: &Lane,
+        route: &Route,
+        mut resp: Response<Body>,
+        id_field: Option<(&http::HeaderName, http::HeaderValue)>,
+        response_values: Option<&[HeaderValue]>,
+        log: &Access<'_>,
+        (started, peer): (Option<Instant>, std::net::IpAddr),
+    ) -> Response<Body> {
+        if let Some((name, id)) = id_field {
+            set_id(resp.headers_mut(), name, id);
+        }
+        if let Some(rules) = &route.response_headers {
+            rules.apply(resp.headers_mut(), response_values.unwrap_or_default());
+        }
+        lane.metrics.response(resp.status().as_u16());
+        if let Some(started) = started {
+            log.emit(resp.status().as_u16(), started.elapsed(), peer);
+        }
+        resp
+    }
+
     /// The answer to a request no route took (a bad target, no route), logged.
-    fn unrouted(&self, e: &Error, parts: &Parts, ctx: &Ctx<'_>, started: Option<Instant>) -> Response<Body> {
+    fn unrouted(&self, e: &Error, parts: &Parts, ctx: &mut Ctx<'_>, started: Option<Instant>) -> Response<Body> {
         if started.is_some() {
             let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
             let peer = ctx.peer.addr.ip();
@@ -339,8 +423,8 @@ impl Proxy {
         } else {
             self.unrouted.respond(e, &parts.method, parts.uri.path(), parts.version)
         };
-        if let Some((name, id)) = &ctx.id_field {
-            set_id(resp.headers_mut(), name, id.clone());
+        if let Some((name, id)) = ctx.id_field.take() {
+            set_id(resp.headers_mut(), name, id);
         }
         resp
     }
@@ -348,6 +432,7 @@ impl Proxy {
     /// A route's header rule values for this request. They read the request as the client
     /// sent it (its head is not changed before it is forwarded; `{path}` is the client's path
     /// after a rewrite too).
+    #[inline]
     fn values(
         &self,
         rules: &Option<Arc<forward::rules::HeaderRules>>,
@@ -367,76 +452,7 @@ impl Proxy {
         }))
     }
 
-    /// The routed request's answer: *admit* (rewrite, method, limits and cap, a shaping
-    /// wait), *forward* (or answer at the last hop, or from the responder), then *settle*
-    /// (a cost from the response, the stale copy, RateLimit fields, the slot the body holds).
-    // Not `async fn`s (this and `forward`): what they take by value would be kept twice in
-    // the request's future (see `serve`).
-    #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
-    fn answer<'f, 'a>(
-        &'f self,
-        route: &'f Route,
-        lane: &'f Lane,
-        parts: &'f mut Parts,
-        body: Incoming,
-        target: &'f mut Target,
-        ctx: &'f Ctx<'a>,
-        log: &'f mut Access<'a>,
-    ) -> impl Future<Output = Response<Body>> + use<'f, 'a> {
-        async move {
-            let version = parts.version;
-            let mut admission = match self.admit(route, lane, parts, target, ctx, log).await {
-                Ok(a) => a,
-                Err(e) => return self.refused(route, lane, &e, Some(parts), version, log),
-            };
-            // A copy of the head, only when a stale copy could be stored or served for it.
-            let head = self.wants_copy(route, lane, parts).then(|| Box::new(parts.clone()));
-            let sent = Instant::now();
-            let out = self.forward(route, lane, parts, body, target, ctx).await;
-            let mut resp = match out {
-                Forwarded::Here(resp) => resp,
-                Forwarded::Refused(e) => return self.refused(route, lane, &e, head.as_deref(), version, log),
-                Forwarded::Upstream(out) => {
-                    let took = sent.elapsed();
-                    lane.metrics.upstream_seconds.observe(took);
-                    log.upstream = Some((out.as_ref().map_or(0, |r| r.status().as_u16()), took));
-                    match out {
-                        Ok(resp) => resp,
-                        Err(e) => return self.refused(route, lane, &e, head.as_deref(), version, log),
-                    }
-                }
-            };
-            // A cost taken from the response: debited or refunded now that the head is here.
-            // Boxed, so that routes without one carry no larger future.
-            if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
-                Box::pin(lane.gate.settle(a, resp.headers(), self.clock.now())).await;
-            }
-            if let Some(head) = &head {
-                resp = self.after_upstream(route, lane, head, resp, log);
-            }
-            let mut permit = None;
-            if let Some(mut a) = admission {
-                lane.gate.decorate(&mut a, &mut resp);
-                permit = a.permit;
-            }
-            if let Some(p) = &mut permit {
-                p.answered(resp.status());
-            }
-            // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
-            if matches!(resp.status().as_u16(), 101 | 200) {
-                // The tunnel holds the concurrency slot and its tunnel slot for its life.
-                if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
-                    pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
-                }
-            }
-            if let Some(permit) = permit {
-                resp.body_mut().hold(permit.into());
-            }
-            resp
-        }
-    }
-
-    /// *Admit*: the route's path rewrite and method rule, then its limits and cap; waits
+    /// *Admit*: the route's method rule and path rewrite, then its limits and cap; waits
     /// out a shaping delay. `None`: the route has no gate.
     async fn admit(
         &self,
@@ -477,6 +493,7 @@ impl Proxy {
     }
 
     /// What limit keys (and a `hash` group's balancing) read of the request.
+    #[inline]
     fn key_ctx<'k>(&'k self, route: &'k Route, parts: &'k Parts, target: &'k Target, peer: &'k Peer) -> KeyCtx<'k> {
         KeyCtx {
             route: &route.name,
@@ -487,100 +504,92 @@ impl Proxy {
         }
     }
 
-    /// *Forward*: to the route's backend, or answered here at the last hop (`Max-Forwards`)
-    /// or by the built-in responder once it has read the request.
-    #[allow(clippy::manual_async_fn)]
-    fn forward<'f, 'a>(
-        &'f self,
-        route: &'f Route,
-        lane: &'f Lane,
-        parts: &'f mut Parts,
-        body: Incoming,
-        target: &'f Target,
-        ctx: &'f Ctx<'a>,
-    ) -> impl Future<Output = Forwarded> + use<'f, 'a> {
-        async move {
-            if matches!(parts.method, Method::OPTIONS | Method::TRACE) {
-                match forward::hop::last(&mut parts.headers) {
-                    Ok(false) => {}
-                    Ok(true) if parts.method == Method::OPTIONS => return Forwarded::Here(lane.answers.options()),
-                    Ok(true) => return Forwarded::Here(lane.answers.trace(parts)),
-                    Err(e) => return Forwarded::Refused(e),
-                }
-            }
-            let backend = match &*self.targets[route.upstream] {
-                Backend::Respond(r) => {
-                    // The whole request is read before the answer, as any server reads it; a
-                    // client that waits for `100 Continue` gets the final answer instead
-                    // (RFC 9110 §10.1.1), as nginx's `return` gives it.
-                    let waits = parts
-                        .headers
-                        .get(http::header::EXPECT)
-                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-                    if !waits && !http_body::Body::is_end_stream(&body) {
-                        let read = forward::read_to_end(body, r.max_body, self.config.server.body_read_timeout);
-                        if let Err(e) = Box::pin(read).await {
-                            return Forwarded::Refused(e);
-                        }
-                    }
-                    return Forwarded::Here(forward::respond(r).await);
-                }
-                backend => backend,
-            };
-            let Some(strip) = strip_len(route, parts.uri.path(), target.path(parts)) else {
-                return Forwarded::Refused(Error::BadRequest(STRIP_PARAMS));
-            };
-            let request_values = self.values(&route.request_headers, route, parts, target, ctx);
-            let down = Downstream {
-                peer: ctx.peer.addr.ip(),
-                peer_trusted: ctx.peer_trusted,
-                https: ctx.peer.tls.is_some(),
-                request_id: ctx.id_field.clone(),
-                rules: route.request_headers.as_deref().map(|r| (r, request_values.as_deref().unwrap_or_default())),
-            };
-            // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an `OnUpgrade`
-            // in the request's (usually empty) extensions, and only a flag is kept here, so the
-            // request's future grows by a byte.
-            let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
-            Forwarded::Upstream(match backend {
-                // Boxed: rare, and its future would enlarge every request's.
-                Backend::Http(fwd) if upgrade => {
-                    Box::pin(self.upgrade(route, lane, fwd, parts, body, strip, &down)).await
-                }
-                // Boxed: its future would otherwise enlarge every HTTP/1 request's.
-                Backend::Http(fwd) if fwd.is_h2() => Box::pin(fwd.forward_h2(request(parts, body), strip, &down)).await,
-                Backend::Http(fwd) => fwd.forward(request(parts, body), strip, &down).await,
-                Backend::Group(group) => {
-                    // `balance: hash`: the request's key, as a limit keys it.
-                    let key = group
-                        .hash_key()
-                        .map_or(0, |spec| spec.hash(&self.key_ctx(route, parts, target, ctx.peer)).0 as u64);
-                    // Boxed: a group's future stays out of every single-server request's. An
-                    // ordinary request's box holds the forwarding future alone.
-                    if upgrade {
-                        Box::pin(self.upgrade_group(route, lane, group, parts, body, strip, &down, key)).await
-                    } else {
-                        Box::pin(group.forward(request(parts, body), strip, &down, key)).await
-                    }
-                }
-                Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
-            })
+    /// `balance: hash`: the request's key, as a limit keys it (0 for other backends).
+    fn hash_key(&self, backend: &Backend, route: &Route, parts: &Parts, target: &Target, peer: &Peer) -> u64 {
+        let Backend::Group(group) = backend else { return 0 };
+        group.hash_key().map_or(0, |spec| spec.hash(&self.key_ctx(route, parts, target, peer)).0 as u64)
+    }
+
+    /// `Max-Forwards` on `OPTIONS` and `TRACE`: the answer tollgate gives as the last hop, if
+    /// it is one (the field is lowered by one otherwise).
+    fn last_hop(&self, lane: &Lane, parts: &mut Parts) -> Result<Option<Response<Body>>, Error> {
+        if !matches!(parts.method, Method::OPTIONS | Method::TRACE) || !forward::hop::last(&mut parts.headers)? {
+            return Ok(None);
         }
+        Ok(Some(if parts.method == Method::OPTIONS { lane.answers.options() } else { lane.answers.trace(parts) }))
+    }
+
+    /// The built-in responder reads the whole request before its answer, as any server
+    /// does (`Err`: that read, to be awaited first); a client that waits for `100 Continue`
+    /// gets the final answer instead (RFC 9110 §10.1.1), as nginx's `return` gives it.
+    #[allow(clippy::type_complexity)]
+    fn respond<'r>(
+        r: &'r crate::config::Responder,
+        parts: &Parts,
+        body: Incoming,
+        idle: Duration,
+    ) -> Result<impl Future<Output = Response<Body>> + 'r, Pin<Box<impl Future<Output = Result<(), Error>>>>> {
+        let waits =
+            parts.headers.get(http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if waits || http_body::Body::is_end_stream(&body) {
+            return Ok(forward::respond(r));
+        }
+        Err(Box::pin(forward::read_to_end(body, r.max_body, idle)))
+    }
+
+    /// *Settle*: a cost taken from the response is debited or refunded now that the head is
+    /// here; a stale copy is kept (or stands in for a 5xx); the RateLimit fields go on; the
+    /// body (or the tunnel) holds the concurrency slot until it ends.
+    async fn settle(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        mut admission: Option<Admission>,
+        head: Option<&Parts>,
+        mut resp: Response<Body>,
+        log: &mut Access<'_>,
+    ) -> Response<Body> {
+        // Boxed, so that routes without one carry no larger future.
+        if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
+            Box::pin(lane.gate.settle(a, resp.headers(), self.clock.now())).await;
+        }
+        if let Some(head) = head {
+            resp = self.after_upstream(route, lane, head, resp, log);
+        }
+        let mut permit = None;
+        if let Some(mut a) = admission {
+            lane.gate.decorate(&mut a, &mut resp);
+            permit = a.permit;
+        }
+        if let Some(p) = &mut permit {
+            p.answered(resp.status());
+        }
+        // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
+        if matches!(resp.status().as_u16(), 101 | 200) {
+            // The tunnel holds the concurrency slot and its tunnel slot for its life.
+            if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
+                pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
+            }
+        }
+        if let Some(permit) = permit {
+            resp.body_mut().hold(permit.into());
+        }
+        resp
     }
 }
 
 impl Proxy {
     /// The tunnel slot of an upgrade the route tunnels (`upgrades:`) to a backend that can:
     /// taken first, it goes with the tunnel, or back on any other answer.
-    fn tunnel_slot(
+    fn tunnel_slot<B>(
         route: &Route,
         lane: &Lane,
         tunnels: bool,
-        parts: &Parts,
+        req: &Request<B>,
     ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Error> {
         let wanted = tunnels
             && !route.upgrades.is_empty()
-            && forward::tunnel::wanted(&parts.headers, &parts.extensions, parts.version, &route.upgrades).is_some();
+            && forward::tunnel::wanted(req.headers(), req.extensions(), req.version(), &route.upgrades).is_some();
         if !wanted {
             return Ok(None);
         }
@@ -589,20 +598,15 @@ impl Proxy {
 
     /// An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT) to a single server: a tunnel
     /// when the route allows one, else an ordinary request without `Upgrade`.
-    #[allow(clippy::too_many_arguments)]
     async fn upgrade(
-        &self,
         route: &Route,
         lane: &Lane,
         fwd: &HttpForwarder,
-        parts: &mut Parts,
-        body: Incoming,
+        req: Request<Incoming>,
         strip: usize,
         down: &Downstream<'_>,
     ) -> Result<Response<Body>, Error> {
-        let slot = Proxy::tunnel_slot(route, lane, fwd.tunnels(), parts)?;
-        let req = request(parts, body);
-        if let Some(slot) = slot {
+        if let Some(slot) = Proxy::tunnel_slot(route, lane, fwd.tunnels(), &req)? {
             fwd.upgrade(req, strip, down, &route.upgrades, slot).await
         } else if is_extended_connect(&req) {
             Err(Error::BadRequest(UNTUNNELLED_CONNECT))
@@ -614,21 +618,16 @@ impl Proxy {
     }
 
     /// [`Proxy::upgrade`] to a group of servers.
-    #[allow(clippy::too_many_arguments)]
     async fn upgrade_group(
-        &self,
         route: &Route,
         lane: &Lane,
         group: &forward::group::Group,
-        parts: &mut Parts,
-        body: Incoming,
+        req: Request<Incoming>,
         strip: usize,
         down: &Downstream<'_>,
         key: u64,
     ) -> Result<Response<Body>, Error> {
-        let slot = Proxy::tunnel_slot(route, lane, group.tunnels(), parts)?;
-        let req = request(parts, body);
-        if let Some(slot) = slot {
+        if let Some(slot) = Proxy::tunnel_slot(route, lane, group.tunnels(), &req)? {
             group.upgrade(req, strip, down, &route.upgrades, slot, key).await
         } else if is_extended_connect(&req) {
             Err(Error::BadRequest(UNTUNNELLED_CONNECT))
@@ -638,21 +637,12 @@ impl Proxy {
     }
 }
 
-/// The request to send on: its head moves out of `parts` (what stays is an empty head, never
-/// read again), so the request's future holds the head in one place only.
-fn request(parts: &mut Parts, body: Incoming) -> Request<Incoming> {
-    let head = std::mem::replace(parts, Request::new(()).into_parts().0);
-    Request::from_parts(head, body)
-}
-
-/// What the *forward* phase came back with.
-enum Forwarded {
-    /// Answered without an upstream (the last hop, the responder).
-    Here(Response<Body>),
-    /// Refused before anything went upstream.
-    Refused(Error),
-    /// The upstream exchange: timed and logged as one.
-    Upstream(Result<Response<Body>, Error>),
+impl Lane {
+    /// The upstream exchange's status (0: none came) and time, for the metric and the log.
+    fn upstream_took(&self, log: &mut Access<'_>, status: u16, took: Duration) {
+        self.metrics.upstream_seconds.observe(took);
+        log.upstream = Some((status, took));
+    }
 }
 
 /// What every phase of one request reads: who sent it and under which id.
@@ -682,6 +672,18 @@ impl<'a> Ctx<'a> {
     /// The id as text, for the log and rule values.
     fn request_id(&self) -> Option<&str> {
         self.id.as_ref().map(RequestId::as_str)
+    }
+
+    /// What the forwarded request says of its client; `values`: the route's request header
+    /// rule values.
+    fn downstream<'d>(&'d self, route: &'d Route, values: Option<&'d [HeaderValue]>) -> Downstream<'d> {
+        Downstream {
+            peer: self.peer.addr.ip(),
+            peer_trusted: self.peer_trusted,
+            https: self.peer.tls.is_some(),
+            request_id: self.id_field.clone(),
+            rules: route.request_headers.as_deref().map(|r| (r, values.unwrap_or_default())),
+        }
     }
 }
 
