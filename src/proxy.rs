@@ -432,7 +432,7 @@ impl Proxy {
     /// A route's header rule values for this request. They read the request as the client
     /// sent it (its head is not changed before it is forwarded; `{path}` is the client's path
     /// after a rewrite too).
-    #[inline]
+    #[inline(always)]
     fn values(
         &self,
         rules: &Option<Arc<forward::rules::HeaderRules>>,
@@ -442,14 +442,26 @@ impl Proxy {
         ctx: &Ctx<'_>,
     ) -> RenderedValues {
         let rules = rules.as_ref().filter(|r| r.is_dynamic())?;
-        Some(rules.render(&forward::rules::Vars {
+        Some(self.render(rules, route, parts, target, ctx))
+    }
+
+    #[cold]
+    fn render(
+        &self,
+        rules: &forward::rules::HeaderRules,
+        route: &Route,
+        parts: &Parts,
+        target: &Target,
+        ctx: &Ctx<'_>,
+    ) -> forward::rules::Values {
+        rules.render(&forward::rules::Vars {
             route: &route.name,
             headers: &parts.headers,
             path: target.path(parts),
             request_id: ctx.request_id(),
             peer: ctx.peer.addr.ip(),
             trusted: &self.trusted,
-        }))
+        })
     }
 
     /// *Admit*: the route's method rule and path rewrite, then its limits and cap; waits
@@ -493,7 +505,7 @@ impl Proxy {
     }
 
     /// What limit keys (and a `hash` group's balancing) read of the request.
-    #[inline]
+    #[inline(always)]
     fn key_ctx<'k>(&'k self, route: &'k Route, parts: &'k Parts, target: &'k Target, peer: &'k Peer) -> KeyCtx<'k> {
         KeyCtx {
             route: &route.name,
@@ -505,6 +517,7 @@ impl Proxy {
     }
 
     /// `balance: hash`: the request's key, as a limit keys it (0 for other backends).
+    #[inline(always)]
     fn hash_key(&self, backend: &Backend, route: &Route, parts: &Parts, target: &Target, peer: &Peer) -> u64 {
         let Backend::Group(group) = backend else { return 0 };
         group.hash_key().map_or(0, |spec| spec.hash(&self.key_ctx(route, parts, target, peer)).0 as u64)
@@ -676,6 +689,7 @@ impl<'a> Ctx<'a> {
 
     /// What the forwarded request says of its client; `values`: the route's request header
     /// rule values.
+    #[inline(always)]
     fn downstream<'d>(&'d self, route: &'d Route, values: Option<&'d [HeaderValue]>) -> Downstream<'d> {
         Downstream {
             peer: self.peer.addr.ip(),
