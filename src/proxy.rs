@@ -20,8 +20,8 @@ use crate::gate::{Gate, Limit, Note};
 use crate::limit::plan::Directory;
 use crate::limit::store::redis::fallback_algorithm;
 use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
-use crate::listen::Peer;
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::peer::Peer;
 use crate::request_id::RequestId;
 use crate::route;
 use crate::target::{self, Target};
@@ -72,6 +72,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     /// The one connection of every `store: redis` limit; kept across reloads while `redis:` is unchanged.
     redis: Option<Arc<RedisClient>>,
+    /// The rustls config of each listener (`None` for a plain one), in the config's order.
+    listener_tls: Vec<Option<Arc<rustls::ServerConfig>>>,
 }
 
 /// Counts a request in `requests_in_flight` until dropped: when it is answered, or when the
@@ -193,7 +195,24 @@ impl Proxy {
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
         let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
-        Proxy { config: Arc::new(config), targets, lanes, unrouted, trusted, clock, cache, metrics, redis }
+        let listener_tls = config.listeners.iter().map(listener_tls).collect();
+        Proxy {
+            config: Arc::new(config),
+            targets,
+            lanes,
+            unrouted,
+            trusted,
+            clock,
+            cache,
+            metrics,
+            redis,
+            listener_tls,
+        }
+    }
+
+    /// The rustls config of listener `idx` of the config, if it speaks TLS.
+    pub fn listener_tls(&self, idx: usize) -> Option<&Arc<rustls::ServerConfig>> {
+        self.listener_tls.get(idx).and_then(Option::as_ref)
     }
 
     /// The answer of a `redirect_https` listener: 308 to the request's URL over HTTPS on
@@ -561,6 +580,25 @@ impl Proxy {
             resp
         }
     }
+}
+
+/// The rustls config of `listener`, built from the files its config read; `None` for a plain
+/// listener, or when it cannot be built (its handshakes then fail, counted as `no_certificate`).
+fn listener_tls(listener: &crate::config::Listener) -> Option<Arc<rustls::ServerConfig>> {
+    let tls = listener.tls.as_ref()?;
+    let loaded = tls.loaded.as_ref()?;
+    let certs: Vec<_> = loaded
+        .certificates
+        .iter()
+        .map(|c| crate::pki::server::Cert { pair: &c.pair, ocsp: c.ocsp.as_deref() })
+        .collect();
+    let client = loaded.client_ca.as_ref().map(|roots| crate::pki::server::ClientCheck {
+        roots,
+        optional: tls.client_auth == crate::config::ClientAuth::Optional,
+    });
+    crate::pki::server::config(&certs, client)
+        .map_err(|e| tracing::error!(listener = %listener.addr, "{e}; its TLS handshakes fail"))
+        .ok()
 }
 
 /// Whether `route` takes `TRACE`: only when its `methods:` list it.
