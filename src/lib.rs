@@ -3,7 +3,8 @@
 //! # Layout
 //! A request flows one way through a few rooms, each owning one concept:
 //!
-//! - [`config`]: YAML → validated, typed config; every error with line, column and field path.
+//! - [`config`]: YAML → validated, typed config (data only: each room compiles its part at
+//!   `Proxy::build`); every error with line, column and field path.
 //! - [`instance`]: one running tollgate (listener, admin, reloader), for `run` and `bench` alike.
 //! - [`listen`]: the edge of a connection before HTTP: PROXY protocol header, TLS (SNI
 //!   certificates, ALPN, client certificates); yields the [`peer::Peer`].

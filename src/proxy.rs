@@ -58,11 +58,18 @@ struct Lane {
     keyed_on_credentials: bool,
     /// One permit per open tunnel (`tunnels.max`).
     tunnels: Arc<tokio::sync::Semaphore>,
+    /// `rewrite.path_regex`, compiled.
+    rewrite: Option<Box<route::PathRewrite>>,
+    /// `request_headers` and `response_headers`, compiled.
+    request_headers: Option<Arc<forward::rules::HeaderRules>>,
+    response_headers: Option<Arc<forward::rules::HeaderRules>>,
 }
 
 pub struct Proxy {
     pub config: Arc<Config>,
     targets: Vec<Arc<Backend>>,
+    /// Each route's header and query conditions, compiled (for [`route::find`]).
+    conditions: Vec<Option<Box<route::Conditions>>>,
     lanes: Vec<Lane>,
     /// Answers to requests no route took (a bad target, no route).
     unrouted: RouteAnswers,
@@ -149,10 +156,16 @@ impl Proxy {
         });
         let type_base: Arc<str> = Arc::from(config.problem_type_base.as_str());
         let directory = config.plans.as_ref().map(|p| Arc::new(Directory::new(p.clone(), redis.clone())));
+        let mut conditions = Vec::with_capacity(config.routes.len());
         let lanes = config
             .routes
             .iter()
             .map(|r| {
+                let (matching, rewrite) = route::compile(r);
+                conditions.push(matching);
+                let rules = |rules: &Option<Arc<crate::config::HeaderRules>>| {
+                    rules.as_deref().map(|r| Arc::new(forward::rules::HeaderRules::new(r)))
+                };
                 let mut store_for = |l: &LimitConfig| {
                     let kept = previous.and_then(|p| p.store_of(&r.name, l)).filter(|s| match &**s {
                         // A Redis store holds its connection: keep it only on the same one.
@@ -186,6 +199,9 @@ impl Proxy {
                     metrics: metrics.route(&r.name),
                     keyed_on_credentials: keys_on_credentials(r),
                     tunnels: Arc::new(tokio::sync::Semaphore::new(r.tunnels.max)),
+                    rewrite,
+                    request_headers: rules(&r.request_headers),
+                    response_headers: rules(&r.response_headers),
                 }
             })
             .collect();
@@ -199,6 +215,7 @@ impl Proxy {
         Proxy {
             config: Arc::new(config),
             targets,
+            conditions,
             lanes,
             unrouted,
             trusted,
@@ -296,7 +313,8 @@ impl Proxy {
             .and_then(|()| target::decide(&mut parts))
             .and_then(|t| {
                 let (path, query) = (t.path(&parts), parts.uri.query());
-                let found = route::find(&self.config.routes, &parts.method, &parts.headers, path, query);
+                let found =
+                    route::find(&self.config.routes, &self.conditions, &parts.method, &parts.headers, path, query);
                 found.map(|i| (i, t)).ok_or(Error::NoRoute)
             });
         self.serve(routed, parts, body, peer, started)
@@ -367,14 +385,14 @@ impl Proxy {
                 }))
             };
             // Every answer may need these (a 429 too); the request's only once it is admitted.
-            let response_values: RenderedValues = render(&route.response_headers, &parts, &target);
+            let response_values: RenderedValues = render(&lane.response_headers, &parts, &target);
             let mut resp = 'answer: {
                 // TRACE reflects the request, credentials and all: not taken unless the route
                 // lists it (nginx refuses it too).
                 if parts.method == Method::TRACE && !takes_trace(route) {
                     break 'answer this.refused(route, lane, &Error::MethodNotAllowed, None, version, &mut log);
                 }
-                if let Some(rw) = &route.rewrite {
+                if let Some(rw) = &lane.rewrite {
                     if let Some(path) = rw.apply(target.path(&parts)) {
                         if let Err(e) = target.rewrite(&mut parts, &path) {
                             break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
@@ -440,13 +458,13 @@ impl Proxy {
                                 &mut log,
                             );
                         };
-                        let request_values: RenderedValues = render(&route.request_headers, &parts, &target);
+                        let request_values: RenderedValues = render(&lane.request_headers, &parts, &target);
                         let down = Downstream {
                             peer: peer.addr.ip(),
                             peer_trusted,
                             https: peer.tls.is_some(),
                             request_id: id_field.as_ref().map(|(name, id)| (*name, id.clone())),
-                            rules: route
+                            rules: lane
                                 .request_headers
                                 .as_deref()
                                 .map(|r| (r, request_values.as_deref().unwrap_or_default())),
@@ -570,7 +588,7 @@ impl Proxy {
             if let Some((name, id)) = id_field {
                 set_id(resp.headers_mut(), name, id);
             }
-            if let Some(rules) = &route.response_headers {
+            if let Some(rules) = &lane.response_headers {
                 rules.apply(resp.headers_mut(), response_values.as_deref().unwrap_or_default());
             }
             lane.metrics.response(resp.status().as_u16());
