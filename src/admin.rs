@@ -284,7 +284,7 @@ fn listeners(c: &Config) -> Value {
                     "certificates": t.loaded.as_ref().map(|ld| ld.served.iter().map(|s| json!({
                         "cert": s.cert.display().to_string(),
                         "names": s.names,
-                        "not_after": crate::listen::x509::date(s.not_after),
+                        "not_after": crate::pki::x509::date(s.not_after),
                     })).collect::<Vec<_>>()),
                     "client_ca": t.client_ca.as_ref().map(|p| p.display().to_string()),
                     "client_auth": format!("{:?}", t.client_auth).to_lowercase(),

@@ -245,6 +245,7 @@ mod tests {
                 assert_eq!(config.trusted_proxies.len(), store.trusted.len(), "{yaml}");
                 assert_eq!(config.routes[0].conditions.is_some(), store.gateway, "{yaml}");
                 if let Some(c) = &config.routes[0].conditions {
+                    let c = crate::route::Conditions::compile(c, "bench");
                     let mut h = http::HeaderMap::new();
                     h.insert("user-agent", http::HeaderValue::from_static("h2load nghttp2/1.52.0"));
                     h.insert("host", http::HeaderValue::from_static("127.0.0.1:18020"));

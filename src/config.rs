@@ -3,9 +3,14 @@
 //! One function ([`Config::from_yaml`]) calls serde_yaml; the serde mirror in `raw` denies
 //! unknown fields, and validation turns it into types that cannot hold an invalid value.
 //! Every error names the file, line, column, field path and what was expected.
+//!
+//! The config is data: patterns stay text (checked here with the builders the `route` room
+//! compiles them with), header rules are parsed templates, and the TLS files it names are
+//! read and checked by [`crate::pki`] into bytes and facts. No other room's compiled state
+//! (regexes, rustls configs) is in it: each room builds its own at `Proxy::build`.
 
 pub mod edge;
-mod gateway;
+pub mod gateway;
 pub mod group;
 mod guard;
 mod limits;
@@ -13,6 +18,7 @@ mod locate;
 pub mod plans;
 mod raw;
 mod redis;
+pub mod rules;
 pub mod units;
 
 use std::fmt;
@@ -26,11 +32,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 pub use edge::{CertFiles, ClientAuth, Listener, ProxyProtocol, TlsListener, UpstreamTls};
-pub use gateway::{MAX_CONDITIONS, MAX_RULES};
+pub use gateway::{Conditions, PathRewrite, ValueMatch, MAX_CONDITIONS, MAX_RULES};
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
 pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
+pub use rules::HeaderRules;
 
 /// `problems.type_base` by default: a URN, because the project owns no domain to put
 /// problem documents under.
@@ -289,13 +296,13 @@ pub struct Route {
     /// A 429's Retry-After gets 0 to this many extra seconds, spread evenly over denials.
     pub retry_after_spread: u64,
     /// `match.headers` / `match.query`; `None` when the route has neither.
-    pub conditions: Option<Box<crate::route::Conditions>>,
+    pub conditions: Option<Box<Conditions>>,
     /// `rewrite.path_regex` (never together with `strip_prefix`).
-    pub rewrite: Option<Box<crate::route::PathRewrite>>,
+    pub rewrite: Option<Box<PathRewrite>>,
     /// `request_headers`: applied to the request forwarded upstream.
-    pub request_headers: Option<Arc<crate::forward::rules::HeaderRules>>,
+    pub request_headers: Option<Arc<HeaderRules>>,
     /// `response_headers`: applied to every answer of the route, tollgate's own included.
-    pub response_headers: Option<Arc<crate::forward::rules::HeaderRules>>,
+    pub response_headers: Option<Arc<HeaderRules>>,
     /// `Upgrade` protocols passed on to the upstream (lower case, `h2c` never); empty: none.
     pub upgrades: Vec<http::HeaderValue>,
     pub tunnels: Tunnels,

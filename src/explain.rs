@@ -309,7 +309,7 @@ pub fn listeners(config: &Config) -> String {
                     "  certificate {}: serves {}{default}; valid until {}",
                     s.cert.display(),
                     s.names.join(", "),
-                    crate::listen::x509::date(s.not_after)
+                    crate::pki::x509::date(s.not_after)
                 );
             }
         }

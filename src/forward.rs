@@ -91,7 +91,12 @@ impl HttpForwarder {
         let connector = connector::Connector::new(
             cfg.authority.as_str().to_owned(),
             cfg.connect_timeout,
-            cfg.tls.as_ref().and_then(|t| t.loaded.clone()),
+            cfg.tls.as_ref().map(|t| {
+                connector::TlsClient::build(t).map(Arc::new).map_err(|e| {
+                    tracing::error!(upstream = name, "{e}; its connections fail");
+                    Arc::from(e)
+                })
+            }),
         );
         HttpForwarder {
             name: name.to_owned(),

@@ -3,10 +3,11 @@
 //! # Layout
 //! A request flows one way through a few rooms, each owning one concept:
 //!
-//! - [`config`]: YAML → validated, typed config; every error with line, column and field path.
+//! - [`config`]: YAML → validated, typed config (data only: each room compiles its part at
+//!   `Proxy::build`); every error with line, column and field path.
 //! - [`instance`]: one running tollgate (listener, admin, reloader), for `run` and `bench` alike.
 //! - [`listen`]: the edge of a connection before HTTP: PROXY protocol header, TLS (SNI
-//!   certificates, ALPN, client certificates); yields the [`listen::Peer`].
+//!   certificates, ALPN, client certificates); yields the [`peer::Peer`].
 //! - [`server`]: accept loop, protocol detection, HTTP/1.1 + h2c, timeouts, graceful shutdown.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/config` on the admin listener.
 //! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
@@ -26,6 +27,8 @@
 //! - [`body`]: the body types at both edges, with their read deadlines.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.
+//! - [`pki`]: certificate and key files read and checked, x509 facts, the TLS configs made
+//!   from them; [`peer`]: who a client is (address, TLS facts).
 //! - [`timer`]: the coarse clock for long timeouts; [`workers`]: which worker thread runs.
 //! - [`explain`]: limits in plain words for `tollgate explain`; [`bench`]: the harness candidate.
 //! - [`calibrate`]: `tollgate calibrate`, an open-loop load test that finds the knee and
@@ -49,6 +52,8 @@ pub mod instance;
 pub mod limit;
 pub mod listen;
 pub mod metrics;
+pub mod peer;
+pub mod pki;
 pub mod proxy;
 pub mod ratelimit;
 pub mod reload;

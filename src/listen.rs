@@ -7,8 +7,6 @@
 //! directly, so plain HTTP pays nothing for this room.
 
 pub mod proxy_protocol;
-pub mod tls;
-pub mod x509;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,38 +16,9 @@ use tokio::net::TcpStream;
 
 use crate::config::Listener;
 use crate::metrics::EdgeMetrics;
-
-/// Who is at the other end of a client connection.
-#[derive(Clone, Debug)]
-pub struct Peer {
-    /// The client's address: the socket's, or the one a PROXY header carried.
-    pub addr: SocketAddr,
-    /// Present on TLS connections.
-    pub tls: Option<Arc<TlsPeer>>,
-}
-
-impl Peer {
-    /// A plain connection from `addr`.
-    pub fn plain(addr: SocketAddr) -> Peer {
-        Peer { addr, tls: None }
-    }
-
-    /// The client's verified certificate identity (mTLS), for `key: tls_client`.
-    pub fn tls_client(&self) -> Option<&str> {
-        self.tls.as_deref().and_then(|t| t.client.as_deref())
-    }
-}
-
-/// What the TLS handshake settled.
-#[derive(Debug, Default)]
-pub struct TlsPeer {
-    /// The name the client asked for (SNI), lower-case.
-    pub sni: Option<Box<str>>,
-    /// ALPN chose `h2`.
-    pub h2: bool,
-    /// The verified client certificate's identity: its first SAN entry, else its subject CN.
-    pub client: Option<Box<str>>,
-}
+use crate::peer::{Peer, TlsPeer};
+/// The certificate facts a handshake reads (the client identity for `key: tls_client`).
+pub use crate::pki::x509;
 
 /// The stream the server goes on with.
 pub enum Stream {
@@ -57,12 +26,15 @@ pub enum Stream {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// Runs the edge steps of `listener` on an accepted socket: `None` when the connection is to
-/// be closed (refused, timed out, failed handshake; each counted in `metrics`).
+/// Runs the edge steps of `listener` on an accepted socket, its handshakes with `tls_config`
+/// (the listener's rustls config, built with the proxy): `None` when the connection is to be
+/// closed (refused, timed out, failed handshake; each counted in `metrics`).
+#[allow(clippy::too_many_arguments)]
 pub async fn edge(
     mut stream: TcpStream,
     socket: SocketAddr,
     listener: &Listener,
+    tls_config: Option<&Arc<rustls::ServerConfig>>,
     trusted: bool,
     accepted: Instant,
     header_timeout: Duration,
@@ -89,12 +61,12 @@ pub async fn edge(
         }
     }
     let Some(tls) = &listener.tls else { return Some((Stream::Plain(stream), peer)) };
-    let Some(loaded) = &tls.loaded else {
+    let Some(tls_config) = tls_config else {
         // Only a config built without its files (a test's `from_yaml` of a bad path) lands here.
         metrics.tls_failed("no_certificate");
         return None;
     };
-    let acceptor = tokio_rustls::TlsAcceptor::from(loaded.config.clone());
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls_config.clone());
     let done = tokio::time::timeout_at((accepted + tls.handshake_timeout).into(), acceptor.accept(stream)).await;
     let stream = match done {
         Ok(Ok(s)) => s,

@@ -21,8 +21,8 @@ use crate::gate::{Admission, Gate, Limit, Note};
 use crate::limit::plan::Directory;
 use crate::limit::store::redis::fallback_algorithm;
 use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
-use crate::listen::Peer;
 use crate::metrics::{Metrics, RouteMetrics};
+use crate::peer::Peer;
 use crate::request_id::RequestId;
 use crate::route;
 use crate::target::{self, Target};
@@ -59,11 +59,18 @@ struct Lane {
     keyed_on_credentials: bool,
     /// One permit per open tunnel (`tunnels.max`).
     tunnels: Arc<tokio::sync::Semaphore>,
+    /// `rewrite.path_regex`, compiled.
+    rewrite: Option<Box<route::PathRewrite>>,
+    /// `request_headers` and `response_headers`, compiled.
+    request_headers: Option<Arc<forward::rules::HeaderRules>>,
+    response_headers: Option<Arc<forward::rules::HeaderRules>>,
 }
 
 pub struct Proxy {
     pub config: Arc<Config>,
     targets: Vec<Arc<Backend>>,
+    /// Each route's header and query conditions, compiled (for [`route::find`]).
+    conditions: Vec<Option<Box<route::Conditions>>>,
     lanes: Vec<Lane>,
     /// Answers to requests no route took (a bad target, no route).
     unrouted: RouteAnswers,
@@ -73,6 +80,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     /// The one connection of every `store: redis` limit; kept across reloads while `redis:` is unchanged.
     redis: Option<Arc<RedisClient>>,
+    /// The rustls config of each listener (`None` for a plain one), in the config's order.
+    listener_tls: Vec<Option<Arc<rustls::ServerConfig>>>,
 }
 
 /// Counts a request in `requests_in_flight` until dropped: when it is answered, or when the
@@ -148,10 +157,16 @@ impl Proxy {
         });
         let type_base: Arc<str> = Arc::from(config.problem_type_base.as_str());
         let directory = config.plans.as_ref().map(|p| Arc::new(Directory::new(p.clone(), redis.clone())));
+        let mut conditions = Vec::with_capacity(config.routes.len());
         let lanes = config
             .routes
             .iter()
             .map(|r| {
+                let (matching, rewrite) = route::compile(r);
+                conditions.push(matching);
+                let rules = |rules: &Option<Arc<crate::config::HeaderRules>>| {
+                    rules.as_deref().map(|r| Arc::new(forward::rules::HeaderRules::new(r)))
+                };
                 let mut store_for = |l: &LimitConfig| {
                     let kept = previous.and_then(|p| p.store_of(&r.name, l)).filter(|s| match &**s {
                         // A Redis store holds its connection: keep it only on the same one.
@@ -185,6 +200,9 @@ impl Proxy {
                     metrics: metrics.route(&r.name),
                     keyed_on_credentials: keys_on_credentials(r),
                     tunnels: Arc::new(tokio::sync::Semaphore::new(r.tunnels.max)),
+                    rewrite,
+                    request_headers: rules(&r.request_headers),
+                    response_headers: rules(&r.response_headers),
                 }
             })
             .collect();
@@ -194,7 +212,25 @@ impl Proxy {
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
         let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
-        Proxy { config: Arc::new(config), targets, lanes, unrouted, trusted, clock, cache, metrics, redis }
+        let listener_tls = config.listeners.iter().map(listener_tls).collect();
+        Proxy {
+            config: Arc::new(config),
+            targets,
+            conditions,
+            lanes,
+            unrouted,
+            trusted,
+            clock,
+            cache,
+            metrics,
+            redis,
+            listener_tls,
+        }
+    }
+
+    /// The rustls config of listener `idx` of the config, if it speaks TLS.
+    pub fn listener_tls(&self, idx: usize) -> Option<&Arc<rustls::ServerConfig>> {
+        self.listener_tls.get(idx).and_then(Option::as_ref)
     }
 
     /// The answer of a `redirect_https` listener: 308 to the request's URL over HTTPS on
@@ -278,7 +314,8 @@ impl Proxy {
             .and_then(|()| target::decide(&mut parts))
             .and_then(|t| {
                 let (path, query) = (t.path(&parts), parts.uri.query());
-                let found = route::find(&self.config.routes, &parts.method, &parts.headers, path, query);
+                let found =
+                    route::find(&self.config.routes, &self.conditions, &parts.method, &parts.headers, path, query);
                 found.map(|i| (i, t)).ok_or(Error::NoRoute)
             });
         self.serve(routed, parts, body, peer, started)
@@ -312,7 +349,7 @@ impl Proxy {
             let mut log = Access::new(lane, route, &parts, this.config.log.access, ctx.id.as_ref());
             log.grpc = ctx.grpc;
             // Every answer may need these (a 429 too); the request's only once it is admitted.
-            let response_values = this.values(&route.response_headers, route, &parts, &target, &ctx);
+            let response_values = this.values(&lane.response_headers, route, &parts, &target, &ctx);
             let version = parts.version;
             let resp = 'answer: {
                 let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
@@ -341,8 +378,8 @@ impl Proxy {
                             let e = Error::BadRequest(STRIP_PARAMS);
                             break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
                         };
-                        let request_values = this.values(&route.request_headers, route, &parts, &target, &ctx);
-                        let down = ctx.downstream(route, request_values.as_deref());
+                        let request_values = this.values(&lane.request_headers, route, &parts, &target, &ctx);
+                        let down = ctx.downstream(lane, request_values.as_deref());
                         let key = this.hash_key(backend, route, &parts, &target, &peer);
                         // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
                         // `OnUpgrade` in the request's (usually empty) extensions.
@@ -373,25 +410,15 @@ impl Proxy {
                 };
                 this.settle(route, lane, admission, head.as_deref(), resp, &mut log).await
             };
-            this.finish(
-                lane,
-                route,
-                resp,
-                ctx.id_field.take(),
-                response_values.as_deref(),
-                &log,
-                (started, peer.addr.ip()),
-            )
+            this.finish(lane, resp, ctx.id_field.take(), response_values.as_deref(), &log, (started, peer.addr.ip()))
         }
     }
 
     /// *Finish* and *log*: what every answer of the route carries (the request id, response
     /// header rules), its count, then the access log line.
-    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         lane: &Lane,
-        route: &Route,
         mut resp: Response<Body>,
         id_field: Option<(&http::HeaderName, http::HeaderValue)>,
         response_values: Option<&[HeaderValue]>,
@@ -401,7 +428,7 @@ impl Proxy {
         if let Some((name, id)) = id_field {
             set_id(resp.headers_mut(), name, id);
         }
-        if let Some(rules) = &route.response_headers {
+        if let Some(rules) = &lane.response_headers {
             rules.apply(resp.headers_mut(), response_values.unwrap_or_default());
         }
         lane.metrics.response(resp.status().as_u16());
@@ -480,7 +507,7 @@ impl Proxy {
         if parts.method == Method::TRACE && !takes_trace(route) {
             return Err(Error::MethodNotAllowed);
         }
-        if let Some(rw) = &route.rewrite {
+        if let Some(rw) = &lane.rewrite {
             if let Some(path) = rw.apply(target.path(parts)) {
                 target.rewrite(parts, &path)?;
             }
@@ -690,15 +717,34 @@ impl<'a> Ctx<'a> {
     /// What the forwarded request says of its client; `values`: the route's request header
     /// rule values.
     #[inline(always)]
-    fn downstream<'d>(&'d self, route: &'d Route, values: Option<&'d [HeaderValue]>) -> Downstream<'d> {
+    fn downstream<'d>(&'d self, lane: &'d Lane, values: Option<&'d [HeaderValue]>) -> Downstream<'d> {
         Downstream {
             peer: self.peer.addr.ip(),
             peer_trusted: self.peer_trusted,
             https: self.peer.tls.is_some(),
             request_id: self.id_field.clone(),
-            rules: route.request_headers.as_deref().map(|r| (r, values.unwrap_or_default())),
+            rules: lane.request_headers.as_deref().map(|r| (r, values.unwrap_or_default())),
         }
     }
+}
+
+/// The rustls config of `listener`, built from the files its config read; `None` for a plain
+/// listener, or when it cannot be built (its handshakes then fail, counted as `no_certificate`).
+fn listener_tls(listener: &crate::config::Listener) -> Option<Arc<rustls::ServerConfig>> {
+    let tls = listener.tls.as_ref()?;
+    let loaded = tls.loaded.as_ref()?;
+    let certs: Vec<_> = loaded
+        .certificates
+        .iter()
+        .map(|c| crate::pki::server::Cert { pair: &c.pair, ocsp: c.ocsp.as_deref() })
+        .collect();
+    let client = loaded.client_ca.as_ref().map(|roots| crate::pki::server::ClientCheck {
+        roots,
+        optional: tls.client_auth == crate::config::ClientAuth::Optional,
+    });
+    crate::pki::server::config(&certs, client)
+        .map_err(|e| tracing::error!(listener = %listener.addr, "{e}; its TLS handshakes fail"))
+        .ok()
 }
 
 /// Whether `route` takes `TRACE`: only when its `methods:` list it.

@@ -28,16 +28,38 @@ pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -
     }
 }
 
-/// Index of the first route that accepts the request: `path` is the normalised path
-/// ([`target::Target::path`]), `query` the raw query string; the host is the canonical
-/// `Host`, read only once a route asks. Header and query conditions run last, only on a
-/// route whose host, path and method matched.
-pub fn find(routes: &[Route], method: &Method, headers: &HeaderMap, path: &str, query: Option<&str>) -> Option<usize> {
+/// Index of the first route that accepts the request: `conditions` are the routes' own,
+/// compiled ([`compile`]), `path` is the normalised path ([`target::Target::path`]), `query`
+/// the raw query string; the host is the canonical `Host`, read only once a route asks.
+/// Header and query conditions run last, only on a route whose host, path and method matched.
+pub fn find(
+    routes: &[Route],
+    conditions: &[Option<Box<Conditions>>],
+    method: &Method,
+    headers: &HeaderMap,
+    path: &str,
+    query: Option<&str>,
+) -> Option<usize> {
     let mut host = None;
-    routes.iter().position(|r| {
+    routes.iter().zip(conditions).position(|(r, c)| {
         let host = if r.host.is_some() { *host.get_or_insert_with(|| target::host(headers)) } else { None };
-        matches(r, method, host, path) && r.conditions.as_ref().is_none_or(|c| c.matches(headers, query))
+        matches(r, method, host, path) && c.as_ref().is_none_or(|c| c.matches(headers, query))
     })
+}
+
+/// A route's conditions and rewrite compiled from its config (at `Proxy::build`). A rewrite
+/// whose pattern does not compile (only in a config built without validation) makes the
+/// route take no request: logged, rather than forwarding paths it was to rewrite.
+pub fn compile(r: &Route) -> (Option<Box<Conditions>>, Option<Box<PathRewrite>>) {
+    let conditions = r.conditions.as_deref().map(|c| Box::new(Conditions::compile(c, &r.name)));
+    match r.rewrite.as_deref().map(PathRewrite::compile) {
+        None => (conditions, None),
+        Some(Ok(rw)) => (conditions, Some(Box::new(rw))),
+        Some(Err(e)) => {
+            tracing::error!(route = r.name, "{e}; the route takes no request");
+            (Some(Box::new(Conditions::never())), None)
+        }
+    }
 }
 
 /// The path sent upstream, possibly without its leading `/` (the caller adds it):
@@ -108,5 +130,32 @@ mod tests {
         assert_eq!(upstream_path(&r, "/api/users"), "/users");
         assert_eq!(upstream_path(&r, "/api"), "");
         assert_eq!(upstream_path(&r, "/apix"), "x");
+    }
+
+    #[test]
+    fn conditions_and_rewrites_compile_from_the_config_and_a_bad_pattern_takes_no_request() {
+        use crate::config::{Conditions as Data, PathRewrite as Rewrite, ValueMatch as Value};
+        let on = |m: Value| Data { headers: vec![(http::HeaderName::from_static("x-v"), m)], query: vec![] };
+        let mut h = HeaderMap::new();
+        h.insert("x-v", http::HeaderValue::from_static("v2"));
+        let find_in = |r: &Route| {
+            let (conditions, rewrite) = compile(r);
+            (find(std::slice::from_ref(r), &[conditions], &Method::GET, &h, "/a/b", None), rewrite)
+        };
+        let mut r = route(None, PathMatch::Prefix("/".into()), None);
+        r.conditions = Some(Box::new(on(Value::Regex("v[0-9]".into()))));
+        r.rewrite = Some(Box::new(Rewrite { pattern: "^/a/(.*)$".into(), replace: "/$1".into() }));
+        let (found, rewrite) = find_in(&r);
+        assert_eq!(found, Some(0));
+        assert_eq!(rewrite.and_then(|rw| rw.apply("/a/b")).as_deref(), Some("/b"));
+        r.conditions = Some(Box::new(on(Value::Regex("v[3-9]".into()))));
+        assert_eq!(find_in(&r).0, None);
+        // Only a config built without validation has these: the route takes nothing.
+        r.conditions = Some(Box::new(on(Value::Regex("(".into()))));
+        assert_eq!(find_in(&r).0, None);
+        r.conditions = None;
+        r.rewrite = Some(Box::new(Rewrite { pattern: "(".into(), replace: "/".into() }));
+        let (found, rewrite) = find_in(&r);
+        assert_eq!((found, rewrite.is_none()), (None, true));
     }
 }

@@ -136,7 +136,33 @@ pub struct TlsListener {
     pub client_auth: ClientAuth,
     pub handshake_timeout: std::time::Duration,
     /// The files, read and checked (set by [`load_files`]).
-    pub loaded: Option<Arc<crate::listen::tls::Loaded>>,
+    pub loaded: Option<Arc<LoadedListener>>,
+}
+
+/// A listener's TLS files, read and checked: what its rustls config is built from.
+#[derive(Debug)]
+pub struct LoadedListener {
+    /// In the order of `certificates`.
+    pub certificates: Vec<LoadedCert>,
+    pub client_ca: Option<crate::pki::Roots>,
+    /// What each certificate serves, as `check`, `explain` and `/config` show it.
+    pub served: Vec<Served>,
+}
+
+/// One served certificate's files: the chain and key, and its OCSP response (DER).
+#[derive(Debug)]
+pub struct LoadedCert {
+    pub pair: crate::pki::KeyPair,
+    pub ocsp: Option<Vec<u8>>,
+}
+
+/// One certificate as `check`, `explain` and `/config` show it (never key material).
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub cert: PathBuf,
+    pub names: Vec<String>,
+    /// Unix seconds.
+    pub not_after: i64,
 }
 
 /// A certificate chain and its private key, as PEM files.
@@ -168,8 +194,16 @@ pub struct UpstreamTls {
     pub server_name: String,
     pub client_cert: Option<CertFiles>,
     pub insecure_skip_verify: bool,
-    /// The rustls client configs (set by [`load_files`]).
-    pub loaded: Option<Arc<crate::forward::connector::TlsClient>>,
+    /// The files, read and checked (set by [`load_files`]).
+    pub loaded: Option<Arc<LoadedUpstream>>,
+}
+
+/// An upstream's TLS files, read and checked: what its rustls client configs are built from.
+#[derive(Debug)]
+pub struct LoadedUpstream {
+    /// `ca_file`; `None`: the system's roots.
+    pub roots: Option<crate::pki::Roots>,
+    pub client_cert: Option<crate::pki::KeyPair>,
 }
 
 /// The TLS fields of an upstream, before validation.
@@ -312,14 +346,9 @@ pub fn load_files(config: &mut super::Config, base: &Path) -> Result<(), Invalid
         if let Some(ca) = &mut tls.client_ca {
             resolve(ca);
         }
-        let loaded = crate::listen::tls::load(tls, now).map_err(|(field, message)| {
+        let loaded = load_listener(tls, now).map_err(|(field, message)| {
             let mut p = vec![key("listen"), Seg::Index(i), key("tls")];
-            match field {
-                crate::listen::tls::Field::Cert(j) => p.extend([key("certificates"), Seg::Index(j), key("cert")]),
-                crate::listen::tls::Field::Key(j) => p.extend([key("certificates"), Seg::Index(j), key("key")]),
-                crate::listen::tls::Field::Ocsp(j) => p.extend([key("certificates"), Seg::Index(j), key("ocsp")]),
-                crate::listen::tls::Field::ClientCa => p.push(key("client_ca")),
-            }
+            p.extend(field);
             (p, message)
         })?;
         tls.loaded = Some(Arc::new(loaded));
@@ -334,11 +363,49 @@ pub fn load_files(config: &mut super::Config, base: &Path) -> Result<(), Invalid
             resolve(&mut c.cert);
             resolve(&mut c.key);
         }
-        let loaded = crate::forward::connector::TlsClient::load(tls, now)
-            .map_err(|(field, message)| (vec![key("upstreams"), key(&u.name), key(field)], message))?;
+        let roots = match &tls.ca_file {
+            Some(ca) if !tls.insecure_skip_verify => Some(
+                crate::pki::Roots::read(ca).map_err(|e| (vec![key("upstreams"), key(&u.name), key("ca_file")], e))?,
+            ),
+            _ => None,
+        };
+        let client_cert = match &tls.client_cert {
+            None => None,
+            Some(c) => Some(
+                crate::pki::KeyPair::client(&c.cert, &c.key, now)
+                    .map_err(|e| (vec![key("upstreams"), key(&u.name), key("client_cert")], e))?,
+            ),
+        };
+        let loaded = LoadedUpstream { roots, client_cert };
         tls.loaded = Some(Arc::new(loaded));
     }
     Ok(())
+}
+
+/// Reads and checks a listener's files; a problem comes with the path of its field under `tls`.
+fn load_listener(tls: &TlsListener, now: i64) -> Result<LoadedListener, (Vec<Seg>, String)> {
+    use crate::pki::{KeyPair, PairFile};
+    let mut certificates = Vec::with_capacity(tls.certificates.len());
+    let mut served = Vec::with_capacity(tls.certificates.len());
+    for (j, c) in tls.certificates.iter().enumerate() {
+        let at = |field: &str| vec![key("certificates"), Seg::Index(j), key(field)];
+        let pair = KeyPair::served(&c.files.cert, &c.files.key, now).map_err(|(file, e)| match file {
+            PairFile::Cert => (at("cert"), e),
+            PairFile::Key => (at("key"), e),
+        })?;
+        let ocsp = match &c.ocsp {
+            None => None,
+            Some(path) => Some(crate::pki::read_ocsp(path).map_err(|e| (at("ocsp"), e))?),
+        };
+        let facts = pair.facts.clone().unwrap_or_default();
+        served.push(Served { cert: c.files.cert.clone(), names: facts.served_names(), not_after: facts.not_after });
+        certificates.push(LoadedCert { pair, ocsp });
+    }
+    let client_ca = match &tls.client_ca {
+        None => None,
+        Some(ca) => Some(crate::pki::Roots::read(ca).map_err(|e| (vec![key("client_ca")], e))?),
+    };
+    Ok(LoadedListener { certificates, client_ca, served })
 }
 
 /// The files a config reads besides itself: a change to one reloads it like the file does.

@@ -1,6 +1,8 @@
 //! The gateway parts of a route's config: `match.headers`, `match.query`, `rewrite`,
 //! `request_headers`, `response_headers`, and the top-level `request_id`. Raw mirrors here,
-//! validated into the compiled types of `route::conditions` and `forward::rules`.
+//! validated into data: patterns are checked here with the builders below and kept as text;
+//! the `route` room compiles them again with the same builders at `Proxy::build`, and the
+//! `forward` room its header rules.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,14 +12,69 @@ use http::HeaderName;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use super::rules::{HeaderRules, Piece, Template, REFUSED};
 use super::{key, Invalid, Seg};
-use crate::forward::rules::{HeaderRules, Piece, Template, REFUSED};
-use crate::route::conditions::{Conditions, PathRewrite, ValueMatch};
 
 /// Conditions of one route (headers and query together).
 pub const MAX_CONDITIONS: usize = 32;
 /// Rules of one list (`remove`, `set` or `add`) of one route.
 pub const MAX_RULES: usize = 64;
+
+/// Compiled size bound of one pattern (and of its lazy DFA's cache), so a config cannot make
+/// a route cost unbounded memory.
+pub const REGEX_SIZE: usize = 256 << 10;
+
+/// What one header or query parameter must look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueMatch {
+    /// Byte for byte (case-sensitive, as Envoy's `exact`).
+    Exact(Box<[u8]>),
+    /// `true`: the field is there (any value, empty included); `false`: it is not.
+    Present(bool),
+    /// The whole value matches this pattern (checked by [`value_regex`]).
+    Regex(String),
+}
+
+/// `match.headers` and `match.query` of a route.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Conditions {
+    pub headers: Vec<(HeaderName, ValueMatch)>,
+    pub query: Vec<(String, ValueMatch)>,
+}
+
+/// `rewrite.path_regex` of a route (checked by [`path_regex`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathRewrite {
+    pub pattern: String,
+    /// The replacement in the `regex` crate's syntax (`$1`, `${name}`, `$$`); each `$` names
+    /// a group of the pattern.
+    pub replace: String,
+}
+
+/// A condition's pattern compiled for whole-value matching (wrapped in `^(?:…)$`), bounded by
+/// [`REGEX_SIZE`].
+///
+/// # Errors
+/// The pattern does not parse, or compiles larger than the bound.
+pub fn value_regex(pattern: &str) -> Result<regex::bytes::Regex, String> {
+    regex::bytes::RegexBuilder::new(&format!("^(?:{pattern})$"))
+        .size_limit(REGEX_SIZE)
+        .dfa_size_limit(REGEX_SIZE)
+        .build()
+        .map_err(|e| format!("`{pattern}` is not a regular expression the `regex` crate accepts: {e}"))
+}
+
+/// A rewrite's pattern compiled, bounded by [`REGEX_SIZE`].
+///
+/// # Errors
+/// The pattern does not parse, or compiles larger than the bound.
+pub fn path_regex(pattern: &str) -> Result<regex::Regex, String> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(REGEX_SIZE)
+        .dfa_size_limit(REGEX_SIZE)
+        .build()
+        .map_err(|e| format!("`{pattern}` is not a regular expression the `regex` crate accepts: {e}"))
+}
 
 /// `request_id:` at the top level.
 #[derive(Deserialize)]
@@ -191,13 +248,16 @@ pub(super) fn conditions(
         return Err((at(&["headers"]), format!("at most {MAX_CONDITIONS} header and query conditions on one route")));
     }
     let compile = |m: RawValueMatch, at: Vec<Seg>| match m {
-        RawValueMatch::Exact(v) => Ok(ValueMatch::Exact(v.into_bytes().into())),
+        RawValueMatch::Exact(v) => Ok(ValueMatch::Exact(v.into_bytes().into_boxed_slice())),
         RawValueMatch::Present(p) => Ok(ValueMatch::Present(p)),
-        RawValueMatch::Regex(r) => ValueMatch::regex(&r).map_err(|e| {
-            let mut at = at;
-            at.push(key("regex"));
-            (at, e)
-        }),
+        RawValueMatch::Regex(r) => match value_regex(&r) {
+            Ok(_) => Ok(ValueMatch::Regex(r)),
+            Err(e) => {
+                let mut at = at;
+                at.push(key("regex"));
+                Err((at, e))
+            }
+        },
     };
     let mut out = Conditions::default();
     for (name, m) in headers {
@@ -233,16 +293,7 @@ pub(super) fn rewrite(
         return Err((at(&["rewrite"]), "give either `strip_prefix` or `rewrite`, not both".to_owned()));
     }
     let p = raw.path_regex;
-    let pattern = regex::RegexBuilder::new(&p.pattern)
-        .size_limit(crate::route::conditions::REGEX_SIZE)
-        .dfa_size_limit(crate::route::conditions::REGEX_SIZE)
-        .build()
-        .map_err(|e| {
-            (
-                at(&["rewrite", "path_regex", "pattern"]),
-                format!("`{}` is not a regular expression the `regex` crate accepts: {e}", p.pattern),
-            )
-        })?;
+    let pattern = path_regex(&p.pattern).map_err(|e| (at(&["rewrite", "path_regex", "pattern"]), e))?;
     let replace_at = || at(&["rewrite", "path_regex", "replace"]);
     if p.replace.contains(['?', '#']) || p.replace.contains(|c: char| c.is_whitespace() || c.is_control()) {
         return Err((
@@ -280,7 +331,7 @@ pub(super) fn rewrite(
             ));
         }
     }
-    Ok(Some(Box::new(PathRewrite { pattern, replace: p.replace })))
+    Ok(Some(Box::new(PathRewrite { pattern: p.pattern, replace: p.replace })))
 }
 
 /// `request_headers` / `response_headers` (`field`); `ids` says whether request ids are on.

@@ -2,20 +2,14 @@
 
 use std::fmt::Write;
 
-use crate::config::Route;
-use crate::forward::rules::HeaderRules;
-use crate::route::ValueMatch;
+use crate::config::{HeaderRules, Route, ValueMatch};
 
 fn condition(what: &str, m: &ValueMatch) -> String {
     match m {
         ValueMatch::Exact(v) => format!("{what} is exactly `{}`", String::from_utf8_lossy(v)),
         ValueMatch::Present(true) => format!("{what} is present"),
         ValueMatch::Present(false) => format!("{what} is absent"),
-        ValueMatch::Regex(r) => {
-            let p = r.as_str();
-            let p = p.strip_prefix("^(?:").and_then(|p| p.strip_suffix(")$")).unwrap_or(p);
-            format!("{what} matches `{p}` (the whole value)")
-        }
+        ValueMatch::Regex(p) => format!("{what} matches `{p}` (the whole value)"),
     }
 }
 
@@ -50,8 +44,7 @@ pub fn describe(r: &Route) -> Vec<String> {
         let _ = write!(
             s,
             "the upstream gets the path rewritten: `{}` -> `{}` (the query kept; unchanged when it does not match)",
-            rw.pattern.as_str(),
-            rw.replace
+            rw.pattern, rw.replace
         );
         out.push(s);
     }

@@ -1,5 +1,6 @@
 //! The one place that opens upstream connections: TCP, then TLS for `https://` upstreams
-//! (a rustls client config per upstream and ALPN choice, built at load, never per request),
+//! (a rustls client config per upstream and ALPN choice, built with the proxy from the files
+//! the config read, never per request),
 //! then the HTTP handshake. Nothing else in tollgate uses rustls' client side.
 //!
 //! Verification is on by default: against `ca_file` when given, else the system's roots
@@ -18,7 +19,7 @@ use tokio::net::TcpStream;
 
 use crate::body::RequestBody;
 use crate::config::UpstreamTls;
-use crate::listen::tls::{provider, read_certs, read_key, read_roots};
+use crate::pki::provider;
 
 /// Which application protocols a TLS connection offers (ALPN).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,46 +66,32 @@ pub struct TlsClient {
 }
 
 impl TlsClient {
-    /// Reads the CA and client-certificate files and builds the configs.
+    /// The configs of `tls`, from its files as the config read and checked them.
     ///
     /// # Errors
-    /// The field at fault and a message naming the file.
-    pub fn load(tls: &UpstreamTls, now: i64) -> Result<TlsClient, (&'static str, String)> {
+    /// The config was built without its files, or rustls refuses them (files that passed
+    /// their checks at load are not refused).
+    pub fn build(tls: &UpstreamTls) -> Result<TlsClient, String> {
         let server_name = ServerName::try_from(tls.server_name.clone())
-            .map_err(|_| ("server_name", format!("`{}` is not a DNS name or IP address", tls.server_name)))?;
+            .map_err(|_| format!("`{}` is not a DNS name or IP address", tls.server_name))?;
+        let loaded = tls.loaded.as_ref().ok_or("the TLS files were not read")?;
         let builder = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| ("url", format!("TLS setup failed: {e}")))?;
+            .map_err(|e| format!("TLS setup failed: {e}"))?;
         let builder = if tls.insecure_skip_verify {
             builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerify))
         } else {
-            let roots = match &tls.ca_file {
-                Some(ca) => Arc::new(read_roots(ca).map_err(|e| ("ca_file", e))?),
+            let roots = match &loaded.roots {
+                Some(roots) => Arc::new(roots.store()),
                 None => system_roots(),
             };
             builder.with_root_certificates(roots)
         };
-        let mut config = match &tls.client_cert {
+        let mut config = match &loaded.client_cert {
             None => builder.with_no_client_auth(),
-            Some(files) => {
-                let chain = read_certs(&files.cert).map_err(|e| ("client_cert", e))?;
-                if let Some(f) = crate::listen::x509::parse(&chain[0]) {
-                    if f.not_after < now {
-                        return Err((
-                            "client_cert",
-                            format!(
-                                "{}: the certificate expired on {}",
-                                files.cert.display(),
-                                crate::listen::x509::date(f.not_after)
-                            ),
-                        ));
-                    }
-                }
-                let key = read_key(&files.key).map_err(|e| ("client_cert", e))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| ("client_cert", format!("{}: {e}", files.key.display())))?
-            }
+            Some(pair) => builder
+                .with_client_auth_cert(pair.chain.clone(), pair.key.clone_key())
+                .map_err(|e| format!("client certificate: {e}"))?,
         };
         let mut with = |alpn: &[&[u8]]| {
             config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
@@ -162,12 +149,14 @@ impl Connected {
 pub struct Connector {
     addr: String,
     connect_timeout: Duration,
-    tls: Option<Arc<TlsClient>>,
+    /// `https://` upstreams: the client configs, or why they could not be built (every
+    /// connection then fails its TLS step instead of going out in plain text).
+    tls: Option<Result<Arc<TlsClient>, Arc<str>>>,
 }
 
 impl Connector {
     /// `addr` is `host:port`; `tls` is set for `https://` upstreams.
-    pub fn new(addr: String, connect_timeout: Duration, tls: Option<Arc<TlsClient>>) -> Connector {
+    pub fn new(addr: String, connect_timeout: Duration, tls: Option<Result<Arc<TlsClient>, Arc<str>>>) -> Connector {
         Connector { addr, connect_timeout, tls }
     }
 
@@ -189,7 +178,8 @@ impl Connector {
             let _ = stream.set_nodelay(true);
             match &self.tls {
                 None => Ok(Connected::Plain(stream)),
-                Some(tls) => {
+                Some(Err(why)) => Err(ConnectError::Tls(std::io::Error::other(why.to_string()))),
+                Some(Ok(tls)) => {
                     let connector = tokio_rustls::TlsConnector::from(tls.config(alpn).clone());
                     let s = connector.connect(tls.server_name.clone(), stream).await.map_err(|e| {
                         // A server that has no protocol in common with `h2` only says so by alert.
@@ -304,5 +294,27 @@ impl ServerCertVerifier for NoVerify {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         provider().signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_upstream_whose_tls_could_not_be_built_never_gets_plain_text() {
+        let tls = UpstreamTls {
+            ca_file: None,
+            server_name: "localhost".into(),
+            client_cert: None,
+            insecure_skip_verify: false,
+            loaded: None,
+        };
+        let why = TlsClient::build(&tls).map(|_| ()).unwrap_err();
+        assert!(why.contains("not read"), "{why}");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let connector = Connector::new(addr, Duration::from_secs(5), Some(Err(why.into())));
+        assert!(matches!(connector.connect(Alpn::Http1).await, Err(ConnectError::Tls(_))));
     }
 }

@@ -10,151 +10,19 @@
 use std::net::IpAddr;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::config::rules::{Piece, Template};
 use crate::limit::TrustedProxies;
 
-/// Fields no rule may name: framing and hop-by-hop fields, which decide how a message is
-/// delimited or whether the next hop keeps the connection (a rule on them could smuggle).
-pub static REFUSED: [HeaderName; 9] = [
-    header::CONNECTION,
-    header::CONTENT_LENGTH,
-    header::TRANSFER_ENCODING,
-    header::HOST,
-    header::TE,
-    header::UPGRADE,
-    header::TRAILER,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-];
-
-/// The variables a value may name, as written between braces (`header:NAME` aside).
-pub const VARIABLES: [&str; 6] = ["route", "client_ip", "host", "path", "request_id", "header:NAME"];
-
-/// One piece of a value with variables.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    Text(Box<str>),
-    Route,
-    ClientIp,
-    Host,
-    Path,
-    RequestId,
-    Header(HeaderName),
-}
-
-/// A rule's value: ready, or pieces rendered per request.
-#[derive(Debug, Clone)]
-pub enum Template {
-    Static(HeaderValue),
-    Dynamic(Box<[Piece]>),
-}
-
-impl Template {
-    /// Parses `{variable}`s out of `text`; `{{` and `}}` stand for literal braces.
-    ///
-    /// # Errors
-    /// An unknown variable, an unclosed `{`, a bad `header:` name, or text that is not a
-    /// valid header value.
-    pub fn parse(text: &str) -> Result<Template, String> {
-        let mut pieces = Vec::new();
-        let mut lit = String::new();
-        let mut rest = text;
-        while let Some(i) = rest.find(['{', '}']) {
-            lit.push_str(&rest[..i]);
-            let (brace, after) = (&rest[i..=i], &rest[i + 1..]);
-            if let Some(after) = after.strip_prefix(brace) {
-                lit.push_str(brace);
-                rest = after;
-                continue;
-            }
-            if brace == "}" {
-                lit.push('}');
-                rest = after;
-                continue;
-            }
-            let end = after
-                .find('}')
-                .ok_or_else(|| format!("`{text}` has a `{{` without its `}}` (write `{{{{` for a literal brace)"))?;
-            let name = &after[..end];
-            let piece = match name {
-                "route" => Piece::Route,
-                "client_ip" => Piece::ClientIp,
-                "host" => Piece::Host,
-                "path" => Piece::Path,
-                "request_id" => Piece::RequestId,
-                _ => match name.strip_prefix("header:") {
-                    Some(h) => Piece::Header(
-                        HeaderName::from_bytes(h.trim().as_bytes())
-                            .map_err(|_| format!("`{{{name}}}`: `{h}` is not a header name"))?,
-                    ),
-                    None => {
-                        return Err(format!(
-                            "unknown variable `{{{name}}}`; expected one of {}",
-                            VARIABLES.map(|v| format!("{{{v}}}")).join(", ")
-                        ))
-                    }
-                },
-            };
-            if !lit.is_empty() {
-                pieces.push(Piece::Text(std::mem::take(&mut lit).into()));
-            }
-            pieces.push(piece);
-            rest = &after[end + 1..];
-        }
-        lit.push_str(rest);
-        if HeaderValue::from_str(&lit).is_err() {
-            return Err(format!("`{text}` is not a valid header value (control characters or line breaks)"));
-        }
-        if pieces.is_empty() {
-            return HeaderValue::from_str(&lit).map(Template::Static).map_err(|_| "not a header value".to_owned());
-        }
-        for p in &pieces {
-            if let Piece::Text(t) = p {
-                if HeaderValue::from_str(t).is_err() {
-                    return Err(format!("`{text}` is not a valid header value (control characters or line breaks)"));
-                }
-            }
-        }
-        if !lit.is_empty() {
-            pieces.push(Piece::Text(lit.into()));
-        }
-        Ok(Template::Dynamic(pieces.into()))
-    }
-
-    pub fn uses(&self, var: &Piece) -> bool {
-        match self {
-            Template::Static(_) => false,
-            Template::Dynamic(pieces) => pieces.iter().any(|p| p == var),
-        }
-    }
-}
-
-impl std::fmt::Display for Template {
-    /// The value as written in the config (braces escaped again).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = |f: &mut std::fmt::Formatter<'_>, t: &str| f.write_str(&t.replace('{', "{{").replace('}', "}}"));
-        match self {
-            Template::Static(v) => text(f, &String::from_utf8_lossy(v.as_bytes())),
-            Template::Dynamic(pieces) => pieces.iter().try_for_each(|p| match p {
-                Piece::Text(t) => text(f, t),
-                Piece::Route => f.write_str("{route}"),
-                Piece::ClientIp => f.write_str("{client_ip}"),
-                Piece::Host => f.write_str("{host}"),
-                Piece::Path => f.write_str("{path}"),
-                Piece::RequestId => f.write_str("{request_id}"),
-                Piece::Header(n) => write!(f, "{{header:{n}}}"),
-            }),
-        }
-    }
-}
-
-/// The compiled rules of one direction of one route.
+/// The rules of one direction of one route, compiled from the config's at `Proxy::build`.
 #[derive(Debug, Clone, Default)]
 pub struct HeaderRules {
-    pub remove: Vec<HeaderName>,
-    pub set: Vec<(HeaderName, Template)>,
-    pub add: Vec<(HeaderName, Template)>,
+    remove: Vec<HeaderName>,
+    set: Vec<(HeaderName, Template)>,
+    add: Vec<(HeaderName, Template)>,
+    /// Some value names a variable.
+    dynamic: bool,
 }
 
 /// The request facts a value may name.
@@ -174,18 +42,25 @@ pub struct Vars<'a> {
 pub type Values = Vec<HeaderValue>;
 
 impl HeaderRules {
+    pub fn new(rules: &crate::config::rules::HeaderRules) -> HeaderRules {
+        let mut out = HeaderRules {
+            remove: rules.remove.clone(),
+            set: rules.set.clone(),
+            add: rules.add.clone(),
+            dynamic: false,
+        };
+        let dynamic = out.templates().any(|(_, t)| matches!(t, Template::Dynamic(_)));
+        out.dynamic = dynamic;
+        out
+    }
+
     fn templates(&self) -> impl Iterator<Item = (&HeaderName, &Template)> {
         self.set.iter().chain(&self.add).map(|(n, t)| (n, t))
     }
 
     /// Some value names a variable: [`HeaderRules::render`] must run while the request is at hand.
     pub fn is_dynamic(&self) -> bool {
-        self.templates().any(|(_, t)| matches!(t, Template::Dynamic(_)))
-    }
-
-    /// Does any value name `var`?
-    pub fn uses(&self, var: &Piece) -> bool {
-        self.templates().any(|(_, t)| t.uses(var))
+        self.dynamic
     }
 
     /// Renders every value with variables, reading `vars`.
@@ -259,31 +134,11 @@ mod tests {
 
     fn rules(remove: &[&str], set: &[(&str, &str)], add: &[(&str, &str)]) -> HeaderRules {
         let name = |n: &str| HeaderName::from_bytes(n.as_bytes()).unwrap();
-        HeaderRules {
+        HeaderRules::new(&crate::config::rules::HeaderRules {
             remove: remove.iter().map(|n| name(n)).collect(),
             set: set.iter().map(|(n, v)| (name(n), Template::parse(v).unwrap())).collect(),
             add: add.iter().map(|(n, v)| (name(n), Template::parse(v).unwrap())).collect(),
-        }
-    }
-
-    #[test]
-    fn parses_variables_and_escapes() {
-        assert!(matches!(Template::parse("plain").unwrap(), Template::Static(v) if v == "plain"));
-        assert!(matches!(Template::parse("a {{b}} c}").unwrap(), Template::Static(v) if v == "a {b} c}"));
-        let Template::Dynamic(p) = Template::parse("id={request_id}; via {header:X-Via}").unwrap() else { panic!() };
-        assert_eq!(
-            &p[..],
-            &[
-                Piece::Text("id=".into()),
-                Piece::RequestId,
-                Piece::Text("; via ".into()),
-                Piece::Header(HeaderName::from_static("x-via"))
-            ]
-        );
-        assert!(Template::parse("{nope}").unwrap_err().contains("unknown variable `{nope}`"));
-        assert!(Template::parse("{route").unwrap_err().contains("without its"));
-        assert!(Template::parse("{header:a b}").is_err());
-        assert!(Template::parse("a\nb").is_err());
+        })
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub struct KeyCtx<'a> {
     /// cannot get a fresh key by spelling its path another way.
     pub path: &'a str,
     pub parts: &'a http::request::Parts,
-    /// The client certificate's identity on an mTLS connection (see [`crate::listen::Peer`]).
+    /// The client certificate's identity on an mTLS connection (see [`crate::peer::Peer`]).
     pub tls_client: Option<&'a str>,
 }
 

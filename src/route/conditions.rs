@@ -1,9 +1,12 @@
 //! Header and query conditions of a route (`match.headers`, `match.query`) and its regex
-//! rewrite, compiled once at load. Every condition must hold; a route without any has
-//! `None` and pays one branch. Regexes are the `regex` crate's (linear time, no
-//! backtracking), anchored so they must match the whole value.
+//! rewrite, compiled from the config's at `Proxy::build` (never per request). Every condition
+//! must hold; a route without any has `None` and pays one branch. Regexes are the `regex`
+//! crate's (linear time, no backtracking), anchored so they must match the whole value, and
+//! built with the config's builders, which checked them when the config loaded.
 
 use http::header::{HeaderMap, HeaderName};
+
+use crate::config;
 
 /// What one header or query parameter must look like.
 #[derive(Debug, Clone)]
@@ -14,6 +17,9 @@ pub enum ValueMatch {
     Present(bool),
     /// The whole value matches (the pattern is wrapped in `^(?:…)$`).
     Regex(regex::bytes::Regex),
+    /// Nothing matches: a pattern that could not be compiled (a config built without
+    /// validation), so the route takes no request rather than every one.
+    Never,
 }
 
 impl ValueMatch {
@@ -23,7 +29,7 @@ impl ValueMatch {
             (ValueMatch::Present(want), v) => *want == v.is_some(),
             (ValueMatch::Exact(e), Some(v)) => **e == *v,
             (ValueMatch::Regex(r), Some(v)) => r.is_match(v),
-            (_, None) => false,
+            (ValueMatch::Never, _) | (_, None) => false,
         }
     }
 
@@ -33,17 +39,21 @@ impl ValueMatch {
     /// # Errors
     /// The pattern does not parse, or compiles larger than the bound.
     pub fn regex(pattern: &str) -> Result<ValueMatch, String> {
-        regex::bytes::RegexBuilder::new(&format!("^(?:{pattern})$"))
-            .size_limit(REGEX_SIZE)
-            .dfa_size_limit(REGEX_SIZE)
-            .build()
-            .map(ValueMatch::Regex)
-            .map_err(|e| format!("`{pattern}` is not a regular expression the `regex` crate accepts: {e}"))
+        crate::config::gateway::value_regex(pattern).map(ValueMatch::Regex)
+    }
+
+    /// The config's condition compiled; a pattern that does not compile matches nothing.
+    fn compile(m: &config::ValueMatch, route: &str) -> ValueMatch {
+        match m {
+            config::ValueMatch::Exact(v) => ValueMatch::Exact(v.clone()),
+            config::ValueMatch::Present(p) => ValueMatch::Present(*p),
+            config::ValueMatch::Regex(r) => ValueMatch::regex(r).unwrap_or_else(|e| {
+                tracing::error!(route, "{e}; the condition matches nothing");
+                ValueMatch::Never
+            }),
+        }
     }
 }
-
-/// Compiled size bound of one pattern (and of its lazy DFA's cache).
-pub const REGEX_SIZE: usize = 256 << 10;
 
 /// A query parameter value longer than this is present but matches no value (a bound on the
 /// stack buffer it is decoded into).
@@ -59,6 +69,19 @@ pub struct Conditions {
 }
 
 impl Conditions {
+    /// Conditions no request meets.
+    pub fn never() -> Conditions {
+        Conditions { headers: vec![(http::header::HOST, ValueMatch::Never)], query: Vec::new() }
+    }
+
+    /// The conditions of `route` in the config, compiled.
+    pub fn compile(c: &config::Conditions, route: &str) -> Conditions {
+        Conditions {
+            headers: c.headers.iter().map(|(n, m)| (n.clone(), ValueMatch::compile(m, route))).collect(),
+            query: c.query.iter().map(|(n, m)| (n.clone(), ValueMatch::compile(m, route))).collect(),
+        }
+    }
+
     /// Do all conditions hold for a request with these headers and query string?
     pub fn matches(&self, headers: &HeaderMap, query: Option<&str>) -> bool {
         self.headers.iter().all(|(name, m)| {
@@ -87,6 +110,15 @@ pub struct PathRewrite {
 }
 
 impl PathRewrite {
+    /// The config's rewrite compiled.
+    ///
+    /// # Errors
+    /// The pattern does not compile (only in a config built without validation).
+    pub fn compile(rw: &config::PathRewrite) -> Result<PathRewrite, String> {
+        let pattern = crate::config::gateway::path_regex(&rw.pattern)?;
+        Ok(PathRewrite { pattern, replace: rw.replace.clone() })
+    }
+
     /// The rewritten path, or `None` when the pattern does not match (the path is then
     /// forwarded unchanged, as nginx's `rewrite` does). A result without a leading `/` gets one.
     pub fn apply(&self, path: &str) -> Option<String> {

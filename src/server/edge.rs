@@ -1,5 +1,5 @@
 //! Connections of listeners that are not plain HTTP: the `listen` room's edge steps (PROXY
-//! header, TLS) first, then HTTP with the [`Peer`](crate::listen::Peer) they made, or the
+//! header, TLS) first, then HTTP with the [`Peer`](crate::peer::Peer) they made, or the
 //! HTTPS redirect. Kept apart from the plain path, which never comes here.
 
 use std::convert::Infallible;
@@ -20,7 +20,7 @@ use crate::listen::Stream;
 use crate::proxy::Shared;
 
 /// A connection of a listener that is not plain HTTP: its edge steps (PROXY header, TLS),
-/// then HTTP with the [`Peer`](crate::listen::Peer) they made, or the HTTPS redirect.
+/// then HTTP with the [`Peer`](crate::peer::Peer) they made, or the HTTPS redirect.
 pub(super) async fn connection(
     stream: TcpStream,
     socket: SocketAddr,
@@ -34,7 +34,9 @@ pub(super) async fn connection(
     let Some(listener) = now.config.listeners.get(idx) else { return };
     let trusted = now.is_trusted(socket.ip());
     let header_timeout = settings.cfg.header_read_timeout;
-    let edge = crate::listen::edge(stream, socket, listener, trusted, accepted, header_timeout, &settings.metrics.edge);
+    let tls = now.listener_tls(idx);
+    let edge =
+        crate::listen::edge(stream, socket, listener, tls, trusted, accepted, header_timeout, &settings.metrics.edge);
     let Some((stream, peer)) = edge.await else { return };
     let redirect = listener.redirect_https.then(|| https_port(&now.config));
     drop(now);

@@ -18,6 +18,7 @@ mod grpc;
 mod h2_abuse;
 mod hops;
 mod hostile_config;
+mod layers;
 mod limits;
 mod listener;
 mod live_reload;

@@ -1,0 +1,102 @@
+//! The rustls `ServerConfig` of a TLS listener, made from its checked files: SNI selection
+//! (exact names, `*.` wildcards, the first certificate for clients without SNI or with an
+//! unknown name), ALPN `h2` and `http/1.1`, TLS 1.2 and 1.3 with rustls' AEAD-only suites,
+//! session tickets from one process-wide ticketer, and optional client-certificate
+//! verification. Built once per config (at `Proxy::build`), never per connection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+
+use super::{provider, KeyPair, Roots};
+
+/// One certificate a listener serves, and the OCSP response stapled to its handshakes.
+pub struct Cert<'a> {
+    pub pair: &'a KeyPair,
+    pub ocsp: Option<&'a [u8]>,
+}
+
+/// Client certificates a listener verifies.
+pub struct ClientCheck<'a> {
+    pub roots: &'a Roots,
+    /// A client without a certificate is let through (its identity is then unknown).
+    pub optional: bool,
+}
+
+/// The listener's rustls config.
+///
+/// # Errors
+/// A pair whose key the provider cannot sign with, or a verifier rustls refuses; files that
+/// passed their checks at load have neither.
+pub fn config(certs: &[Cert<'_>], client: Option<ClientCheck<'_>>) -> Result<Arc<rustls::ServerConfig>, String> {
+    let mut sni = Sni::default();
+    for cert in certs {
+        let mut ck = cert.pair.signing().map_err(|e| format!("unsupported private key ({e})"))?;
+        if let Some(response) = cert.ocsp {
+            ck.ocsp = Some(response.to_vec());
+        }
+        let ck = Arc::new(ck);
+        for name in cert.pair.facts.as_ref().map(super::x509::Facts::served_names).unwrap_or_default() {
+            match name.strip_prefix("*.") {
+                Some(suffix) => sni.wildcard.entry(suffix.to_owned()).or_insert_with(|| ck.clone()),
+                None => sni.exact.entry(name).or_insert_with(|| ck.clone()),
+            };
+        }
+        sni.default.get_or_insert_with(|| ck.clone());
+    }
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("TLS setup failed: {e}"))?;
+    let builder = match client {
+        None => builder.with_no_client_auth(),
+        Some(check) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(check.roots.store()), provider());
+            let verifier = if check.optional { verifier.allow_unauthenticated() } else { verifier };
+            builder.with_client_cert_verifier(verifier.build().map_err(|e| e.to_string())?)
+        }
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(sni));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if let Some(t) = ticketer() {
+        config.ticketer = t;
+    }
+    Ok(Arc::new(config))
+}
+
+/// One ticketer for the process, so tickets survive a certificate reload; it rotates its
+/// keys itself.
+fn ticketer() -> Option<Arc<dyn rustls::server::ProducesTickets>> {
+    static T: OnceLock<Option<Arc<dyn rustls::server::ProducesTickets>>> = OnceLock::new();
+    T.get_or_init(|| match rustls::crypto::ring::Ticketer::new() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "TLS session tickets are off: no ticketer");
+            None
+        }
+    })
+    .clone()
+}
+
+/// Certificates by the name a client asks for.
+#[derive(Default, Debug)]
+struct Sni {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// `*.example.com` under `example.com`: one label, any name.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    default: Option<Arc<CertifiedKey>>,
+}
+
+impl Sni {
+    fn find(&self, name: &str) -> Option<&Arc<CertifiedKey>> {
+        // rustls hands the name lower-cased and without a trailing dot.
+        self.exact.get(name).or_else(|| name.split_once('.').and_then(|(_, parent)| self.wildcard.get(parent)))
+    }
+}
+
+impl ResolvesServerCert for Sni {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        hello.server_name().and_then(|n| self.find(n)).or(self.default.as_ref()).cloned()
+    }
+}
