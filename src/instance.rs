@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+pub mod process;
+
 use crate::admin::Readiness;
 use crate::proxy::Shared;
 use crate::reload::Reloader;

@@ -3,15 +3,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::Context;
-use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand, ValueEnum};
 use tollgate::config::{Config, LogFormat, UpstreamKind};
-use tollgate::proxy::Proxy;
-use tollgate::proxy::Shared;
-use tollgate::reload::{LogSwitch, Reloader};
+use tollgate::instance::process::Process;
+use tollgate::reload::LogSwitch;
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -361,151 +357,12 @@ fn run(
     };
     adjust(&mut config);
     let log_switch = init_logging(config.log.format);
-    let workers = config.server.workers.count();
-    tollgate::workers::set_count(workers);
-    // One socket per listener and worker, all bound to the same address with SO_REUSEPORT:
-    // the kernel spreads new connections over the workers.
-    let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
-    for l in &config.listeners {
-        for (i, socket) in
-            bind_per_worker(l.addr, workers).with_context(|| format!("binding {}", l.addr))?.into_iter().enumerate()
-        {
-            listeners[i].push(socket);
-        }
-    }
-    let admin = match config.admin {
-        Some(addr) => Some(bind(addr, false).with_context(|| format!("binding the admin listener {addr}"))?),
-        None => None,
-    };
-    let runtime = worker_runtime().context("starting the runtime")?;
-    // `check` refuses every value known to break the build; should one still panic, the
-    // process ends with a message rather than a backtrace. Built inside the first worker's
-    // runtime: the proxy's background tasks (sweepers, refreshes) run there.
-    let (addr, admin_addr, routes) = (config.listen, config.admin, config.routes.len());
-    let proxy = runtime.block_on(async {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Proxy::new(config)))
-            .map_err(|_| anyhow::anyhow!("building the config failed (this is a bug in tollgate)"))
-    })?;
-    let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut threads = Vec::with_capacity(workers - 1);
-    let mut own_sockets = listeners.into_iter();
-    let listeners = own_sockets.next().unwrap_or_default();
-    for (i, own) in (1..workers).zip(own_sockets) {
-        let (shared, mut stop) = (shared.clone(), stop_rx.clone());
-        let thread = std::thread::Builder::new().name(format!("tollgate-worker-{i}")).spawn(move || {
-            tollgate::workers::set_index(i);
-            let runtime = match worker_runtime() {
-                Ok(r) => r,
-                Err(e) => return tracing::error!(worker = i, error = %e, "cannot start a worker's runtime"),
-            };
-            runtime.block_on(async move {
-                let listeners = match own.into_iter().map(tokio::net::TcpListener::from_std).collect() {
-                    Ok(l) => l,
-                    Err(e) => return tracing::error!(worker = i, error = %e, "cannot register the listeners"),
-                };
-                let stopped = async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                };
-                tollgate::server::serve_all(listeners, shared, stopped).await;
-            });
-        });
-        threads.push(thread.context("starting a worker thread")?);
-    }
-    runtime.block_on(async move {
-        let listeners = listeners.into_iter().map(tokio::net::TcpListener::from_std).collect::<Result<Vec<_>, _>>();
-        let listeners = listeners.context("registering the listeners")?;
-        let admin =
-            admin.map(tokio::net::TcpListener::from_std).transpose().context("registering the admin listener")?;
-        tracing::info!(listen = %addr, admin = ?admin_addr, routes, workers, "tollgate listening");
-        let reloader = Reloader::new(path, shared.clone(), Box::new(adjust)).with_log_switch(log_switch);
-        let shutdown = async move {
-            shutdown_signal().await;
-            let _ = stop_tx.send(true);
-        };
-        tollgate::instance::run_all(shared, listeners, admin, Some(reloader), shutdown).await;
-        anyhow::Ok(())
-    })?;
-    // The other workers drain within the same grace period.
-    for t in threads {
-        if t.join().is_err() {
-            tracing::error!("a worker thread panicked");
-        }
-    }
-    Ok(())
-}
-
-/// A listening socket, non-blocking; with `reuse_port`, others may bind the same address.
-fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(1024)?;
-    Ok(socket.into())
-}
-
-/// `workers` sockets listening on `addr` (port 0: the port the first one got), one per worker.
-///
-/// One socket per worker rather than one shared socket: tokio cannot ask epoll to wake a
-/// single waiter (`EPOLLEXCLUSIVE`), so every worker woke for each connection and the first
-/// to run took it; measured with two workers under `wrk -c100`, one worker took two to three
-/// times the other's share. With `SO_REUSEPORT` the kernel spreads connections by their
-/// addresses and ports.
-///
-/// A socket bound without the option first proves the address free: another process of the
-/// same user that listens there with `SO_REUSEPORT` (a second tollgate started by mistake)
-/// would otherwise be joined silently and take a share of the connections.
-fn bind_per_worker(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
-    if workers > 1 && addr.port() != 0 {
-        drop(bind(addr, false)?);
-    }
-    let first = bind(addr, workers > 1)?;
-    let bound = first.local_addr()?;
-    let mut all = vec![first];
-    for _ in 1..workers {
-        all.push(bind(bound, true)?);
-    }
-    Ok(all)
-}
-
-/// One worker's runtime: single-threaded, with every driver. Memory its thread freed goes
-/// back to the system when it runs out of work; a heartbeat wakes it every 500 ms, so memory
-/// freed in a last burst (a spike of connections closing) is given back within a second or
-/// two even if nothing else happens. mimalloc collects only the calling thread's heap: each
-/// worker has its own heartbeat, so each collects its own (BENCHMARKS.md, issue 23).
-fn worker_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_current_thread();
     #[cfg(feature = "mimalloc")]
-    builder.on_thread_park(give_back_idle_memory);
-    let runtime = builder.enable_all().build()?;
-    #[cfg(feature = "mimalloc")]
-    runtime.spawn(async {
-        loop {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
-    });
-    Ok(runtime)
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops tollgate");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-    }
+    let on_park = Some(give_back_idle_memory as fn());
+    #[cfg(not(feature = "mimalloc"))]
+    let on_park = None;
+    let process = Process { path, adjust: Box::new(adjust), log_switch: Some(log_switch), on_park };
+    Ok(tollgate::instance::process::run(config, process)?)
 }
 
 fn summary(config: &Config) -> String {

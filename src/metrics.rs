@@ -235,11 +235,27 @@ pub struct TunnelMetrics {
 #[derive(Clone, Default)]
 pub struct ConnMetrics {
     pub open: Gauge,
+    /// This worker's accepted connections ([`ConnMetrics::for_worker`]).
     pub accepted: Counter,
+    /// Accepted connections by worker: how the kernel spreads them over `server.workers`.
+    accepted_by_worker: Family<WorkerLabel, Counter>,
     pub refused: Counter,
     pub timeouts: ConnTimeouts,
     /// TLS handshakes and PROXY headers of the `listen` room.
     pub edge: EdgeMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: u32,
+}
+
+impl ConnMetrics {
+    /// The handles of worker `index` (see [`crate::workers`]).
+    pub fn for_worker(&self, index: usize) -> ConnMetrics {
+        let worker = u32::try_from(index).unwrap_or(u32::MAX);
+        ConnMetrics { accepted: self.accepted_by_worker.get_or_create(&WorkerLabel { worker }).clone(), ..self.clone() }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -380,8 +396,8 @@ impl Metrics {
         );
         registry.register(
             "connections_accepted",
-            "Client connections accepted and served",
-            connections.accepted.clone(),
+            "Client connections accepted and served, by worker",
+            connections.accepted_by_worker.clone(),
         );
         registry.register(
             "connections_refused",

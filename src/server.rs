@@ -292,7 +292,7 @@ pub async fn serve(listener: TcpListener, proxy: Shared, shutdown: impl Future<O
 /// PROXY header, redirect; see [`crate::listen`]). A plain listener's sockets go straight to
 /// HTTP.
 pub async fn serve_all(listeners: Vec<TcpListener>, proxy: Shared, shutdown: impl Future<Output = ()>) {
-    let metrics = proxy.load().metrics().connections().clone();
+    let metrics = proxy.load().metrics().connections().for_worker(crate::workers::index());
     let mut current = Current::new(&proxy, metrics);
     let (stop_tx, stop_rx) = watch::channel(false);
     let waiters = Arc::new(Waiters::default());

@@ -312,9 +312,11 @@ async fn connections_past_max_connections_are_closed_at_once_and_counted() {
     let admin = tg.start_admin().await;
     let (_, _, text) = crate::support::get(admin, "/metrics").await;
     let text = String::from_utf8_lossy(&text);
-    for line in
-        ["tollgate_connections_refused_total 1", "tollgate_connections_open 2", "tollgate_connections_accepted_total 2"]
-    {
+    for line in [
+        "tollgate_connections_refused_total 1",
+        "tollgate_connections_open 2",
+        "tollgate_connections_accepted_total{worker=\"0\"} 2",
+    ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in /metrics:\n{text}");
     }
     assert!(text.contains("tollgate_connection_timeouts_total{kind=\"keepalive\"} 0"), "{text}");

@@ -33,3 +33,4 @@ mod tls;
 mod tls_upstream;
 mod tunnel;
 mod upstream_framing;
+mod workers;
