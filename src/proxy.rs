@@ -351,7 +351,7 @@ impl Proxy {
             // Every answer may need these (a 429 too); the request's only once it is admitted.
             let response_values = this.values(&lane.response_headers, route, &parts, &target, &ctx);
             let version = parts.version;
-            let resp = 'answer: {
+            let mut resp = 'answer: {
                 let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
                     Ok(a) => a,
                     Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
@@ -408,9 +408,19 @@ impl Proxy {
                         }
                     }
                 };
-                this.settle(route, lane, admission, head.as_deref(), resp, &mut log).await
+                let mut resp = resp;
+                this.settle(route, lane, admission, head.as_deref(), &mut resp, &mut log).await;
+                resp
             };
-            this.finish(lane, resp, ctx.id_field.take(), response_values.as_deref(), &log, (started, peer.addr.ip()))
+            this.finish(
+                lane,
+                &mut resp,
+                ctx.id_field.take(),
+                response_values.as_deref(),
+                &log,
+                (started, peer.addr.ip()),
+            );
+            resp
         }
     }
 
@@ -419,12 +429,12 @@ impl Proxy {
     fn finish(
         &self,
         lane: &Lane,
-        mut resp: Response<Body>,
+        resp: &mut Response<Body>,
         id_field: Option<(&http::HeaderName, http::HeaderValue)>,
         response_values: Option<&[HeaderValue]>,
         log: &Access<'_>,
         (started, peer): (Option<Instant>, std::net::IpAddr),
-    ) -> Response<Body> {
+    ) {
         if let Some((name, id)) = id_field {
             set_id(resp.headers_mut(), name, id);
         }
@@ -435,7 +445,6 @@ impl Proxy {
         if let Some(started) = started {
             log.emit(resp.status().as_u16(), started.elapsed(), peer);
         }
-        resp
     }
 
     /// The answer to a request no route took (a bad target, no route), logged.
@@ -586,19 +595,20 @@ impl Proxy {
         lane: &Lane,
         mut admission: Option<Admission>,
         head: Option<&Parts>,
-        mut resp: Response<Body>,
+        resp: &mut Response<Body>,
         log: &mut Access<'_>,
-    ) -> Response<Body> {
+    ) {
         // Boxed, so that routes without one carry no larger future.
         if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
             Box::pin(lane.gate.settle(a, resp.headers(), self.clock.now())).await;
         }
         if let Some(head) = head {
-            resp = self.after_upstream(route, lane, head, resp, log);
+            let answered = std::mem::replace(resp, Response::new(Body::empty()));
+            *resp = self.after_upstream(route, lane, head, answered, log);
         }
         let mut permit = None;
         if let Some(mut a) = admission {
-            lane.gate.decorate(&mut a, &mut resp);
+            lane.gate.decorate(&mut a, resp);
             permit = a.permit;
         }
         if let Some(p) = &mut permit {
@@ -614,7 +624,6 @@ impl Proxy {
         if let Some(permit) = permit {
             resp.body_mut().hold(permit.into());
         }
-        resp
     }
 }
 

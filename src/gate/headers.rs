@@ -5,6 +5,7 @@ use super::*;
 
 impl Gate {
     /// The enforced limits that denied, with their waits.
+    #[inline]
     pub(super) fn denied(&self, decided: &[Decided], tier: Option<TierId>) -> Denied {
         let limits: SmallVec<[(usize, u64); 2]> = decided
             .iter()
@@ -33,6 +34,7 @@ impl Gate {
         Denied { limits, retry_after_secs, policy }
     }
 
+    #[inline]
     pub(super) fn ratelimit_admitted(&self, decided: &[Decided]) -> Option<HeaderValue> {
         self.policy.as_ref()?;
         let mut out = String::with_capacity(32 * decided.len());
@@ -54,6 +56,7 @@ impl Gate {
     }
 
     /// Puts the RateLimit headers of an admitted request on its answer.
+    #[inline]
     pub fn decorate(&self, admission: &mut Admission, resp: &mut Response<Body>) {
         let policy = match admission.tier() {
             Some(t) => self.tier_policies.get(usize::from(t)).and_then(Option::as_ref),
