@@ -5,7 +5,8 @@
 //!
 //! Problem types are the IANA-registered ones where one exists (`quota-exceeded`,
 //! `temporary-reduced-capacity`), and tollgate's own under a base URI (`problems.type_base`,
-//! by default [`DEFAULT_TYPE_BASE`]) otherwise.
+//! by default [`crate::config::DEFAULT_PROBLEM_TYPE_BASE`], a URN: the project owns no domain
+//! to put documents under) otherwise.
 //!
 //! Answers that repeat (a flood of 429s or 503s on one route) are rendered once and cloned.
 
@@ -29,9 +30,6 @@ pub use crate::body::ClientBodyError as ClientBody;
 
 /// IANA's registry of problem types (RFC 9457 §4.2).
 pub const IANA_BASE: &str = "https://iana.org/assignments/http-problem-types#";
-/// tollgate's own problem types: a URN, because the project owns no domain to put documents
-/// under; `problems.type_base` points them at the operator's own pages instead.
-pub const DEFAULT_TYPE_BASE: &str = crate::config::DEFAULT_PROBLEM_TYPE_BASE;
 
 pub const CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/problem+json");
 

@@ -64,7 +64,7 @@ impl Drop for Place {
 /// tunnel it becomes): the server puts it in the request's extensions, and whatever keeps the
 /// stream open takes it.
 #[derive(Clone)]
-pub struct StreamHold(pub Arc<dyn Send + Sync>);
+pub struct StreamHold(#[allow(dead_code)] pub Arc<dyn Send + Sync>); // held for its drop, never read
 
 /// Where an upstream connection goes back to once the response it carried has ended.
 pub trait Home: Send + Sync {

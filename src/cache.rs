@@ -385,6 +385,7 @@ fn vary_names(headers: &HeaderMap) -> Option<Box<[HeaderName]>> {
 
 /// The parsers of response fields, for [`crate::fuzzing`] only: they stay private to this room.
 #[doc(hidden)]
+#[cfg(any(fuzzing, test))]
 pub(crate) mod fuzzing {
     use http::header::{HeaderMap, HeaderName};
 

@@ -119,10 +119,6 @@ impl HttpForwarder {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Whether upgrades can be tunnelled to this upstream: HTTP/1.1 ones, and `auto` ones (on
     /// a connection of its own offering only `http/1.1`). An `h2c` or `h2` upstream would need
     /// extended CONNECT (RFC 8441).

@@ -28,7 +28,6 @@ mod headers;
 mod limit;
 mod ticket;
 
-pub use adaptive::{Gradient, Window};
 pub use cap::Slot;
 pub use limit::Limit;
 pub use ticket::{Admission, Note};

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use tollgate::config::{Config, LogFormat, UpstreamKind};
 use tollgate::instance::process::Process;
-use tollgate::reload::LogSwitch;
+use tollgate::LogSwitch;
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -31,7 +31,7 @@ fn give_back_idle_memory() {
         static LAST_MS: Cell<u64> = const { Cell::new(0) };
         static PEAK_TASKS: Cell<usize> = const { Cell::new(0) };
     }
-    let now = tollgate::timer::now_ms();
+    let now = tollgate::coarse_now_ms();
     if now.saturating_sub(LAST_MS.get()) < 1_000 {
         return;
     }

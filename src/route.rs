@@ -4,7 +4,7 @@
 
 pub mod conditions;
 
-pub use conditions::{Conditions, PathRewrite, ValueMatch};
+pub use conditions::{Conditions, PathRewrite};
 
 use http::{HeaderMap, Method};
 

@@ -183,6 +183,7 @@ pub struct CoarseSleep {
 }
 
 impl CoarseSleep {
+    #[cfg(test)]
     pub fn until(deadline: Instant) -> CoarseSleep {
         CoarseSleep { deadline: wheel().ms_ceil(deadline), armed: None }
     }
@@ -276,15 +277,6 @@ impl Sleep {
         match self {
             Sleep::Coarse(c) if duration >= COARSE_FROM => c.reset_ms(after_ms(duration)),
             other => *other = Sleep::after(duration),
-        }
-    }
-
-    /// Moves the deadline, keeping the clock it runs on when that still fits.
-    pub fn reset(&mut self, deadline: Instant) {
-        match (self, coarse_deadline(deadline)) {
-            (Sleep::Coarse(c), Some(ms)) => c.reset_ms(ms),
-            (Sleep::Fine(s), None) => s.as_mut().reset(deadline.into()),
-            (other, _) => *other = Sleep::until(deadline),
         }
     }
 }
@@ -458,29 +450,6 @@ impl<F: Future> Future for Timeout<F> {
         Pin::new(this.sleep).poll(cx).map(|()| Err(Elapsed))
     }
 }
-
-/// hyper's timer: coarse sleeps for the long timeouts it arms per request.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CoarseTimer;
-
-impl hyper::rt::Timer for CoarseTimer {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(Sleep::after(duration))
-    }
-
-    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(Sleep::until(deadline))
-    }
-
-    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
-        match sleep.as_mut().downcast_mut_pin::<Sleep>().map(Pin::into_inner) {
-            Some(ours) => ours.reset(new_deadline),
-            None => *sleep = self.sleep_until(new_deadline),
-        }
-    }
-}
-
-impl hyper::rt::Sleep for Sleep {}
 
 #[cfg(test)]
 mod tests {

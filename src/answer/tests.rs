@@ -19,7 +19,7 @@ fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
         upstream: Some(("up", Duration::from_secs(2))),
         methods: None,
     };
-    let answers = RouteAnswers::new(Some(facts), Arc::from(DEFAULT_TYPE_BASE), &metrics);
+    let answers = RouteAnswers::new(Some(facts), Arc::from(crate::config::DEFAULT_PROBLEM_TYPE_BASE), &metrics);
     (gate, answers, metrics)
 }
 

@@ -62,7 +62,6 @@ pub struct TlsClient {
     /// By [`Alpn`]: `http/1.1`, `h2`, both.
     configs: [Arc<ClientConfig>; 3],
     server_name: ServerName<'static>,
-    pub insecure: bool,
 }
 
 impl TlsClient {
@@ -98,7 +97,7 @@ impl TlsClient {
             Arc::new(config.clone())
         };
         let configs = [with(&[b"http/1.1"]), with(&[b"h2"]), with(&[b"h2", b"http/1.1"])];
-        Ok(TlsClient { configs, server_name, insecure: tls.insecure_skip_verify })
+        Ok(TlsClient { configs, server_name })
     }
 
     fn config(&self, alpn: Alpn) -> &Arc<ClientConfig> {

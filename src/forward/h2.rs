@@ -143,13 +143,6 @@ impl H2Pool {
         });
         Ok(Conn { send, streams: Arc::new(AtomicUsize::new(0)) })
     }
-
-    /// Open connections (tests).
-    pub fn open(&self) -> usize {
-        let mut conns = self.lock();
-        conns.retain(|c| !c.send.is_closed());
-        conns.len()
-    }
 }
 
 fn take(streams: &Arc<AtomicUsize>) -> Stream {

@@ -111,12 +111,8 @@ pub fn append_via(headers: &mut HeaderMap, received: Version) {
 /// upstream may log them) but the peer is always the last entry, so the chain's right end
 /// is what we saw. `X-Forwarded-Proto` and `-Host` are ours unless a trusted peer set them;
 /// `host` is the client's `Host` when the upstream gets another one (`None`: it gets the
-/// client's, so no `X-Forwarded-Host` repeats it, and an untrusted one is removed).
-pub fn add_forwarding(headers: &mut HeaderMap, peer: IpAddr, peer_trusted: bool, host: Option<&HeaderValue>) {
-    add_forwarding_proto(headers, peer, peer_trusted, host, false);
-}
-
-/// [`add_forwarding`] for a client that came over TLS when `https`: `X-Forwarded-Proto: https`.
+/// client's, so no `X-Forwarded-Host` repeats it, and an untrusted one is removed). For a
+/// client that came over TLS when `https`: `X-Forwarded-Proto: https`.
 pub fn add_forwarding_proto(
     headers: &mut HeaderMap,
     peer: IpAddr,
@@ -226,7 +222,13 @@ mod tests {
     #[test]
     fn appends_peer_to_forwarded_for_chain() {
         let mut h = map(&[("x-forwarded-for", "1.1.1.1"), ("x-forwarded-for", "2.2.2.2")]);
-        add_forwarding(&mut h, "10.0.0.1".parse().unwrap(), false, Some(&HeaderValue::from_static("a.com")));
+        add_forwarding_proto(
+            &mut h,
+            "10.0.0.1".parse().unwrap(),
+            false,
+            Some(&HeaderValue::from_static("a.com")),
+            false,
+        );
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.com");
@@ -235,18 +237,24 @@ mod tests {
     #[test]
     fn untrusted_peer_cannot_set_proto_or_host() {
         let mut h = map(&[("x-forwarded-proto", "https"), ("x-forwarded-host", "evil")]);
-        add_forwarding(&mut h, "10.0.0.1".parse().unwrap(), false, Some(&HeaderValue::from_static("a.com")));
+        add_forwarding_proto(
+            &mut h,
+            "10.0.0.1".parse().unwrap(),
+            false,
+            Some(&HeaderValue::from_static("a.com")),
+            false,
+        );
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.com");
         let mut h = map(&[("x-forwarded-proto", "https")]);
-        add_forwarding(&mut h, "10.0.0.1".parse().unwrap(), true, None);
+        add_forwarding_proto(&mut h, "10.0.0.1".parse().unwrap(), true, None, false);
         assert_eq!(h["x-forwarded-proto"], "https");
     }
 
     #[test]
     fn mapped_ipv6_is_written_as_ipv4() {
         let mut h = HeaderMap::new();
-        add_forwarding(&mut h, "::ffff:127.0.0.1".parse().unwrap(), false, None);
+        add_forwarding_proto(&mut h, "::ffff:127.0.0.1".parse().unwrap(), false, None, false);
         assert_eq!(h["x-forwarded-for"], "127.0.0.1");
     }
 

@@ -69,6 +69,7 @@ impl Gradient {
     }
 
     /// The baseline RTT (µs), once measured.
+    #[cfg(test)]
     pub fn baseline(&self) -> Option<f64> {
         self.baseline
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 pub use local::LocalStore;
 pub use redis::{RedisClient, RedisConfig, RedisStore};
 
-use super::{Algorithm, Decision, KeyHash, Timestamp};
+use super::{Decision, KeyHash, Timestamp};
 
 /// A store failure. The local store never fails; the Redis store fails only with
 /// `on_error: deny` (the gate answers 503 with `Retry-After: retry_after`).
@@ -43,39 +43,6 @@ impl Store {
         match self {
             Store::Local(s) => Ok(s.decide(key, now, cost)),
             Store::Redis(s) => s.decide(key, now, cost).await,
-        }
-    }
-
-    /// Undoes an admission of `cost` for `key` made at `now` (see [`super::refund`]).
-    ///
-    /// # Errors
-    /// [`StoreError`] only from a remote store.
-    pub async fn refund(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<(), StoreError> {
-        match self {
-            Store::Local(s) => {
-                s.refund(key, now, cost);
-                Ok(())
-            }
-            Store::Redis(s) => {
-                s.refund(key, now, cost).await;
-                Ok(())
-            }
-        }
-    }
-
-    /// Charges `cost` more for `key` at `now`, past the quota if need be (see
-    /// [`super::debit`]). Never fails: a remote store that cannot be reached falls back.
-    pub async fn debit(&self, key: KeyHash, now: Timestamp, cost: u64) {
-        match self {
-            Store::Local(s) => s.debit(key, now, cost),
-            Store::Redis(s) => s.debit(key, now, cost).await,
-        }
-    }
-
-    pub fn algorithm(&self) -> &Algorithm {
-        match self {
-            Store::Local(s) => s.algorithm(),
-            Store::Redis(s) => s.algorithm(),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use tollgate::config::Config;
 use tollgate::limit::{KeyHash, Store};
-use tollgate::proxy::Proxy;
+use tollgate::Proxy;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 

@@ -13,7 +13,7 @@ use hyper::body::Frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::config::Config;
-use tollgate::proxy::Proxy;
+use tollgate::Proxy;
 
 use crate::h2_abuse::raw::{self, Raw};
 use crate::support::{full, h1, h2, proxy_yaml, BoxBody, Tollgate, Upstream};

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tollgate::config::Config;
-use tollgate::reload::Reloader;
+use tollgate::Reloader;
 
 use crate::hostile_config::TempFile;
 use crate::support::{full, get, get_with, h1, Tollgate};

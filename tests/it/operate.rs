@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use tollgate::limit::{ManualClock, Timestamp};
-use tollgate::reload::Reloader;
+use tollgate::Reloader;
 
 use crate::support::{get, get_with, Tollgate};
 

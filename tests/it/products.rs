@@ -308,7 +308,7 @@ async fn admitted(tg: &Tollgate, key: &str) -> usize {
 fn reload(tg: &Tollgate, yaml: &str) {
     let config = tollgate::config::Config::from_yaml(std::path::Path::new("test.yaml"), yaml).unwrap();
     let old = tg.shared.load();
-    let next = tollgate::proxy::Proxy::build(config, old.clock().clone(), old.metrics().clone(), Some(&old));
+    let next = tollgate::Proxy::build(config, old.clock().clone(), old.metrics().clone(), Some(&old));
     tg.shared.store(Arc::new(next));
 }
 

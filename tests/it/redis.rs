@@ -509,7 +509,7 @@ async fn waiting_the_retry_after_sent_is_enough_with_redis() {
             for _ in 0..200 {
                 now += pace;
                 if let Decision::Deny { retry_after, .. } = s.decide_at(key, at_us(now), cost).await.unwrap() {
-                    secs = Some(tollgate::ratelimit::retry_after_capped(&alg, retry_after));
+                    secs = Some(tollgate::retry_after_capped(&alg, retry_after));
                     break;
                 }
             }

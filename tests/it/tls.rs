@@ -53,7 +53,7 @@ impl Site {
 }
 
 fn names_of(der: &[u8]) -> Vec<String> {
-    tollgate::listen::x509::parse(der).unwrap().dns_names
+    tollgate::x509::parse(der).unwrap().dns_names
 }
 
 #[tokio::test]
@@ -230,7 +230,7 @@ async fn a_reload_swaps_certificates_without_dropping_connections_and_keeps_them
     );
     std::fs::write(&file, &yaml).unwrap();
     let tg = Tollgate::start_config(Config::load(&file).unwrap()).await;
-    let reloader = tollgate::reload::Reloader::new(file.clone(), tg.shared.clone(), Box::new(|_| {}));
+    let reloader = tollgate::Reloader::new(file.clone(), tg.shared.clone(), Box::new(|_| {}));
     // A fresh client config per connection: a resumed session would show the first one's
     // certificate again.
     let cfg = || client_config(&site.ca, &[b"http/1.1"], None);
@@ -383,7 +383,7 @@ async fn a_changed_certificate_file_alone_reloads_it() {
     )
     .unwrap();
     let tg = Tollgate::start_config(Config::load(&file).unwrap()).await;
-    let reloader = tollgate::reload::Reloader::new(file, tg.shared.clone(), Box::new(|_| {}));
+    let reloader = tollgate::Reloader::new(file, tg.shared.clone(), Box::new(|_| {}));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(reloader.run(Duration::from_millis(50), async move {
         let _ = stopped.await;
@@ -522,7 +522,7 @@ fn config_endpoint_shows_served_names_and_no_key_material() {
         "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
         site.certs()
     );
-    let doc = tollgate::admin::effective(&config(&yaml));
+    let doc = tollgate::effective_config(&config(&yaml));
     let tls = &doc["listeners"][0]["tls"];
     assert_eq!(tls["certificates"][0]["names"][0], "api.test", "{doc}");
     assert_eq!(tls["certificates"][1]["names"][0], "*.wild.test", "{doc}");
@@ -631,7 +631,7 @@ async fn an_ocsp_response_is_stapled_and_reloaded_with_its_file() {
     assert_eq!(stapled(tg.addr, true).await, first);
 
     // A renewed response alone reloads, as a renewed certificate does.
-    let reloader = tollgate::reload::Reloader::new(file.clone(), tg.shared.clone(), Box::new(|_| {}));
+    let reloader = tollgate::Reloader::new(file.clone(), tg.shared.clone(), Box::new(|_| {}));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(reloader.run(Duration::from_millis(50), async move {
         let _ = stopped.await;

@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::config::Config;
-use tollgate::proxy::Proxy;
+use tollgate::Proxy;
 
 pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -45,7 +45,7 @@ pub struct Tollgate {
     pub addr: SocketAddr,
     /// Every listener's address, in the config's order (`addr` is the first).
     pub addrs: Vec<SocketAddr>,
-    pub shared: tollgate::proxy::Shared,
+    pub shared: tollgate::Shared,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -75,7 +75,7 @@ impl Tollgate {
         let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let shared = Arc::new(ArcSwap::from_pointee(proxy));
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(tollgate::server::serve_all(listeners, shared.clone(), async move {
+        let task = tokio::spawn(tollgate::serve_all(listeners, shared.clone(), async move {
             let _ = rx.await;
         }));
         Tollgate { addr: addrs[0], addrs, shared, stop: Some(tx), task: Some(task) }
@@ -85,9 +85,9 @@ impl Tollgate {
     pub async fn start_admin(&self) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let ready = Arc::new(tollgate::admin::Readiness::default());
+        let ready = Arc::new(tollgate::Readiness::default());
         ready.set_listening(true);
-        tokio::spawn(tollgate::admin::serve(listener, self.shared.clone(), ready, std::future::pending()));
+        tokio::spawn(tollgate::serve_admin(listener, self.shared.clone(), ready, std::future::pending()));
         addr
     }
 

@@ -51,8 +51,8 @@ pub use script::{check_precision, LUA_EXACT};
 
 use self::client::Failure;
 use self::memo::Memo;
-/// For [`crate::fuzzing`]: how a script's reply is read.
-#[doc(hidden)]
+/// For the fuzzing entry points: how a script's reply is read.
+#[cfg(any(fuzzing, test))]
 pub(crate) use self::script::decode as decode_reply;
 use self::script::{decode, AlgScript, Op};
 use super::{LocalStore, StoreError};
