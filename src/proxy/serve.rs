@@ -1,0 +1,612 @@
+//! The request path: one request, in phases over one context: *route* (`handle_peer`),
+//! *admit*, *forward* (or the last hop's or the responder's own answer), *settle*, then
+//! *finish* and *log* (`serve` runs them in order; each phase is a function here).
+
+use super::*;
+
+/// Counts a request in `requests_in_flight` until dropped: when it is answered, or when the
+/// client goes away first and hyper drops the request's future.
+pub(super) struct InFlight<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl InFlight<'_> {
+    fn enter(metrics: &Metrics) -> InFlight<'_> {
+        metrics.in_flight().inc();
+        InFlight(metrics.in_flight())
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Proxy {
+    /// Serves one request. Never fails: every problem is an answer from [`answer`].
+    ///
+    /// The target is decided, the route found and the head taken apart before the returned
+    /// future exists, and the future holds the request in one place only: hyper moves it by
+    /// value per request, so its size is copying work.
+    pub fn handle(self: Arc<Proxy>, req: Request<Incoming>, peer: SocketAddr) -> impl Future<Output = Response<Body>> {
+        self.handle_peer(req, Peer::plain(peer))
+    }
+
+    /// [`Proxy::handle`] for a client whose connection came through the `listen` room (TLS,
+    /// a PROXY header): `peer` says who it is.
+    // Inlined into both callers, as `handle` was into its one: measured, the request path's
+    // framing and target checks otherwise stop being inlined (+1.8 % instructions per 429).
+    #[inline(always)]
+    pub fn handle_peer(self: Arc<Proxy>, req: Request<Incoming>, peer: Peer) -> impl Future<Output = Response<Body>> {
+        let started = self.config.log.access.then(Instant::now);
+        let (mut parts, body) = req.into_parts();
+        let routed = crate::framing::check(&mut parts)
+            .map_err(Error::from)
+            .and_then(|()| target::decide(&mut parts))
+            .and_then(|t| {
+                let (path, query) = (t.path(&parts), parts.uri.query());
+                let found =
+                    route::find(&self.config.routes, &self.conditions, &parts.method, &parts.headers, path, query);
+                found.map(|i| (i, t)).ok_or(Error::NoRoute)
+            });
+        self.serve(routed, parts, body, peer, started)
+    }
+
+    /// The routed request, in phases over one [`Ctx`]: *route* (done by the caller; a miss is
+    /// answered here), *admit* ([`Proxy::admit`]), *forward* (or answer at the last hop, or
+    /// from the responder), *settle* ([`Proxy::settle`]), then *finish* and *log*
+    /// ([`Proxy::finish`]). One future holding the head once (see [`Proxy::handle`]): the
+    /// forwarded request is made from it in this block, so no phase takes the head by value.
+    // Not an `async fn`: its arguments would be kept twice in the future, as arguments and as
+    // locals (376 bytes); captured by an `async move` block, each is kept once.
+    #[allow(clippy::manual_async_fn)]
+    fn serve(
+        self: Arc<Proxy>,
+        routed: Result<(usize, Target), Error>,
+        mut parts: Parts,
+        body: Incoming,
+        peer: Peer,
+        started: Option<Instant>,
+    ) -> impl Future<Output = Response<Body>> {
+        async move {
+            let this = &*self;
+            let _in_flight = InFlight::enter(&this.metrics);
+            let mut ctx = Ctx::new(this, &parts, &peer);
+            let (idx, mut target) = match routed {
+                Ok(found) => found,
+                Err(e) => return this.unrouted(&e, &parts, &mut ctx, started),
+            };
+            let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
+            let mut log = Access::new(lane, route, &parts, this.config.log.access, ctx.id.as_ref());
+            log.grpc = ctx.grpc;
+            // Every answer may need these (a 429 too); the request's only once it is admitted.
+            let response_values = this.values(&lane.response_headers, route, &parts, &target, &ctx);
+            let version = parts.version;
+            let mut resp = 'answer: {
+                let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
+                    Ok(a) => a,
+                    Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
+                };
+                // A copy of the head, only when a stale copy could be stored or served for it.
+                let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
+                match this.last_hop(lane, &mut parts) {
+                    Ok(None) => {}
+                    Ok(Some(here)) => break 'answer here,
+                    Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                }
+                let resp = match &*this.targets[route.upstream] {
+                    Backend::Respond(r) => {
+                        match Proxy::respond(r, &parts, body, this.config.server.body_read_timeout) {
+                            Ok(answered) => answered.await,
+                            Err(read) => match read.await {
+                                Ok(()) => forward::respond(r).await,
+                                Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                            },
+                        }
+                    }
+                    backend => {
+                        let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
+                            let e = Error::BadRequest(STRIP_PARAMS);
+                            break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
+                        };
+                        let request_values = this.values(&lane.request_headers, route, &parts, &target, &ctx);
+                        let down = ctx.downstream(lane, request_values.as_deref());
+                        let key = this.hash_key(backend, route, &parts, &target, &peer);
+                        // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
+                        // `OnUpgrade` in the request's (usually empty) extensions.
+                        let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
+                        let req = Request::from_parts(parts, body);
+                        let sent = Instant::now();
+                        let out = match backend {
+                            // Boxed: rare, and its future would enlarge every request's.
+                            Backend::Http(fwd) if upgrade => {
+                                Box::pin(Proxy::upgrade(route, lane, fwd, req, strip, &down)).await
+                            }
+                            // Boxed: its future would otherwise enlarge every HTTP/1 request's.
+                            Backend::Http(fwd) if fwd.is_h2() => Box::pin(fwd.forward_h2(req, strip, &down)).await,
+                            Backend::Http(fwd) => fwd.forward(req, strip, &down).await,
+                            // Boxed: a group's future stays out of every single-server request's.
+                            Backend::Group(g) if upgrade => {
+                                Box::pin(Proxy::upgrade_group(route, lane, g, req, strip, &down, key)).await
+                            }
+                            Backend::Group(g) => Box::pin(g.forward(req, strip, &down, key)).await,
+                            Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
+                        };
+                        lane.upstream_took(&mut log, out.as_ref().map_or(0, |r| r.status().as_u16()), sent.elapsed());
+                        match out {
+                            Ok(resp) => resp,
+                            Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
+                        }
+                    }
+                };
+                let mut resp = resp;
+                this.settle(route, lane, admission, head.as_deref(), &mut resp, &mut log).await;
+                resp
+            };
+            this.finish(
+                lane,
+                &mut resp,
+                ctx.id_field.take(),
+                response_values.as_deref(),
+                &log,
+                (started, peer.addr.ip()),
+            );
+            resp
+        }
+    }
+
+    /// *Finish* and *log*: what every answer of the route carries (the request id, response
+    /// header rules), its count, then the access log line.
+    fn finish(
+        &self,
+        lane: &Lane,
+        resp: &mut Response<Body>,
+        id_field: Option<(&http::HeaderName, http::HeaderValue)>,
+        response_values: Option<&[HeaderValue]>,
+        log: &Access<'_>,
+        (started, peer): (Option<Instant>, std::net::IpAddr),
+    ) {
+        if let Some((name, id)) = id_field {
+            set_id(resp.headers_mut(), name, id);
+        }
+        if let Some(rules) = &lane.response_headers {
+            rules.apply(resp.headers_mut(), response_values.unwrap_or_default());
+        }
+        lane.metrics.response(resp.status().as_u16());
+        if let Some(started) = started {
+            log.emit(resp.status().as_u16(), started.elapsed(), peer);
+        }
+    }
+
+    /// The answer to a request no route took (a bad target, no route), logged.
+    fn unrouted(&self, e: &Error, parts: &Parts, ctx: &mut Ctx<'_>, started: Option<Instant>) -> Response<Body> {
+        if started.is_some() {
+            let (method, path, status) = (&parts.method, parts.uri.path(), e.status().as_u16());
+            let peer = ctx.peer.addr.ip();
+            tracing::info!(target: "tollgate::access", %peer, %method, path, status, error = e.kind(), request_id = ctx.request_id());
+        }
+        let mut resp = if ctx.grpc {
+            self.unrouted.respond_grpc(e)
+        } else {
+            self.unrouted.respond(e, &parts.method, parts.uri.path(), parts.version)
+        };
+        if let Some((name, id)) = ctx.id_field.take() {
+            set_id(resp.headers_mut(), name, id);
+        }
+        resp
+    }
+
+    /// A route's header rule values for this request. They read the request as the client
+    /// sent it (its head is not changed before it is forwarded; `{path}` is the client's path
+    /// after a rewrite too).
+    #[inline(always)]
+    fn values(
+        &self,
+        rules: &Option<Arc<forward::rules::HeaderRules>>,
+        route: &Route,
+        parts: &Parts,
+        target: &Target,
+        ctx: &Ctx<'_>,
+    ) -> RenderedValues {
+        let rules = rules.as_ref().filter(|r| r.is_dynamic())?;
+        Some(self.render(rules, route, parts, target, ctx))
+    }
+
+    #[cold]
+    fn render(
+        &self,
+        rules: &forward::rules::HeaderRules,
+        route: &Route,
+        parts: &Parts,
+        target: &Target,
+        ctx: &Ctx<'_>,
+    ) -> forward::rules::Values {
+        rules.render(&forward::rules::Vars {
+            route: &route.name,
+            headers: &parts.headers,
+            path: target.path(parts),
+            request_id: ctx.request_id(),
+            peer: ctx.peer.addr.ip(),
+            trusted: &self.trusted,
+        })
+    }
+
+    /// *Admit*: the route's method rule and path rewrite, then its limits and cap; waits
+    /// out a shaping delay. `None`: the route has no gate.
+    async fn admit(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        parts: &mut Parts,
+        target: &mut Target,
+        ctx: &Ctx<'_>,
+        log: &mut Access<'_>,
+    ) -> Result<Option<Admission>, Error> {
+        // TRACE reflects the request, credentials and all: not taken unless the route lists
+        // it (nginx refuses it too).
+        if parts.method == Method::TRACE && !takes_trace(route) {
+            return Err(Error::MethodNotAllowed);
+        }
+        if let Some(rw) = &lane.rewrite {
+            if let Some(path) = rw.apply(target.path(parts)) {
+                target.rewrite(parts, &path)?;
+            }
+        }
+        if lane.gate.is_open() {
+            return Ok(None);
+        }
+        // The key's context lives for the decision only, and the decision is moved out
+        // before any wait: the request's future keeps neither across another await (each
+        // would take a slot of its own in it).
+        let checked = {
+            let key = self.key_ctx(route, parts, target, ctx.peer);
+            lane.gate.check(&key, self.clock.now()).await
+        };
+        let admission = checked?;
+        log.note = admission.note;
+        let wait = admission.wait();
+        if !wait.is_zero() {
+            Box::pin(tokio::time::sleep(wait)).await;
+        }
+        Ok(Some(admission))
+    }
+
+    /// What limit keys (and a `hash` group's balancing) read of the request.
+    #[inline(always)]
+    fn key_ctx<'k>(&'k self, route: &'k Route, parts: &'k Parts, target: &'k Target, peer: &'k Peer) -> KeyCtx<'k> {
+        KeyCtx {
+            route: &route.name,
+            client_ip: self.trusted.client_ip(peer.addr.ip(), &parts.headers),
+            path: target.path(parts),
+            parts,
+            tls_client: peer.tls_client(),
+        }
+    }
+
+    /// `balance: hash`: the request's key, as a limit keys it (0 for other backends).
+    #[inline(always)]
+    fn hash_key(&self, backend: &Backend, route: &Route, parts: &Parts, target: &Target, peer: &Peer) -> u64 {
+        let Backend::Group(group) = backend else { return 0 };
+        group.hash_key().map_or(0, |spec| spec.hash(&self.key_ctx(route, parts, target, peer)).0 as u64)
+    }
+
+    /// `Max-Forwards` on `OPTIONS` and `TRACE`: the answer tollgate gives as the last hop, if
+    /// it is one (the field is lowered by one otherwise).
+    fn last_hop(&self, lane: &Lane, parts: &mut Parts) -> Result<Option<Response<Body>>, Error> {
+        if !matches!(parts.method, Method::OPTIONS | Method::TRACE) || !forward::hop::last(&mut parts.headers)? {
+            return Ok(None);
+        }
+        Ok(Some(if parts.method == Method::OPTIONS { lane.answers.options() } else { lane.answers.trace(parts) }))
+    }
+
+    /// The built-in responder reads the whole request before its answer, as any server
+    /// does (`Err`: that read, to be awaited first); a client that waits for `100 Continue`
+    /// gets the final answer instead (RFC 9110 §10.1.1), as nginx's `return` gives it.
+    #[allow(clippy::type_complexity)]
+    fn respond<'r>(
+        r: &'r crate::config::Responder,
+        parts: &Parts,
+        body: Incoming,
+        idle: Duration,
+    ) -> Result<impl Future<Output = Response<Body>> + 'r, Pin<Box<impl Future<Output = Result<(), Error>>>>> {
+        let waits =
+            parts.headers.get(http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if waits || http_body::Body::is_end_stream(&body) {
+            return Ok(forward::respond(r));
+        }
+        Err(Box::pin(forward::read_to_end(body, r.max_body, idle)))
+    }
+
+    /// *Settle*: a cost taken from the response is debited or refunded now that the head is
+    /// here; a stale copy is kept (or stands in for a 5xx); the RateLimit fields go on; the
+    /// body (or the tunnel) holds the concurrency slot until it ends.
+    async fn settle(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        mut admission: Option<Admission>,
+        head: Option<&Parts>,
+        resp: &mut Response<Body>,
+        log: &mut Access<'_>,
+    ) {
+        // Boxed, so that routes without one carry no larger future.
+        if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
+            Box::pin(lane.gate.settle(a, resp.headers(), self.clock.now())).await;
+        }
+        if let Some(head) = head {
+            let answered = std::mem::replace(resp, Response::new(Body::empty()));
+            *resp = self.after_upstream(route, lane, head, answered, log);
+        }
+        let mut permit = None;
+        if let Some(mut a) = admission {
+            lane.gate.decorate(&mut a, resp);
+            permit = a.permit;
+        }
+        if let Some(p) = &mut permit {
+            p.answered(resp.status());
+        }
+        // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
+        if matches!(resp.status().as_u16(), 101 | 200) {
+            // The tunnel holds the concurrency slot and its tunnel slot for its life.
+            if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
+                pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
+            }
+        }
+        if let Some(permit) = permit {
+            resp.body_mut().hold(permit.into());
+        }
+    }
+}
+
+impl Proxy {
+    /// The tunnel slot of an upgrade the route tunnels (`upgrades:`) to a backend that can:
+    /// taken first, it goes with the tunnel, or back on any other answer.
+    fn tunnel_slot<B>(
+        route: &Route,
+        lane: &Lane,
+        tunnels: bool,
+        req: &Request<B>,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Error> {
+        let wanted = tunnels
+            && !route.upgrades.is_empty()
+            && forward::tunnel::wanted(req.headers(), req.extensions(), req.version(), &route.upgrades).is_some();
+        if !wanted {
+            return Ok(None);
+        }
+        lane.tunnels.clone().try_acquire_owned().map(Some).map_err(|_| Error::TooManyTunnels)
+    }
+
+    /// An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT) to a single server: a tunnel
+    /// when the route allows one, else an ordinary request without `Upgrade`.
+    async fn upgrade(
+        route: &Route,
+        lane: &Lane,
+        fwd: &HttpForwarder,
+        req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream<'_>,
+    ) -> Result<Response<Body>, Error> {
+        if let Some(slot) = Proxy::tunnel_slot(route, lane, fwd.tunnels(), &req)? {
+            fwd.upgrade(req, strip, down, &route.upgrades, slot).await
+        } else if is_extended_connect(&req) {
+            Err(Error::BadRequest(UNTUNNELLED_CONNECT))
+        } else if fwd.is_h2() {
+            fwd.forward_h2(req, strip, down).await
+        } else {
+            fwd.forward(req, strip, down).await
+        }
+    }
+
+    /// [`Proxy::upgrade`] to a group of servers.
+    async fn upgrade_group(
+        route: &Route,
+        lane: &Lane,
+        group: &forward::group::Group,
+        req: Request<Incoming>,
+        strip: usize,
+        down: &Downstream<'_>,
+        key: u64,
+    ) -> Result<Response<Body>, Error> {
+        if let Some(slot) = Proxy::tunnel_slot(route, lane, group.tunnels(), &req)? {
+            group.upgrade(req, strip, down, &route.upgrades, slot, key).await
+        } else if is_extended_connect(&req) {
+            Err(Error::BadRequest(UNTUNNELLED_CONNECT))
+        } else {
+            group.forward(req, strip, down, key).await
+        }
+    }
+}
+
+impl Lane {
+    /// The upstream exchange's status (0: none came) and time, for the metric and the log.
+    fn upstream_took(&self, log: &mut Access<'_>, status: u16, took: Duration) {
+        self.metrics.upstream_seconds.observe(took);
+        log.upstream = Some((status, took));
+    }
+}
+
+/// What every phase of one request reads: who sent it and under which id.
+struct Ctx<'a> {
+    peer: &'a Peer,
+    /// Whether the peer is a trusted proxy: decided once, read by the request id and the
+    /// forwarding fields.
+    peer_trusted: bool,
+    /// The request's id, made as it enters; only a trusted proxy's own is read, so the
+    /// common case looks up no field.
+    id: Option<RequestId>,
+    /// The field and its value, made once: the forwarded request gets a clone.
+    id_field: Option<(&'a http::HeaderName, http::HeaderValue)>,
+    /// gRPC runs on HTTP/2 only: an HTTP/1 request costs one comparison here.
+    grpc: bool,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(proxy: &'a Proxy, parts: &Parts, peer: &'a Peer) -> Ctx<'a> {
+        let peer_trusted = proxy.trusted.is_trusted(peer.addr.ip());
+        let id = proxy.config.request_id.as_ref().map(|name| RequestId::decide(name, &parts.headers, peer_trusted));
+        let id_field = proxy.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
+        let grpc = parts.version == http::Version::HTTP_2 && forward::grpc::is_grpc(&parts.headers);
+        Ctx { peer, peer_trusted, id, id_field, grpc }
+    }
+
+    /// The id as text, for the log and rule values.
+    fn request_id(&self) -> Option<&str> {
+        self.id.as_ref().map(RequestId::as_str)
+    }
+
+    /// What the forwarded request says of its client; `values`: the route's request header
+    /// rule values.
+    #[inline(always)]
+    fn downstream<'d>(&'d self, lane: &'d Lane, values: Option<&'d [HeaderValue]>) -> Downstream<'d> {
+        Downstream {
+            peer: self.peer.addr.ip(),
+            peer_trusted: self.peer_trusted,
+            https: self.peer.tls.is_some(),
+            request_id: self.id_field.clone(),
+            rules: lane.request_headers.as_deref().map(|r| (r, values.unwrap_or_default())),
+        }
+    }
+}
+
+/// Whether `route` takes `TRACE`: only when its `methods:` list it.
+fn takes_trace(route: &Route) -> bool {
+    route.methods.as_ref().is_some_and(|m| m.contains(&Method::TRACE))
+}
+
+impl Proxy {
+    fn wants_copy(&self, route: &Route, lane: &Lane, parts: &Parts) -> bool {
+        if route.stale_on_limit.is_none() && route.stale_on_upstream_error.is_none() {
+            return false;
+        }
+        match parts.method {
+            Method::GET => self.cache.may_store(parts, lane.keyed_on_credentials),
+            Method::HEAD => route.stale_on_upstream_error.is_some(),
+            _ => false,
+        }
+    }
+
+    /// The answer to a request that was refused or failed: a stale copy when the route allows
+    /// one for this kind of failure and `head` is known, else the error's own answer.
+    fn refused(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        e: &Error,
+        head: Option<&Parts>,
+        version: http::Version,
+        log: &mut Access,
+    ) -> Response<Body> {
+        log.error = Some(e.kind());
+        if log.grpc {
+            // A gRPC client reads the answer from grpc-status; a stale copy is never one.
+            if let Error::Throttled(d) = e {
+                log.note.retry_after_secs = Some(d.retry_after_secs);
+            }
+            return lane.answers.respond_grpc(e);
+        }
+        if let Error::Throttled(d) = e {
+            log.note = Note {
+                limit: d.limits.first().map(|l| l.0),
+                remaining: Some(0),
+                retry_after_secs: Some(d.retry_after_secs),
+                delayed_us: 0,
+            };
+        }
+        if let (Some(reason), Some(parts)) = (e.stale_reason(), head) {
+            let max_age = match reason {
+                StaleReason::Throttled => route.stale_on_limit,
+                StaleReason::UpstreamError { .. } => route.stale_on_upstream_error,
+            };
+            if let Some(stale) = max_age.and_then(|max_age| self.stale(lane, parts, reason, max_age, log)) {
+                return stale;
+            }
+        }
+        let (method, path) = head.map_or((&Method::GET, ""), |p| (&p.method, p.uri.path()));
+        lane.answers.respond(e, method, path, version)
+    }
+
+    fn stale(
+        &self,
+        lane: &Lane,
+        parts: &Parts,
+        reason: StaleReason,
+        max_age: Duration,
+        log: &mut Access,
+    ) -> Option<Response<Body>> {
+        if !matches!(parts.method, Method::GET | Method::HEAD) {
+            return None;
+        }
+        let stale = self.cache.stale(parts, reason, max_age, self.wall_now())?;
+        match reason {
+            StaleReason::Throttled => {
+                lane.metrics.stale_throttled.inc();
+                log.stale = Stale::Throttled;
+            }
+            StaleReason::UpstreamError { .. } => {
+                lane.metrics.stale_upstream_error.inc();
+                log.stale = Stale::UpstreamError;
+            }
+        }
+        Some(stale)
+    }
+
+    /// stale-if-error on an upstream 5xx; otherwise keep a copy of a good GET answer.
+    fn after_upstream(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        head: &Parts,
+        resp: Response<Body>,
+        log: &mut Access,
+    ) -> Response<Body> {
+        let status = resp.status().as_u16();
+        if matches!(status, 500 | 502 | 503 | 504) {
+            if let Some(max_age) = route.stale_on_upstream_error {
+                let reason = StaleReason::UpstreamError { status };
+                if let Some(stale) = self.stale(lane, head, reason, max_age, log) {
+                    return stale;
+                }
+            }
+            return resp;
+        }
+        if head.method == Method::GET {
+            return self.cache.capture(head, lane.keyed_on_credentials, resp, self.wall_now());
+        }
+        resp
+    }
+}
+
+/// A route's header rule values for one request (see [`forward::rules::HeaderRules::render`]).
+type RenderedValues = Option<forward::rules::Values>;
+
+/// Sets the request id on an answer. Tollgate's own answers are clones of an exactly full map
+/// that already holds the field (empty): its value is replaced in place, since an insert would
+/// first grow the map. Other answers have room: one insert (one hash) does it.
+fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: http::HeaderValue) {
+    if headers.len() >= headers.capacity() {
+        if let Some(v) = headers.get_mut(name) {
+            *v = id;
+            return;
+        }
+    }
+    headers.insert(name, id);
+}
+
+const STRIP_PARAMS: &str = "the path has parameters inside the prefix the route strips";
+
+const UNTUNNELLED_CONNECT: &str =
+    "an extended CONNECT is tunnelled only for `websocket`, on a route whose `upgrades` lists it, to an HTTP/1.1 upstream";
+
+/// An HTTP/2 extended CONNECT (RFC 8441): tunnelled where the route allows it, never forwarded
+/// as if it were a request.
+fn is_extended_connect<B>(req: &Request<B>) -> bool {
+    req.extensions().get::<hyper::ext::Protocol>().is_some()
+}
+
+/// Bytes of `path` (as forwarded) that `route`'s `strip_prefix` removes, given `matched`, the
+/// same path as routes see it. `None` when path parameters sit inside the stripped prefix,
+/// where no byte count of the forwarded path corresponds to it.
+fn strip_len(route: &Route, path: &str, matched: &str) -> Option<usize> {
+    let kept = route::upstream_path(route, matched).len();
+    let prefix = &matched[..matched.len() - kept];
+    path.starts_with(prefix).then_some(prefix.len())
+}
