@@ -112,7 +112,7 @@ fn main() {
         eprintln!("no runtime");
         return;
     };
-    let mut cfg = RedisConfig::new(tollgate::limit::store::redis::Target::Single(node.url()));
+    let mut cfg = RedisConfig::new(tollgate::limit::store::redis::Topology::Single(node.url()));
     cfg.timeout = Duration::from_secs(2);
     cfg.on_error = tollgate::limit::store::redis::OnError::Deny;
     let Ok(client) = RedisClient::new(cfg) else {

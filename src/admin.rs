@@ -253,8 +253,8 @@ pub fn effective(c: &Config) -> Value {
         "cache": { "max_bytes": c.cache.max_bytes, "max_entry_bytes": c.cache.max_entry_bytes },
         "redis": c.redis.as_ref().map(|r| {
             let target = match &r.target {
-                crate::limit::store::redis::Target::Single(u) => json!({ "url": redact_url(u) }),
-                crate::limit::store::redis::Target::Cluster(urls) => json!({ "cluster": urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>() }),
+                crate::limit::store::redis::Topology::Single(u) => json!({ "url": redact_url(u) }),
+                crate::limit::store::redis::Topology::Cluster(urls) => json!({ "cluster": urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>() }),
             };
             json!({
                 "target": target,

@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 pub use knee::{Knee, Slo, Step, Suggestion};
-pub use load::Target;
+pub use load::Endpoint;
 
 /// The highest offered rate a run accepts (requests per second).
 pub const MAX_RATE: u64 = 1_000_000;
@@ -46,7 +46,7 @@ fn usage<T>(msg: impl Into<String>) -> Result<T, Error> {
 /// Everything a run needs, validated.
 #[derive(Debug, Clone)]
 pub struct Options {
-    pub target: Target,
+    pub target: Endpoint,
     /// Offered rates, rising.
     pub rates: Vec<u64>,
     pub warmup: Duration,
@@ -146,7 +146,7 @@ pub fn share(text: &str) -> Result<f64, Error> {
 ///
 /// # Errors
 /// A URL that is not `http://host[:port]/…`, a bad method or header.
-pub fn target(url: &str, method: Option<&str>, headers: &[String], data: Option<&str>) -> Result<Target, Error> {
+pub fn target(url: &str, method: Option<&str>, headers: &[String], data: Option<&str>) -> Result<Endpoint, Error> {
     let uri: Uri = match url.parse() {
         Ok(u) => u,
         Err(e) => return usage(format!("`{url}` is not a URL: {e}")),
@@ -176,7 +176,7 @@ pub fn target(url: &str, method: Option<&str>, headers: &[String], data: Option<
         };
         map.append(name, value);
     }
-    Ok(Target {
+    Ok(Endpoint {
         uri,
         method,
         headers: map,

@@ -15,7 +15,7 @@ use http::request::Parts;
 
 /// Why a request head was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bad {
+pub enum BadFraming {
     /// More than one `Transfer-Encoding` field: hyper reads only the last one.
     TransferEncodingRepeated,
     /// A `Transfer-Encoding` other than the single coding `chunked`: hyper would decode the
@@ -32,25 +32,25 @@ pub enum Bad {
     LookalikeField,
 }
 
-impl Bad {
+impl BadFraming {
     /// Why the request is refused, for the `400`'s detail.
     pub fn detail(self) -> &'static str {
         match self {
-            Bad::TransferEncodingRepeated => "request framing refused: more than one Transfer-Encoding field",
-            Bad::TransferCoding => "request framing refused: Transfer-Encoding must be exactly `chunked`",
-            Bad::LengthAndCoding => "request framing refused: both Content-Length and Transfer-Encoding",
-            Bad::ContentLength => "request framing refused: Content-Length must be one decimal number",
-            Bad::LookalikeField => {
+            BadFraming::TransferEncodingRepeated => "request framing refused: more than one Transfer-Encoding field",
+            BadFraming::TransferCoding => "request framing refused: Transfer-Encoding must be exactly `chunked`",
+            BadFraming::LengthAndCoding => "request framing refused: both Content-Length and Transfer-Encoding",
+            BadFraming::ContentLength => "request framing refused: Content-Length must be one decimal number",
+            BadFraming::LookalikeField => {
                 "request framing refused: a field named like Content-Length or Transfer-Encoding with `_` for `-`"
             }
         }
     }
 }
 
-impl From<Bad> for crate::answer::Error {
+impl From<BadFraming> for crate::answer::Error {
     /// Refused with `400`; the answer says `Connection: close`, so what the client sent as a
     /// body is never read as a next request.
-    fn from(bad: Bad) -> Self {
+    fn from(bad: BadFraming) -> Self {
         crate::answer::Error::BadRequest(bad.detail())
     }
 }
@@ -60,7 +60,7 @@ impl From<Bad> for crate::answer::Error {
 ///
 /// # Errors
 /// The first reason to refuse the request.
-pub fn check(parts: &mut Parts) -> Result<(), Bad> {
+pub fn check(parts: &mut Parts) -> Result<(), BadFraming> {
     let headers = &mut parts.headers;
     // One pass over the fields instead of hashed lookups: this runs on every request (the
     // 429s too), and nearly all have no framing field or one plain Content-Length.
@@ -69,21 +69,21 @@ pub fn check(parts: &mut Parts) -> Result<(), Bad> {
         if name == header::TRANSFER_ENCODING {
             codings += 1;
             if !trim(value.as_bytes()).eq_ignore_ascii_case(b"chunked") {
-                return Err(Bad::TransferCoding);
+                return Err(BadFraming::TransferCoding);
             }
         } else if name == header::CONTENT_LENGTH {
             lengths += 1;
             plain &= is_plain_number(value.as_bytes());
         } else if is_lookalike(name) {
-            return Err(Bad::LookalikeField);
+            return Err(BadFraming::LookalikeField);
         }
     }
     match (codings, lengths) {
         (0, 0) | (0, 1) if plain => Ok(()),
         (0, _) => canonical_length(headers),
         (1, 0) => Ok(()),
-        (1, _) => Err(Bad::LengthAndCoding),
-        _ => Err(Bad::TransferEncodingRepeated),
+        (1, _) => Err(BadFraming::LengthAndCoding),
+        _ => Err(BadFraming::TransferEncodingRepeated),
     }
 }
 
@@ -93,19 +93,19 @@ fn is_plain_number(v: &[u8]) -> bool {
 }
 
 /// One `Content-Length` of digits only; leading zeros and padding removed in place.
-fn canonical_length(headers: &mut HeaderMap) -> Result<(), Bad> {
+fn canonical_length(headers: &mut HeaderMap) -> Result<(), BadFraming> {
     let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
     let Some(value) = values.next() else { return Ok(()) };
     // hyper folds equal repeats into one field; several here came another way (HTTP/2).
     if values.next().is_some() {
-        return Err(Bad::ContentLength);
+        return Err(BadFraming::ContentLength);
     }
     let digits = trim(value.as_bytes());
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return Err(Bad::ContentLength);
+        return Err(BadFraming::ContentLength);
     }
     let first = digits.iter().position(|&b| b != b'0').unwrap_or(digits.len() - 1);
-    let canonical = HeaderValue::from_bytes(&digits[first..]).map_err(|_| Bad::ContentLength)?;
+    let canonical = HeaderValue::from_bytes(&digits[first..]).map_err(|_| BadFraming::ContentLength)?;
     headers.insert(header::CONTENT_LENGTH, canonical);
     Ok(())
 }
@@ -139,7 +139,7 @@ mod tests {
         req.body(()).unwrap().into_parts().0
     }
 
-    fn checked(fields: &[(&str, &str)]) -> Result<Parts, Bad> {
+    fn checked(fields: &[(&str, &str)]) -> Result<Parts, BadFraming> {
         let mut p = parts(fields);
         check(&mut p).map(|()| p)
     }
@@ -163,32 +163,32 @@ mod tests {
     fn transfer_encoding_must_be_one_chunked() {
         assert_eq!(
             checked(&[("transfer-encoding", "chunked"), ("transfer-encoding", "chunked")]).err(),
-            Some(Bad::TransferEncodingRepeated)
+            Some(BadFraming::TransferEncodingRepeated)
         );
         // The first field that is not `chunked` is the reason given.
         assert_eq!(
             checked(&[("transfer-encoding", "identity"), ("transfer-encoding", "chunked")]).err(),
-            Some(Bad::TransferCoding)
+            Some(BadFraming::TransferCoding)
         );
         for v in
             ["gzip, chunked", "chunked, chunked", "identity, chunked", "chunked;q=1", "xchunked", "\"chunked\"", ""]
         {
-            assert_eq!(checked(&[("transfer-encoding", v)]).err(), Some(Bad::TransferCoding), "{v}");
+            assert_eq!(checked(&[("transfer-encoding", v)]).err(), Some(BadFraming::TransferCoding), "{v}");
         }
     }
 
     #[test]
     fn length_and_coding_together_are_refused() {
         let both = [("transfer-encoding", "chunked"), ("content-length", "5")];
-        assert_eq!(checked(&both).err(), Some(Bad::LengthAndCoding));
+        assert_eq!(checked(&both).err(), Some(BadFraming::LengthAndCoding));
     }
 
     #[test]
     fn content_length_is_one_run_of_digits() {
         for v in ["+5", "-5", "5 5", "5,5", "5, 5", "0x5", "5a", "", " "] {
-            assert_eq!(checked(&[("content-length", v)]).err(), Some(Bad::ContentLength), "{v:?}");
+            assert_eq!(checked(&[("content-length", v)]).err(), Some(BadFraming::ContentLength), "{v:?}");
         }
-        assert_eq!(checked(&[("content-length", "5"), ("content-length", "5")]).err(), Some(Bad::ContentLength));
+        assert_eq!(checked(&[("content-length", "5"), ("content-length", "5")]).err(), Some(BadFraming::ContentLength));
     }
 
     #[test]
@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn underscore_lookalikes_are_refused() {
         for n in ["content_length", "transfer_encoding", "Content_Length", "transfer-encoding_x", "content_length2"] {
-            let want = if n.len() == 14 || n.len() == 17 { Some(Bad::LookalikeField) } else { None };
+            let want = if n.len() == 14 || n.len() == 17 { Some(BadFraming::LookalikeField) } else { None };
             assert_eq!(checked(&[(n, "5")]).err(), want, "{n}");
         }
         assert!(!is_lookalike(&HeaderName::from_static("content_lengtx")));
@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn refusals_are_the_clients_400() {
-        let e = crate::answer::Error::from(Bad::TransferCoding);
+        let e = crate::answer::Error::from(BadFraming::TransferCoding);
         assert_eq!(e.status(), http::StatusCode::BAD_REQUEST);
         assert_eq!(e.source(), crate::answer::Source::Downstream);
     }

@@ -1,5 +1,5 @@
 //! The compiled configuration that serves requests: routes in order, their gates and
-//! targets, the stale-copy cache and the metric handles. A [`Proxy`] is immutable; a reload
+//! backends, the stale-copy cache and the metric handles. A [`Proxy`] is immutable; a reload
 //! builds a new one (keeping the state of unchanged limits) and swaps it in whole.
 
 use std::future::Future;
@@ -73,7 +73,7 @@ struct Lane {
 
 pub struct Proxy {
     pub config: Arc<Config>,
-    targets: Vec<Arc<Backend>>,
+    backends: Vec<Arc<Backend>>,
     /// Each route's header and query conditions, compiled (for [`route::find`]).
     conditions: Vec<Option<Box<route::Conditions>>>,
     lanes: Vec<Lane>,
@@ -104,7 +104,7 @@ impl Proxy {
     /// unchanged keeps its state (a reload must not hand every client a fresh bucket), and
     /// the cache survives when its size settings are unchanged.
     pub fn build(config: Config, clock: Arc<dyn Clock>, metrics: Arc<Metrics>, previous: Option<&Proxy>) -> Proxy {
-        let targets = config
+        let backends = config
             .upstreams
             .iter()
             .map(|u| {
@@ -195,7 +195,7 @@ impl Proxy {
         let listener_tls = config.listeners.iter().map(listener_tls).collect();
         Proxy {
             config: Arc::new(config),
-            targets,
+            backends,
             conditions,
             lanes,
             unrouted,
@@ -280,7 +280,7 @@ impl Proxy {
             .config
             .routes
             .iter()
-            .filter(|r| matches!(&*self.targets[r.upstream], Backend::Group(g) if !g.available()))
+            .filter(|r| matches!(&*self.backends[r.upstream], Backend::Group(g) if !g.available()))
             .map(|r| r.name.as_str())
             .collect();
         if !down.is_empty() {
@@ -297,7 +297,7 @@ impl Proxy {
     /// Live keys per limit into the gauges (called when metrics are scraped).
     /// Each group upstream by name (`/config` shows its servers' state).
     pub fn groups(&self) -> impl Iterator<Item = &forward::group::Group> {
-        self.targets.iter().filter_map(|t| match &**t {
+        self.backends.iter().filter_map(|t| match &**t {
             Backend::Group(g) => Some(&**g),
             _ => None,
         })

@@ -35,7 +35,7 @@ const HIST_MAX_US: u64 = 3_600_000_000;
 
 /// What every request of the run sends.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub struct Endpoint {
     pub uri: Uri,
     pub method: Method,
     pub headers: HeaderMap,
@@ -164,7 +164,7 @@ impl Recorder {
 /// schedule slips, late requests are sent late, and the step is marked saturated.
 pub async fn step(
     client: &HttpClient,
-    target: &Target,
+    target: &Endpoint,
     plan: Plan,
     limit: Option<&Arc<Semaphore>>,
     rec: &Arc<Recorder>,

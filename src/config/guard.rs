@@ -22,7 +22,7 @@ pub const MAX_ALIAS_BYTES: u64 = 1 << 20;
 
 /// A refusal with its 1-based position.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
+pub struct OutOfBounds {
     pub line: usize,
     pub column: usize,
     pub message: String,
@@ -41,9 +41,9 @@ pub struct Shape {
 ///
 /// # Errors
 /// The first bound exceeded, positioned where it was exceeded.
-pub fn check(text: &str) -> Result<Shape, Refused> {
+pub fn check(text: &str) -> Result<Shape, OutOfBounds> {
     if text.len() > MAX_CONFIG_BYTES {
-        return Err(Refused {
+        return Err(OutOfBounds {
             line: 1,
             column: 1,
             message: format!(
@@ -56,7 +56,7 @@ pub fn check(text: &str) -> Result<Shape, Refused> {
     if let Some(at) = odd_line_break(b) {
         let line = 1 + b[..at].iter().filter(|&&c| c == b'\n').count();
         let line_start = b[..at].iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1);
-        return Err(Refused {
+        return Err(OutOfBounds {
             line,
             column: at - line_start + 1,
             message: "a carriage return without a line feed, or a U+0085, U+2028 or U+2029 character: YAML \
@@ -120,7 +120,7 @@ fn is_flow_indicator(c: u8) -> bool {
 }
 
 impl<'a> Depth<'a> {
-    fn scan(b: &'a [u8]) -> Result<usize, Refused> {
+    fn scan(b: &'a [u8]) -> Result<usize, OutOfBounds> {
         let mut d =
             Depth { b, i: 0, line: 1, line_start: 0, block: Vec::new(), flow: 0, max: 0, plain: None, key_open: false };
         while d.i < d.b.len() {
@@ -142,8 +142,8 @@ impl<'a> Depth<'a> {
         at - self.line_start
     }
 
-    fn refuse(&self, at: usize) -> Refused {
-        Refused {
+    fn refuse(&self, at: usize) -> OutOfBounds {
+        OutOfBounds {
             line: self.line,
             column: self.column(at) + 1,
             message: format!(
@@ -153,7 +153,7 @@ impl<'a> Depth<'a> {
         }
     }
 
-    fn deeper(&mut self, at: usize) -> Result<(), Refused> {
+    fn deeper(&mut self, at: usize) -> Result<(), OutOfBounds> {
         let depth = self.block.len() + self.flow;
         self.max = self.max.max(depth);
         if depth > MAX_DEPTH {
@@ -164,7 +164,7 @@ impl<'a> Depth<'a> {
 
     /// Pushes a block level at `column` unless the innermost one is already there or deeper;
     /// true if it pushed.
-    fn push_block(&mut self, column: usize, at: usize) -> Result<bool, Refused> {
+    fn push_block(&mut self, column: usize, at: usize) -> Result<bool, OutOfBounds> {
         if self.block.last().is_none_or(|&(top, _)| top < column) {
             self.block.push((column, false));
             self.deeper(at)?;
@@ -186,7 +186,7 @@ impl<'a> Depth<'a> {
     }
 
     /// One line in block context (flow collections and quoted scalars may carry it further).
-    fn line_of_block(&mut self) -> Result<(), Refused> {
+    fn line_of_block(&mut self) -> Result<(), OutOfBounds> {
         let start = self.i;
         let mut p = start;
         while self.peek(p) == Some(b' ') {
@@ -263,7 +263,7 @@ impl<'a> Depth<'a> {
 
     /// A line that goes on with a plain scalar: text up to `: ` (libyaml refuses that in a
     /// multi-line scalar; scanning on only counts more) or a comment.
-    fn continuation(&mut self) -> Result<(), Refused> {
+    fn continuation(&mut self) -> Result<(), OutOfBounds> {
         loop {
             match self.peek(self.i) {
                 None => return Ok(()),
@@ -290,7 +290,7 @@ impl<'a> Depth<'a> {
     /// line's first node (a `:` there is an indicator, not the value of a key on this line).
     /// `owner`: the indentation of the collection that holds the node. `after_key`: a key's `:`
     /// was just read (a line that ends here leaves the key open).
-    fn node(&mut self, mut fresh: bool, mut owner: isize, mut after_key: bool) -> Result<(), Refused> {
+    fn node(&mut self, mut fresh: bool, mut owner: isize, mut after_key: bool) -> Result<(), OutOfBounds> {
         loop {
             while self.peek(self.i).is_some_and(is_ws) {
                 self.i += 1;
@@ -371,7 +371,7 @@ impl<'a> Depth<'a> {
 
     /// After a quoted scalar, an alias or a flow collection that began at column `col`: a `:`
     /// makes it a key.
-    fn after_node(&mut self, col: usize) -> Result<(), Refused> {
+    fn after_node(&mut self, col: usize) -> Result<(), OutOfBounds> {
         while self.peek(self.i).is_some_and(is_ws) {
             self.i += 1;
         }
@@ -459,7 +459,7 @@ impl<'a> Depth<'a> {
     /// A flow collection opening at `at`, to its matching close (across lines). A `key: value`
     /// (or `? key`) entry of a flow sequence is a one-pair mapping: a level of its own until the
     /// entry ends.
-    fn flow(&mut self, at: usize) -> Result<(), Refused> {
+    fn flow(&mut self, at: usize) -> Result<(), OutOfBounds> {
         // Open collections: whether a sequence, and whether its current entry is such a pair.
         let mut open: Vec<(bool, bool)> = Vec::new();
         // `start`: the next token begins a node (quotes open a scalar only there).
@@ -542,7 +542,7 @@ impl<'a> Depth<'a> {
     }
 
     /// A `:` or `?` in a flow collection: in a sequence, its entry becomes a one-pair mapping.
-    fn pair(&mut self, open: &mut [(bool, bool)], at: usize) -> Result<(), Refused> {
+    fn pair(&mut self, open: &mut [(bool, bool)], at: usize) -> Result<(), OutOfBounds> {
         if let Some((true, pair @ false)) = open.last_mut() {
             *pair = true;
             self.flow += 1;
@@ -567,14 +567,14 @@ impl Weight {
 }
 
 /// Counts what aliases repeat, stopping at the first alias past a bound.
-fn aliases(text: &str) -> Result<u64, Refused> {
+fn aliases(text: &str) -> Result<u64, OutOfBounds> {
     let mut parser = Parser::new_from_str(text);
     // Open collections: their anchor id and weight so far.
     let mut open: Vec<(usize, Weight)> = Vec::new();
     let mut anchored: std::collections::HashMap<usize, Weight> = std::collections::HashMap::new();
     let mut repeated = Weight::default();
     loop {
-        let (event, mark) = parser.next_token().map_err(|e| Refused {
+        let (event, mark) = parser.next_token().map_err(|e| OutOfBounds {
             line: e.marker().line(),
             column: e.marker().col() + 1,
             message: format!("not valid YAML: {}", e.info()),
@@ -592,7 +592,7 @@ fn aliases(text: &str) -> Result<u64, Refused> {
                 let w = anchored.get(&id).copied().unwrap_or(Weight { nodes: 1, bytes: 0 });
                 repeated.add(w);
                 if repeated.nodes > MAX_ALIAS_NODES || repeated.bytes > MAX_ALIAS_BYTES {
-                    return Err(Refused {
+                    return Err(OutOfBounds {
                         line: mark.line(),
                         column: mark.col() + 1,
                         message: format!(

@@ -302,14 +302,14 @@ struct Stale {
 #[serde(deny_unknown_fields)]
 struct Log {
     #[serde(default)]
-    format: LogFormat,
+    format: RawLogFormat,
     #[serde(default)]
     access: bool,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
 #[serde(rename_all = "lowercase")]
-enum LogFormat {
+enum RawLogFormat {
     #[default]
     Text,
     Json,
@@ -643,8 +643,8 @@ impl Config {
             server,
             log: super::LogConfig {
                 format: match self.log.format {
-                    LogFormat::Text => super::LogFormat::Text,
-                    LogFormat::Json => super::LogFormat::Json,
+                    RawLogFormat::Text => super::LogFormat::Text,
+                    RawLogFormat::Json => super::LogFormat::Json,
                 },
                 access: self.log.access,
             },

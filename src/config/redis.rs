@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::units::Dur;
 use super::{key, Invalid, Seg};
-use crate::limit::store::redis::{fallback_algorithm, OnError, RedisConfig, Target};
+use crate::limit::store::redis::{fallback_algorithm, OnError, RedisConfig, Topology};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,7 +67,7 @@ impl RawRedis {
         let target = match (self.url, self.cluster) {
             (Some(_), Some(_)) => return Err((at("cluster"), "give either `url` or `cluster`, not both".to_owned())),
             (None, None) => return Err((vec![key("redis")], "expected `url` or `cluster`".to_owned())),
-            (Some(u), None) => Target::Single(check_url(&u, at("url"))?),
+            (Some(u), None) => Topology::Single(check_url(&u, at("url"))?),
             (None, Some(list)) if list.is_empty() => {
                 return Err((at("cluster"), "expected at least one node URL".to_owned()))
             }
@@ -76,7 +76,7 @@ impl RawRedis {
                 for (i, u) in list.iter().enumerate() {
                     urls.push(check_url(u, vec![key("redis"), key("cluster"), Seg::Index(i)])?);
                 }
-                Target::Cluster(urls)
+                Topology::Cluster(urls)
             }
         };
         let mut cfg = RedisConfig::new(target);

@@ -12,7 +12,7 @@ use http::StatusCode;
 
 /// Why an upstream's answer is refused (the client gets `502`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bad {
+pub enum BadResponse {
     /// `101 Switching Protocols`: tollgate never forwards `Upgrade`, so nobody asked for it.
     UnrequestedUpgrade,
     /// A status code outside 100–599 (RFC 9110 §15: not HTTP).
@@ -24,21 +24,21 @@ pub enum Bad {
     TransferCoding,
 }
 
-impl Bad {
+impl BadResponse {
     /// Why the answer is refused, for the `502`'s detail.
     pub fn detail(self) -> &'static str {
         match self {
-            Bad::UnrequestedUpgrade => "a 101 Switching Protocols nobody asked for",
-            Bad::Status => "a status code outside 100-599",
-            Bad::ContentLength => "Content-Length values that are invalid or disagree",
-            Bad::TransferCoding => "a Transfer-Encoding other than chunked",
+            BadResponse::UnrequestedUpgrade => "a 101 Switching Protocols nobody asked for",
+            BadResponse::Status => "a status code outside 100-599",
+            BadResponse::ContentLength => "Content-Length values that are invalid or disagree",
+            BadResponse::TransferCoding => "a Transfer-Encoding other than chunked",
         }
     }
 }
 
-impl From<Bad> for crate::answer::Error {
+impl From<BadResponse> for crate::answer::Error {
     /// A `502` from the upstream's side (a stale copy may answer instead).
-    fn from(bad: Bad) -> Self {
+    fn from(bad: BadResponse) -> Self {
         crate::answer::Error::Upstream(crate::answer::UpstreamFailure::BadResponse(bad.detail()))
     }
 }
@@ -58,13 +58,13 @@ pub enum Reuse {
 ///
 /// # Errors
 /// The first reason to refuse the answer with `502`.
-pub fn check_response(status: StatusCode, headers: &mut HeaderMap) -> Result<Reuse, Bad> {
+pub fn check_response(status: StatusCode, headers: &mut HeaderMap) -> Result<Reuse, BadResponse> {
     let status = status.as_u16();
     if status == 101 {
-        return Err(Bad::UnrequestedUpgrade);
+        return Err(BadResponse::UnrequestedUpgrade);
     }
     if !(100..600).contains(&status) {
-        return Err(Bad::Status);
+        return Err(BadResponse::Status);
     }
     // One pass over the fields instead of hashed lookups: every answer comes through here,
     // and nearly all carry one plain Content-Length or `chunked` alone.
@@ -79,7 +79,7 @@ pub fn check_response(status: StatusCode, headers: &mut HeaderMap) -> Result<Reu
     }
     if coded {
         if !only_chunked(headers) {
-            return Err(Bad::TransferCoding);
+            return Err(BadResponse::TransferCoding);
         }
         if lengths == 0 {
             return Ok(Reuse::Yes);
@@ -101,19 +101,19 @@ fn only_chunked(headers: &HeaderMap) -> bool {
     first.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")) && codings.next().is_none()
 }
 
-/// The `Content-Length` fields folded into one plain number, or `Bad`.
-fn fold_lengths(headers: &mut HeaderMap) -> Result<Reuse, Bad> {
+/// The `Content-Length` fields folded into one plain number, or `BadResponse`.
+fn fold_lengths(headers: &mut HeaderMap) -> Result<Reuse, BadResponse> {
     let mut agreed: Option<u64> = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {
         for item in value.as_bytes().split(|&b| b == b',') {
-            let n = parse_digits(trim(item)).ok_or(Bad::ContentLength)?;
+            let n = parse_digits(trim(item)).ok_or(BadResponse::ContentLength)?;
             if agreed.is_some_and(|a| a != n) {
-                return Err(Bad::ContentLength);
+                return Err(BadResponse::ContentLength);
             }
             agreed = Some(n);
         }
     }
-    let n = agreed.ok_or(Bad::ContentLength)?;
+    let n = agreed.ok_or(BadResponse::ContentLength)?;
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     Ok(Reuse::No)
 }
@@ -155,7 +155,7 @@ mod tests {
         p.headers.get_all("content-length").iter().map(|v| v.to_str().unwrap()).collect()
     }
 
-    fn check_response(p: &mut http::response::Parts) -> Result<Reuse, Bad> {
+    fn check_response(p: &mut http::response::Parts) -> Result<Reuse, BadResponse> {
         super::check_response(p.status, &mut p.headers)
     }
 
@@ -187,7 +187,7 @@ mod tests {
         for te in [&["gzip"][..], &["gzip, chunked"], &["chunked, chunked"], &["gzip", "chunked"], &["identity"], &[""]]
         {
             let fields: Vec<(&str, &str)> = te.iter().map(|v| ("transfer-encoding", *v)).collect();
-            assert_eq!(check_response(&mut parts(200, &fields)), Err(Bad::TransferCoding), "{te:?}");
+            assert_eq!(check_response(&mut parts(200, &fields)), Err(BadResponse::TransferCoding), "{te:?}");
         }
     }
 
@@ -214,16 +214,16 @@ mod tests {
             &[("content-length", "5,")],
             &[("content-length", "99999999999999999999"), ("content-length", "1")],
         ] {
-            assert_eq!(check_response(&mut parts(200, fields)), Err(Bad::ContentLength), "{fields:?}");
+            assert_eq!(check_response(&mut parts(200, fields)), Err(BadResponse::ContentLength), "{fields:?}");
         }
     }
 
     #[test]
     fn unrequested_upgrades_and_non_http_statuses_are_refused() {
-        assert_eq!(check_response(&mut parts(101, &[("upgrade", "websocket")])), Err(Bad::UnrequestedUpgrade));
-        assert_eq!(check_response(&mut parts(600, &[])), Err(Bad::Status));
-        assert_eq!(check_response(&mut parts(999, &[])), Err(Bad::Status));
-        let e = crate::answer::Error::from(Bad::Status);
+        assert_eq!(check_response(&mut parts(101, &[("upgrade", "websocket")])), Err(BadResponse::UnrequestedUpgrade));
+        assert_eq!(check_response(&mut parts(600, &[])), Err(BadResponse::Status));
+        assert_eq!(check_response(&mut parts(999, &[])), Err(BadResponse::Status));
+        let e = crate::answer::Error::from(BadResponse::Status);
         assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(e.source(), crate::answer::Source::Upstream);
     }

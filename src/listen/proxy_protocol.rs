@@ -18,7 +18,7 @@ const V2_MAX_LEN: usize = 4096;
 
 /// Why a connection was closed before it was served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub enum HeaderRefused {
     /// The listener wants a header and the peer is not in `trusted_proxies`, or an untrusted
     /// peer sent one.
     Untrusted,
@@ -28,12 +28,12 @@ pub enum Refused {
     Closed,
 }
 
-impl Refused {
+impl HeaderRefused {
     pub fn as_str(self) -> &'static str {
         match self {
-            Refused::Untrusted => "untrusted",
-            Refused::Malformed => "malformed",
-            Refused::Closed => "closed",
+            HeaderRefused::Untrusted => "untrusted",
+            HeaderRefused::Malformed => "malformed",
+            HeaderRefused::Closed => "closed",
         }
     }
 }
@@ -45,11 +45,11 @@ enum Seen {
 }
 
 /// What the first bytes say, once enough of them are there.
-async fn sniff(stream: &TcpStream, buf: &mut [u8; V1_MAX]) -> Result<(Seen, usize), Refused> {
+async fn sniff(stream: &TcpStream, buf: &mut [u8; V1_MAX]) -> Result<(Seen, usize), HeaderRefused> {
     loop {
-        let n = stream.peek(buf).await.map_err(|_| Refused::Closed)?;
+        let n = stream.peek(buf).await.map_err(|_| HeaderRefused::Closed)?;
         if n == 0 {
-            return Err(Refused::Closed);
+            return Err(HeaderRefused::Closed);
         }
         let b = &buf[..n];
         let v1 = b"PROXY ";
@@ -64,7 +64,7 @@ async fn sniff(stream: &TcpStream, buf: &mut [u8; V1_MAX]) -> Result<(Seen, usiz
             return Ok((Seen::None, n));
         }
         // A prefix of either: wait for more (rare: a header comes in one segment).
-        stream.readable().await.map_err(|_| Refused::Closed)?;
+        stream.readable().await.map_err(|_| HeaderRefused::Closed)?;
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
 }
@@ -73,27 +73,31 @@ async fn sniff(stream: &TcpStream, buf: &mut [u8; V1_MAX]) -> Result<(Seen, usiz
 /// by `optional`), the socket address stands. The caller bounds it in time.
 ///
 /// # Errors
-/// [`Refused`]: the connection is to be closed.
-pub async fn read(stream: &mut TcpStream, mode: ProxyProtocol, trusted: bool) -> Result<Option<SocketAddr>, Refused> {
+/// [`HeaderRefused`]: the connection is to be closed.
+pub async fn read(
+    stream: &mut TcpStream,
+    mode: ProxyProtocol,
+    trusted: bool,
+) -> Result<Option<SocketAddr>, HeaderRefused> {
     let mut buf = [0u8; V1_MAX];
     if !trusted && mode != ProxyProtocol::Optional {
-        return Err(Refused::Untrusted);
+        return Err(HeaderRefused::Untrusted);
     }
     let (seen, n) = sniff(stream, &mut buf).await?;
     match (seen, mode, trusted) {
         (Seen::None, ProxyProtocol::Optional, _) => Ok(None),
-        (Seen::V1 | Seen::V2, _, false) => Err(Refused::Untrusted),
+        (Seen::V1 | Seen::V2, _, false) => Err(HeaderRefused::Untrusted),
         (Seen::V1, ProxyProtocol::V1 | ProxyProtocol::Optional, true) => v1(stream, &buf[..n]).await,
         (Seen::V2, ProxyProtocol::V2 | ProxyProtocol::Optional, true) => v2(stream).await,
-        _ => Err(Refused::Malformed),
+        _ => Err(HeaderRefused::Malformed),
     }
 }
 
-async fn v1(stream: &mut TcpStream, peeked: &[u8]) -> Result<Option<SocketAddr>, Refused> {
+async fn v1(stream: &mut TcpStream, peeked: &[u8]) -> Result<Option<SocketAddr>, HeaderRefused> {
     let line = match peeked.windows(2).position(|w| w == b"\r\n") {
         Some(end) => {
             let mut line = vec![0u8; end + 2];
-            stream.read_exact(&mut line).await.map_err(|_| Refused::Closed)?;
+            stream.read_exact(&mut line).await.map_err(|_| HeaderRefused::Closed)?;
             line
         }
         None => {
@@ -101,14 +105,14 @@ async fn v1(stream: &mut TcpStream, peeked: &[u8]) -> Result<Option<SocketAddr>,
             let mut line = Vec::with_capacity(V1_MAX);
             while !line.ends_with(b"\r\n") {
                 if line.len() >= V1_MAX {
-                    return Err(Refused::Malformed);
+                    return Err(HeaderRefused::Malformed);
                 }
-                line.push(stream.read_u8().await.map_err(|_| Refused::Closed)?);
+                line.push(stream.read_u8().await.map_err(|_| HeaderRefused::Closed)?);
             }
             line
         }
     };
-    parse_v1(&line).ok_or(Refused::Malformed)
+    parse_v1(&line).ok_or(HeaderRefused::Malformed)
 }
 
 /// `PROXY TCP4 src dst sport dport\r\n` (or `TCP6`, or `UNKNOWN …`: the socket address).
@@ -135,16 +139,16 @@ pub fn parse_v1(line: &[u8]) -> Option<Option<SocketAddr>> {
     Some(Some(SocketAddr::new(ip, sport.parse().ok()?)))
 }
 
-async fn v2(stream: &mut TcpStream) -> Result<Option<SocketAddr>, Refused> {
+async fn v2(stream: &mut TcpStream) -> Result<Option<SocketAddr>, HeaderRefused> {
     let mut head = [0u8; 16];
-    stream.read_exact(&mut head).await.map_err(|_| Refused::Closed)?;
+    stream.read_exact(&mut head).await.map_err(|_| HeaderRefused::Closed)?;
     let len = usize::from(u16::from_be_bytes([head[14], head[15]]));
     if len > V2_MAX_LEN {
-        return Err(Refused::Malformed);
+        return Err(HeaderRefused::Malformed);
     }
     let mut rest = vec![0u8; len];
-    stream.read_exact(&mut rest).await.map_err(|_| Refused::Closed)?;
-    parse_v2(&head, &rest).ok_or(Refused::Malformed)
+    stream.read_exact(&mut rest).await.map_err(|_| HeaderRefused::Closed)?;
+    parse_v2(&head, &rest).ok_or(HeaderRefused::Malformed)
 }
 
 /// The 16-byte fixed part and the address block of a v2 header.

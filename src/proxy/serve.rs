@@ -93,7 +93,7 @@ impl Proxy {
                     Ok(Some(here)) => break 'answer here,
                     Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
                 }
-                let resp = match &*this.targets[route.upstream] {
+                let resp = match &*this.backends[route.upstream] {
                     Backend::Respond(r) => {
                         match Proxy::respond(r, &parts, body, this.config.server.body_read_timeout) {
                             Ok(answered) => answered.await,

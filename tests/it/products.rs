@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use tollgate::limit::store::redis::Target;
+use tollgate::limit::store::redis::Topology;
 use tollgate::limit::{
     Algorithm, Calendar, CalendarUnit, Decision, KeyHash, LocalStore, ManualClock, RedisClient, RedisConfig,
     RedisStore, Span, Timestamp,
@@ -22,7 +22,7 @@ fn t(s: &str) -> Timestamp {
 }
 
 fn redis_client(node: &RedisNode) -> Arc<RedisClient> {
-    let mut cfg = RedisConfig::new(Target::Single(node.url()));
+    let mut cfg = RedisConfig::new(Topology::Single(node.url()));
     cfg.timeout = Duration::from_millis(500);
     RedisClient::new(cfg).unwrap()
 }

@@ -7,7 +7,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::limit::store::redis::{BreakerState, OnError, Target};
+use tollgate::limit::store::redis::{BreakerState, OnError, Topology};
 use tollgate::limit::{
     decide, max_cost, refund, Algorithm, Decision, KeyHash, LocalStore, NonZeroSpan, RedisClient, RedisConfig,
     RedisStore, Span, Timestamp,
@@ -29,7 +29,7 @@ fn at_us(us: u64) -> Timestamp {
     Timestamp::from_micros(us)
 }
 
-fn client_with(target: Target, f: impl FnOnce(&mut RedisConfig)) -> Arc<RedisClient> {
+fn client_with(target: Topology, f: impl FnOnce(&mut RedisConfig)) -> Arc<RedisClient> {
     let mut cfg = RedisConfig::new(target);
     // Generous: CI machines are slow and shared.
     cfg.timeout = Duration::from_millis(500);
@@ -69,7 +69,7 @@ fn vectors_agree_with_pure_math_and_local_store() {
 }
 
 /// Runs every vector through Redis stores on `target`, with and without the denial memory.
-async fn vectors_on(target: Target) {
+async fn vectors_on(target: Topology) {
     for memo_keys in [0, 1_000] {
         let client = client_with(target.clone(), |c| c.memo_keys = memo_keys);
         client.connect().await.unwrap();
@@ -97,7 +97,7 @@ async fn vectors_on(target: Target) {
 #[tokio::test]
 async fn vectors_agree_on_a_single_node() {
     let node = RedisNode::start();
-    vectors_on(Target::Single(node.url())).await;
+    vectors_on(Topology::Single(node.url())).await;
     let keys = node.tollgate_keys();
     assert!(!keys.is_empty());
     assert!(keys.iter().all(|(_, ttl)| *ttl > 0), "every key has a TTL: {keys:?}");
@@ -106,7 +106,7 @@ async fn vectors_agree_on_a_single_node() {
 #[tokio::test]
 async fn vectors_agree_on_a_cluster() {
     let cluster = RedisCluster::start();
-    vectors_on(Target::Cluster(cluster.urls())).await;
+    vectors_on(Topology::Cluster(cluster.urls())).await;
     let keys = cluster.tollgate_keys();
     assert!(keys.iter().all(|(_, ttl)| *ttl > 0), "every key has a TTL: {keys:?}");
     let used = cluster.nodes.iter().filter(|n| !n.tollgate_keys().is_empty()).count();
@@ -116,7 +116,7 @@ async fn vectors_agree_on_a_cluster() {
 #[tokio::test]
 async fn production_decisions_use_redis_time_and_set_ttls() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |_| {});
+    let client = client_with(Topology::Single(node.url()), |_| {});
     for (i, alg) in every_algorithm().into_iter().enumerate() {
         let s = store(&client, &format!("prod{i}"), alg, None);
         let mut admitted = 0;
@@ -143,7 +143,7 @@ async fn production_decisions_use_redis_time_and_set_ttls() {
 #[tokio::test]
 async fn keys_carry_only_the_digest_in_a_hash_tag() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |_| {});
+    let client = client_with(Topology::Single(node.url()), |_| {});
     let s = store(&client, "api.per-client", tb(1_000, 5), None);
     let k = s.redis_key(KeyHash(0xabc));
     assert_eq!(k, "tollgate:{api.per-client:00000000000000000000000000000abc}");
@@ -154,7 +154,7 @@ async fn keys_carry_only_the_digest_in_a_hash_tag() {
 #[tokio::test]
 async fn script_flush_is_survived_by_reloading() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |_| {});
+    let client = client_with(Topology::Single(node.url()), |_| {});
     let s = store(&client, "flush", tb(1_000_000, 2), None);
     assert!(s.decide(KeyHash(1), at_us(0), 1).await.unwrap().is_admitted());
     node.cli(&["SCRIPT", "FLUSH"]);
@@ -166,7 +166,7 @@ async fn script_flush_is_survived_by_reloading() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_decisions_are_pipelined_and_exact() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |c| c.memo_keys = 0);
+    let client = client_with(Topology::Single(node.url()), |c| c.memo_keys = 0);
     client.connect().await.unwrap();
     let s = Arc::new(store(&client, "conc", tb(60_000_000, 50), None));
     let tasks: Vec<_> = (0..400)
@@ -186,7 +186,7 @@ async fn concurrent_decisions_are_pipelined_and_exact() {
 #[tokio::test]
 async fn a_remembered_denial_does_not_ask_redis_again() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |_| {});
+    let client = client_with(Topology::Single(node.url()), |_| {});
     let s = store(&client, "memo", tb(60_000_000, 1), None);
     assert!(s.decide(KeyHash(3), at_us(1_000), 1).await.unwrap().is_admitted());
     let Decision::Deny { retry_after, .. } = s.decide(KeyHash(3), at_us(1_000), 1).await.unwrap() else {
@@ -209,7 +209,7 @@ async fn a_remembered_denial_does_not_ask_redis_again() {
 #[tokio::test]
 async fn lease_needs_about_one_call_per_n_requests() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |c| c.lease_ttl = Duration::from_secs(30));
+    let client = client_with(Topology::Single(node.url()), |c| c.lease_ttl = Duration::from_secs(30));
     let s = store(&client, "lease", tb(1_000, 10_000), Some(20));
     let before = node.calls("evalsha");
     for i in 0..400 {
@@ -225,7 +225,7 @@ async fn lease_needs_about_one_call_per_n_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_decisions_share_one_lease_call() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |c| {
+    let client = client_with(Topology::Single(node.url()), |c| {
         c.lease_ttl = Duration::from_secs(30);
         c.timeout = Duration::from_secs(5);
     });
@@ -254,7 +254,7 @@ async fn a_dropped_lease_call_does_not_hold_up_the_key() {
     let node = RedisNode::start();
     // A decision timeout far above the test's: a waiter held up by the abandoned call would
     // wait for all of it.
-    let client = client_with(Target::Single(node.url()), |c| {
+    let client = client_with(Topology::Single(node.url()), |c| {
         c.lease_ttl = Duration::from_secs(30);
         c.timeout = Duration::from_secs(20);
     });
@@ -277,12 +277,12 @@ async fn a_dropped_lease_call_does_not_hold_up_the_key() {
 #[tokio::test]
 async fn leases_never_admit_more_than_the_bucket_and_lapse() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |c| c.lease_ttl = Duration::from_millis(100));
+    let client = client_with(Topology::Single(node.url()), |c| c.lease_ttl = Duration::from_millis(100));
     // Three instances sharing one bucket of 30 that refills once a minute.
     let stores: Vec<_> = (0..3)
         .map(|_| {
             store(
-                &client_with(Target::Single(node.url()), |c| c.lease_ttl = Duration::from_millis(100)),
+                &client_with(Topology::Single(node.url()), |c| c.lease_ttl = Duration::from_millis(100)),
                 "shared",
                 tb(60_000_000, 30),
                 Some(8),
@@ -314,7 +314,7 @@ async fn on_error_policies_when_redis_is_unreachable() {
     let url = dead.url();
     drop(dead);
     for (policy, want) in [(OnError::Allow, Some(true)), (OnError::Local, Some(true)), (OnError::Deny, None)] {
-        let client = client_with(Target::Single(url.clone()), |c| {
+        let client = client_with(Topology::Single(url.clone()), |c| {
             c.on_error = policy;
             c.timeout = Duration::from_millis(50);
         });
@@ -348,7 +348,7 @@ fn every_algorithm() -> [Algorithm; 6] {
 #[tokio::test]
 async fn a_cost_above_the_limit_is_never_admissible_in_either_store() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |_| {});
+    let client = client_with(Topology::Single(node.url()), |_| {});
     client.connect().await.unwrap();
     for (i, alg) in every_algorithm().into_iter().enumerate() {
         let (max, now) = (max_cost(&alg), stamp(0));
@@ -384,7 +384,7 @@ async fn the_local_fallback_answers_never_for_a_cost_above_its_divided_limit() {
     let dead = RedisNode::start();
     let url = dead.url();
     drop(dead);
-    let client = client_with(Target::Single(url), |c| c.timeout = Duration::from_millis(50));
+    let client = client_with(Topology::Single(url), |c| c.timeout = Duration::from_millis(50));
     let fallback = LocalStore::new(tb(2_000_000, 2), 16);
     let s = RedisStore::new(client.clone(), "divided", tb(1_000_000, 4), None, fallback);
     let d = s.decide(KeyHash(1), at_us(0), 3).await.unwrap();
@@ -396,7 +396,7 @@ async fn the_local_fallback_answers_never_for_a_cost_above_its_divided_limit() {
 async fn outage_falls_back_within_the_deadline_and_recovers_without_restart() {
     let mut node = RedisNode::start();
     let timeout = Duration::from_millis(50);
-    let client = client_with(Target::Single(node.url()), |c| {
+    let client = client_with(Topology::Single(node.url()), |c| {
         c.timeout = timeout;
         c.breaker_failures = std::num::NonZeroU32::new(3).unwrap();
         c.breaker_cooldown = Duration::from_millis(200);
@@ -458,12 +458,12 @@ async fn password_and_acl_user_in_the_url() {
     for url in
         [format!("redis://:s3cret@127.0.0.1:{}", node.port), format!("redis://gate:g4te@127.0.0.1:{}/0", node.port)]
     {
-        let client = client_with(Target::Single(url.clone()), |c| c.on_error = OnError::Deny);
+        let client = client_with(Topology::Single(url.clone()), |c| c.on_error = OnError::Deny);
         client.ping().await.unwrap_or_else(|e| panic!("{url}: {e}"));
         let s = store(&client, "auth", tb(60_000_000, 5), None);
         assert!(s.decide(KeyHash(1), at_us(0), 1).await.unwrap().is_admitted(), "{url}");
     }
-    let wrong = client_with(Target::Single(format!("redis://:nope@127.0.0.1:{}", node.port)), |_| {});
+    let wrong = client_with(Topology::Single(format!("redis://:nope@127.0.0.1:{}", node.port)), |_| {});
     assert!(wrong.ping().await.is_err());
 }
 
@@ -478,7 +478,7 @@ mod proxy;
 #[tokio::test]
 async fn waiting_the_retry_after_sent_is_enough_with_redis() {
     let node = RedisNode::start();
-    let client = client_with(Target::Single(node.url()), |_| {});
+    let client = client_with(Topology::Single(node.url()), |_| {});
     let sw = |w: u64, l: u64| Algorithm::SlidingWindow { window: nzs(w), limit: nz(l) };
     let probed = [
         (sw(1_000_000, 2), 1),

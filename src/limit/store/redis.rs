@@ -45,7 +45,7 @@ use tokio::sync::Notify;
 
 pub use breaker::BreakerState;
 pub use client::RedisClient;
-pub use metrics::{FailureKind, Metrics, Snapshot, LATENCY_BUCKETS_US};
+pub use metrics::{FailureKind, RedisMetrics, Snapshot, LATENCY_BUCKETS_US};
 pub use noise::ClientLogCap;
 pub use script::{check_precision, LUA_EXACT};
 
@@ -60,7 +60,7 @@ use crate::limit::{max_cost, Algorithm, Decision, KeyHash, Span, Timestamp};
 
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Target {
+pub enum Topology {
     /// One node: `redis://[user:password@]host:port/db` or `rediss://` (TLS).
     Single(String),
     /// Seed nodes of a Redis Cluster.
@@ -82,7 +82,7 @@ pub enum OnError {
 /// Validated Redis settings (built by the config room from `redis:`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisConfig {
-    pub target: Target,
+    pub target: Topology,
     /// Deadline of one decision (connection wait included).
     pub timeout: Duration,
     pub on_error: OnError,
@@ -102,7 +102,7 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     /// Defaults for everything but the target.
-    pub fn new(target: Target) -> RedisConfig {
+    pub fn new(target: Topology) -> RedisConfig {
         RedisConfig {
             target,
             timeout: Duration::from_millis(20),

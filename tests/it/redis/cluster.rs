@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::limit::store::redis::{OnError, Target};
+use tollgate::limit::store::redis::{OnError, Topology};
 use tollgate::limit::{Decision, KeyHash};
 
 use super::{at_us, client_with, store, tb};
@@ -62,7 +62,7 @@ fn migrate(cluster: &RedisCluster, slot: u16, from: usize, to: usize) {
 async fn a_slot_migration_and_a_reshard_are_followed_without_errors() {
     let cluster = RedisCluster::start();
     // Deny: any call the store counts as failed is an error here.
-    let client = client_with(Target::Cluster(cluster.urls()), |c| {
+    let client = client_with(Topology::Cluster(cluster.urls()), |c| {
         c.on_error = OnError::Deny;
         c.timeout = Duration::from_secs(2);
         c.memo_keys = 0;
@@ -139,7 +139,7 @@ async fn a_slot_migration_and_a_reshard_are_followed_without_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_down_is_counted_as_connection_errors_not_replies() {
     let mut cluster = RedisCluster::start();
-    let client = client_with(Target::Cluster(cluster.urls()), |c| {
+    let client = client_with(Topology::Cluster(cluster.urls()), |c| {
         c.on_error = OnError::Deny;
         c.memo_keys = 0;
         // Every call reaches the cluster client: no breaker in between.

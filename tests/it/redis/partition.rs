@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::limit::store::redis::{BreakerState, OnError, Target};
+use tollgate::limit::store::redis::{BreakerState, OnError, Topology};
 use tollgate::limit::KeyHash;
 
 use super::{at_us, client_with, store, tb};
@@ -17,7 +17,7 @@ async fn decisions_are_shared_again_soon_after_a_30_s_partition_ends() {
     let node = RedisNode::start();
     let relay = Relay::start(node.port).await;
     let cooldown = Duration::from_millis(500);
-    let client = client_with(Target::Single(relay.url()), |c| {
+    let client = client_with(Topology::Single(relay.url()), |c| {
         c.on_error = OnError::Deny;
         c.timeout = Duration::from_millis(200);
         c.breaker_failures = NonZeroU32::new(3).unwrap();

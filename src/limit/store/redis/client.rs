@@ -22,9 +22,9 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, V
 use tokio::sync::Notify;
 
 use super::breaker::{Breaker, BreakerState, Pass};
-use super::metrics::{FailureKind, Metrics};
+use super::metrics::{FailureKind, RedisMetrics};
 use super::script::Invocation;
-use super::{RedisConfig, Target};
+use super::{RedisConfig, Topology};
 use crate::limit::store::StoreError;
 
 /// One node or a cluster, behind one type the scripts can run on.
@@ -81,7 +81,7 @@ pub struct RedisClient {
     /// Woken when a background connect attempt ends, either way.
     attempted: Notify,
     breaker: Breaker,
-    metrics: Metrics,
+    metrics: RedisMetrics,
 }
 
 impl std::fmt::Debug for RedisClient {
@@ -143,8 +143,8 @@ impl RedisClient {
     pub fn new(config: RedisConfig) -> Result<Arc<RedisClient>, StoreError> {
         let bad = |e: RedisError| StoreError::Config(e.to_string());
         let builder = match &config.target {
-            Target::Single(url) => Builder::Single(redis::Client::open(url.as_str()).map_err(bad)?),
-            Target::Cluster(urls) => Builder::Cluster(
+            Topology::Single(url) => Builder::Single(redis::Client::open(url.as_str()).map_err(bad)?),
+            Topology::Cluster(urls) => Builder::Cluster(
                 ClusterClient::builder(urls.iter().map(String::as_str))
                     .tcp_settings(tcp_settings())
                     .connection_timeout(config.connect_timeout)
@@ -167,7 +167,7 @@ impl RedisClient {
             unanswered: AtomicU64::new(0),
             attempted: Notify::new(),
             breaker,
-            metrics: Metrics::default(),
+            metrics: RedisMetrics::default(),
         }))
     }
 
@@ -175,7 +175,7 @@ impl RedisClient {
         &self.config
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &RedisMetrics {
         &self.metrics
     }
 

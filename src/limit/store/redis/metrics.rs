@@ -32,7 +32,7 @@ impl std::fmt::Display for FailureKind {
 }
 
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub struct RedisMetrics {
     calls: AtomicU64,
     timeouts: AtomicU64,
     connection_errors: AtomicU64,
@@ -69,7 +69,7 @@ pub struct Snapshot {
     pub latency_buckets: Vec<u64>,
 }
 
-impl Metrics {
+impl RedisMetrics {
     pub(super) fn call(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
