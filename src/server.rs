@@ -396,14 +396,44 @@ fn accept(
     });
 }
 
+/// A service a connection is served with (the proxy's, or the admin listener's).
+pub(crate) trait Serves<B>:
+    Service<Request<Incoming>, Response = Response<B>, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + Sync
+    + Unpin
+    + 'static
+{
+}
+
+impl<S, B> Serves<B> for S where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + Unpin
+        + 'static
+{
+}
+
+/// A response body a connection sends.
+pub(crate) trait BodyOut:
+    http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
+impl<B> BodyOut for B where
+    B: http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
 /// Serves one connection of another listener (the admin's) with the same detection and
 /// timeouts, until it ends.
 pub(crate) async fn serve_other<S, B>(stream: TcpStream, settings: Arc<Settings>, service: S)
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Serves<B>,
+    B: BodyOut,
     TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
 {
     let _ = connection(stream, Instant::now(), settings, Stop::never(), service).await;
@@ -423,10 +453,8 @@ fn connection<S, B>(
     service: S,
 ) -> impl Future<Output = Result<(), hyper::Error>>
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Serves<B>,
+    B: BodyOut,
     TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
 {
     async move {
@@ -461,10 +489,8 @@ fn serve_io<IO, S, B>(
 ) -> impl Future<Output = Result<(), hyper::Error>>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + detect::Park + Unpin + Send + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Serves<B>,
+    B: BodyOut,
     TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
 {
     let state = Arc::new(ConnState::new(settings, accepted));

@@ -219,16 +219,16 @@ mod tests {
         assert_eq!(h.len(), 2, "{h:?}");
     }
 
+    /// The forwarding fields of a plain request from untrusted 10.0.0.1, whose upstream gets
+    /// its own `Host` instead of the client's `a.com`.
+    fn from_untrusted_for_a_com(h: &mut HeaderMap) {
+        add_forwarding_proto(h, "10.0.0.1".parse().unwrap(), false, Some(&HeaderValue::from_static("a.com")), false);
+    }
+
     #[test]
     fn appends_peer_to_forwarded_for_chain() {
         let mut h = map(&[("x-forwarded-for", "1.1.1.1"), ("x-forwarded-for", "2.2.2.2")]);
-        add_forwarding_proto(
-            &mut h,
-            "10.0.0.1".parse().unwrap(),
-            false,
-            Some(&HeaderValue::from_static("a.com")),
-            false,
-        );
+        from_untrusted_for_a_com(&mut h);
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.com");
@@ -237,13 +237,7 @@ mod tests {
     #[test]
     fn untrusted_peer_cannot_set_proto_or_host() {
         let mut h = map(&[("x-forwarded-proto", "https"), ("x-forwarded-host", "evil")]);
-        add_forwarding_proto(
-            &mut h,
-            "10.0.0.1".parse().unwrap(),
-            false,
-            Some(&HeaderValue::from_static("a.com")),
-            false,
-        );
+        from_untrusted_for_a_com(&mut h);
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.com");
         let mut h = map(&[("x-forwarded-proto", "https")]);

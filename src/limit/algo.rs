@@ -19,7 +19,17 @@ mod props;
 /// Times and decisions written with plain µs, for the tests of `limit`.
 #[cfg(test)]
 pub(crate) mod expect {
-    use super::super::{Decision, Span, Timestamp};
+    use std::num::NonZeroU64;
+
+    use super::super::{Decision, NonZeroSpan, Span, Timestamp};
+
+    pub fn nz(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).expect("non-zero")
+    }
+
+    pub fn nzs(us: u64) -> NonZeroSpan {
+        NonZeroSpan::from_micros(us).expect("non-zero")
+    }
 
     pub fn us(n: u64) -> Span {
         Span::from_micros(n)
@@ -283,15 +293,7 @@ pub(crate) fn never(reset: Span) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::algo::expect::{at, us};
-
-    fn nz(n: u64) -> NonZeroU64 {
-        NonZeroU64::new(n).expect("non-zero")
-    }
-
-    fn nzs(us: u64) -> NonZeroSpan {
-        NonZeroSpan::from_micros(us).expect("non-zero")
-    }
+    use crate::limit::algo::expect::{at, nz, nzs, us};
 
     #[test]
     fn state_stays_small() {

@@ -7,14 +7,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use hyper::body::Incoming;
-use hyper::service::{service_fn, Service};
-use hyper::{Request, Response};
+use hyper::service::service_fn;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpStream;
 
-use super::{connection as plain_connection, detect, h2, serve_io, Answer, Settings, Stop};
+use super::{connection as plain_connection, detect, h2, serve_io, Answer, BodyOut, Serves, Settings, Stop};
 use crate::config::Config;
 use crate::listen::Stream;
 use crate::proxy::Shared;
@@ -69,10 +66,8 @@ async fn serve_stream<S, B>(
     service: S,
 ) -> Result<(), hyper::Error>
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + Sync + Unpin + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Serves<B>,
+    B: BodyOut,
     TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<h2::StreamFuture<S::Future>, h2::Counted<B>>,
 {
     match stream {

@@ -41,6 +41,19 @@ impl Site {
         Site { dir, ca }
     }
 
+    /// A TLS listener with the site's certificates in front of an echo upstream.
+    async fn serving() -> (Upstream, Site, Tollgate) {
+        let up = echo_upstream().await;
+        let site = Site::new();
+        let yaml = format!(
+            "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+            site.certs(),
+            up.addr
+        );
+        let tg = Tollgate::start_config(config(&yaml)).await;
+        (up, site, tg)
+    }
+
     fn certs(&self) -> String {
         format!(
             "[{{ cert: {}, key: {} }}, {{ cert: {}, key: {} }}]",
@@ -58,14 +71,7 @@ fn names_of(der: &[u8]) -> Vec<String> {
 
 #[tokio::test]
 async fn sni_picks_the_certificate_and_the_first_serves_clients_without_sni() {
-    let up = echo_upstream().await;
-    let site = Site::new();
-    let yaml = format!(
-        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
-        site.certs(),
-        up.addr
-    );
-    let tg = Tollgate::start_config(config(&yaml)).await;
+    let (_up, site, tg) = Site::serving().await;
     let cfg = client_config(&site.ca, &[b"http/1.1"], None);
     for (sni, want) in [("api.test", "api.test"), ("x.wild.test", "*.wild.test")] {
         let tls = connect(tg.addr, sni, cfg.clone()).await.unwrap();
@@ -81,7 +87,7 @@ async fn sni_picks_the_certificate_and_the_first_serves_clients_without_sni() {
     // A name nobody serves also gets the first one: verified for api.test it passes.
     let insecure = {
         let mut c = (*cfg).clone();
-        c.dangerous().set_certificate_verifier(Arc::new(AcceptAny));
+        c.dangerous().set_certificate_verifier(Arc::new(AcceptAny::default()));
         Arc::new(c)
     };
     let tls = connect(tg.addr, "127.0.0.1", insecure.clone()).await.unwrap();
@@ -92,14 +98,7 @@ async fn sni_picks_the_certificate_and_the_first_serves_clients_without_sni() {
 
 #[tokio::test]
 async fn alpn_negotiates_h2_or_http1() {
-    let up = echo_upstream().await;
-    let site = Site::new();
-    let yaml = format!(
-        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
-        site.certs(),
-        up.addr
-    );
-    let tg = Tollgate::start_config(config(&yaml)).await;
+    let (_up, site, tg) = Site::serving().await;
     for (alpn, version) in
         [(&[&b"h2"[..], b"http/1.1"][..], http::Version::HTTP_2), (&[&b"http/1.1"[..]][..], http::Version::HTTP_11)]
     {
@@ -298,9 +297,10 @@ async fn client_certificates_are_required_against_the_listeners_ca() {
     }
 }
 
-/// Accepts any server certificate (to look at what a server sends to any name).
-#[derive(Debug)]
-struct AcceptAny;
+/// Accepts any server certificate (to look at what a server sends to any name), and keeps
+/// every stapled OCSP response it is shown.
+#[derive(Debug, Default)]
+struct AcceptAny(std::sync::Mutex<Vec<Vec<u8>>>);
 
 impl rustls::client::danger::ServerCertVerifier for AcceptAny {
     fn verify_server_cert(
@@ -308,9 +308,10 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
         _: &rustls::pki_types::CertificateDer<'_>,
         _: &[rustls::pki_types::CertificateDer<'_>],
         _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
+        ocsp: &[u8],
         _: rustls::pki_types::UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.0.lock().unwrap().push(ocsp.to_vec());
         Ok(rustls::client::danger::ServerCertVerified::assertion())
     }
 
@@ -468,7 +469,7 @@ async fn rsa_and_sec1_keys_from_openssl_work_too() {
     );
     let tg = Tollgate::start_config(config(&yaml)).await;
     let mut any = (*client_config(&Ca::new("unused"), &[b"h2"], None)).clone();
-    any.dangerous().set_certificate_verifier(Arc::new(AcceptAny));
+    any.dangerous().set_certificate_verifier(Arc::new(AcceptAny::default()));
     let any = Arc::new(any);
     for name in ["rsa.test", "ec.test"] {
         let tls = connect(tg.addr, name, any.clone()).await.unwrap();
@@ -555,49 +556,9 @@ async fn shutdown_lets_tls_requests_in_flight_finish_on_h1_and_h2() {
     tokio::time::timeout(Duration::from_secs(10), server).await.unwrap().unwrap();
 }
 
-/// Accepts any server certificate and keeps every stapled OCSP response it is shown.
-#[derive(Debug, Default)]
-struct Stapled(std::sync::Mutex<Vec<Vec<u8>>>);
-
-impl rustls::client::danger::ServerCertVerifier for Stapled {
-    fn verify_server_cert(
-        &self,
-        end: &rustls::pki_types::CertificateDer<'_>,
-        chain: &[rustls::pki_types::CertificateDer<'_>],
-        name: &rustls::pki_types::ServerName<'_>,
-        ocsp: &[u8],
-        now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        self.0.lock().unwrap().push(ocsp.to_vec());
-        AcceptAny.verify_server_cert(end, chain, name, ocsp, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        AcceptAny.verify_tls12_signature(m, c, d)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        AcceptAny.verify_tls13_signature(m, c, d)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        AcceptAny.supported_verify_schemes()
-    }
-}
-
 /// The OCSP response a TLS 1.3 or 1.2 handshake with `addr` staples (empty: none).
 async fn stapled(addr: std::net::SocketAddr, tls12: bool) -> Vec<u8> {
-    let verifier = Arc::new(Stapled::default());
+    let verifier = Arc::new(AcceptAny::default());
     let versions: &[&rustls::SupportedProtocolVersion] =
         if tls12 { &[&rustls::version::TLS12] } else { &[&rustls::version::TLS13] };
     let c = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))

@@ -134,11 +134,7 @@ pub fn refund(w: NonZeroSpan, st: &mut Log, now: Timestamp, cost: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::algo::expect::at;
-
-    fn nzs(us: u64) -> NonZeroSpan {
-        NonZeroSpan::from_micros(us).expect("non-zero")
-    }
+    use crate::limit::algo::expect::{at, nzs};
 
     /// A decision with window `w` and limit `l` at `now`, in µs.
     fn run(w: u64, l: u64, s: &mut Log, now: u64, cost: u64) -> Decision {

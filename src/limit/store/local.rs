@@ -286,18 +286,9 @@ impl Shard {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU64;
-
     use super::*;
-    use crate::limit::{Clock, ManualClock, NonZeroSpan};
-
-    fn nz(n: u64) -> NonZeroU64 {
-        NonZeroU64::new(n).expect("non-zero")
-    }
-
-    fn nzs(us: u64) -> NonZeroSpan {
-        NonZeroSpan::from_micros(us).expect("non-zero")
-    }
+    use crate::limit::algo::expect::{nz, nzs};
+    use crate::limit::{Clock, ManualClock};
 
     fn at(us: u64) -> Timestamp {
         Timestamp::from_micros(us)

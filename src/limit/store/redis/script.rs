@@ -214,19 +214,8 @@ pub fn check_precision(alg: &Algorithm) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU64;
-
     use super::*;
-    use crate::limit::algo::expect::us;
-    use crate::limit::NonZeroSpan;
-
-    fn nz(n: u64) -> NonZeroU64 {
-        NonZeroU64::new(n).expect("non-zero")
-    }
-
-    fn nzs(us: u64) -> NonZeroSpan {
-        NonZeroSpan::from_micros(us).expect("non-zero")
-    }
+    use crate::limit::algo::expect::{nz, nzs, us};
 
     #[test]
     fn every_script_opens_with_its_contract() {
