@@ -64,18 +64,42 @@ impl Source {
     }
 }
 
+/// The underlying cause of a failure (an I/O or protocol error, in words), kept with the
+/// error for the access log and debug logs; never part of what the client is told. It
+/// describes and does not decide: any two causes compare equal.
+#[derive(Debug, Clone, Default)]
+pub struct Cause(Option<Arc<str>>);
+
+impl Cause {
+    pub fn of(e: &dyn std::fmt::Display) -> Cause {
+        Cause(Some(Arc::from(e.to_string())))
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, _: &Cause) -> bool {
+        true
+    }
+}
+
+impl Eq for Cause {}
+
 /// What went wrong upstream before a response head could be passed on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpstreamFailure {
     /// No connection could be made (refused, unreachable, connect timeout): 502.
-    Connect,
+    Connect(Cause),
     /// `protocol: h2`: the upstream's TLS handshake did not choose `h2` by ALPN: 502, counted
     /// and typed as [`UpstreamFailure::Connect`], with a detail of its own.
     NotH2,
     /// No response head within the upstream's `timeout`: 504.
     Timeout,
     /// The connection broke before a response head arrived: 502.
-    Broken,
+    Broken(Cause),
     /// The response head cannot be passed on (framing, an unasked-for 101): 502.
     BadResponse(&'static str),
     /// No server of a group may take requests (all ejected or failing their checks): 503
@@ -244,9 +268,9 @@ impl Error {
             Error::OverCapacity => 4,
             Error::TooManyTunnels => 5,
             Error::StoreUnavailable { .. } => 6,
-            Error::Upstream(UpstreamFailure::Connect | UpstreamFailure::NotH2) => 7,
+            Error::Upstream(UpstreamFailure::Connect(_) | UpstreamFailure::NotH2) => 7,
             Error::Upstream(UpstreamFailure::Timeout) => 8,
-            Error::Upstream(UpstreamFailure::Broken) => 9,
+            Error::Upstream(UpstreamFailure::Broken(_)) => 9,
             Error::Upstream(UpstreamFailure::BadResponse(_)) => 10,
             Error::Internal(_) => 11,
             Error::Forbidden => 12,
@@ -271,6 +295,14 @@ impl Error {
 
     pub fn status(&self) -> StatusCode {
         self.row().status
+    }
+
+    /// What lay under the failure, where it is known (for the access log).
+    pub fn cause(&self) -> Option<&str> {
+        match self {
+            Error::Upstream(UpstreamFailure::Connect(c) | UpstreamFailure::Broken(c)) => c.as_str(),
+            _ => None,
+        }
     }
 
     /// Seconds the client should wait before trying again, where tollgate knows them.
@@ -519,12 +551,12 @@ impl RouteAnswers {
                 format!("route `{}` has reached its limit of requests in flight; retry shortly", self.name)
             }
             Error::TooManyTunnels => format!("route `{}` has reached its limit of open tunnels", self.name),
-            Error::Upstream(UpstreamFailure::Connect) => format!("could not connect to upstream `{up}`"),
+            Error::Upstream(UpstreamFailure::Connect(_)) => format!("could not connect to upstream `{up}`"),
             Error::Upstream(UpstreamFailure::NotH2) => format!(
                 "could not connect to upstream `{up}`: it is `protocol: h2`, and its TLS handshake did not choose \
                  HTTP/2 (ALPN `h2`)"
             ),
-            Error::Upstream(UpstreamFailure::Broken) => {
+            Error::Upstream(UpstreamFailure::Broken(_)) => {
                 format!("upstream `{up}` closed the connection without a response")
             }
             Error::Upstream(UpstreamFailure::Timeout) => {

@@ -28,7 +28,7 @@ use hyper::body::Incoming;
 
 use pool::Pool;
 
-use crate::answer::{Error, UpstreamFailure};
+use crate::answer::{Cause, Error, UpstreamFailure};
 use crate::body::{Body, ClientBodyError, Lease, RequestBody, UpstreamConn};
 use crate::config::{HttpUpstream, Responder};
 
@@ -418,7 +418,7 @@ impl HttpForwarder {
         tracing::debug!(upstream = %self.name, error = %e, "upstream connect failed");
         Error::Upstream(match e {
             pool::ConnectError::NotH2 => UpstreamFailure::NotH2,
-            _ => UpstreamFailure::Connect,
+            _ => UpstreamFailure::Connect(Cause::of(e)),
         })
     }
 
@@ -508,7 +508,7 @@ impl HttpForwarder {
         } else if e.is_parse() || e.is_parse_status() {
             UpstreamFailure::BadResponse("the response head is malformed")
         } else {
-            UpstreamFailure::Broken
+            UpstreamFailure::Broken(Cause::of(e))
         })
     }
 

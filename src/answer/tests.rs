@@ -106,7 +106,7 @@ async fn every_error_has_one_answer_with_its_source() {
             Source::Store,
         ),
         (
-            Error::Upstream(UpstreamFailure::Connect),
+            Error::Upstream(UpstreamFailure::Connect(Cause::default())),
             502,
             "urn:tollgate:problem:upstream-unreachable",
             None,
@@ -119,7 +119,13 @@ async fn every_error_has_one_answer_with_its_source() {
             None,
             Source::Upstream,
         ),
-        (Error::Upstream(UpstreamFailure::Broken), 502, "urn:tollgate:problem:upstream-failed", None, Source::Upstream),
+        (
+            Error::Upstream(UpstreamFailure::Broken(Cause::default())),
+            502,
+            "urn:tollgate:problem:upstream-failed",
+            None,
+            Source::Upstream,
+        ),
         (
             Error::Upstream(UpstreamFailure::BadResponse("x")),
             502,
@@ -156,7 +162,7 @@ async fn every_error_has_one_answer_with_its_source() {
     }
     // Only the upstream's own failures and throttling may be answered by a stale copy.
     assert!(Error::ClientBody(ClientBody::Incomplete).stale_reason().is_none());
-    assert!(Error::Upstream(UpstreamFailure::Broken).stale_reason().is_some());
+    assert!(Error::Upstream(UpstreamFailure::Broken(Cause::default())).stale_reason().is_some());
 }
 
 #[test]
@@ -184,7 +190,7 @@ async fn grpc_calls_get_a_grpc_status_and_pushback_where_a_wait_is_known() {
         (denied(&g, 1).await, "8", Some("10000")),
         (Error::OverCapacity, "14", Some("1000")),
         (Error::StoreUnavailable { limit: 0, retry_after_secs: 3 }, "14", Some("3000")),
-        (Error::Upstream(UpstreamFailure::Connect), "14", None),
+        (Error::Upstream(UpstreamFailure::Connect(Cause::default())), "14", None),
         (Error::Upstream(UpstreamFailure::Timeout), "4", None),
         (Error::NoRoute, "12", None),
         (Error::BadRequest("bad"), "13", None),

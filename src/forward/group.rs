@@ -24,7 +24,7 @@ mod balance;
 mod health;
 
 use super::{Downstream, HttpForwarder};
-use crate::answer::{Error, UpstreamFailure};
+use crate::answer::{Cause, Error, UpstreamFailure};
 use crate::body::{Body, RequestBody, UpstreamConn};
 use crate::config::group::{Balance, GroupConfig};
 use crate::config::HttpUpstream;
@@ -264,18 +264,18 @@ impl Group {
                     if !(retryable && replay.is_some() && tries < retry.attempts) {
                         return member.fwd.accept(resp, conn);
                     }
-                    (Error::Upstream(UpstreamFailure::Broken), None, Some((resp, conn)))
+                    (Error::Upstream(UpstreamFailure::Broken(Cause::default())), None, Some((resp, conn)))
                 }
                 Ok(Err(Failed { error, unsent })) => {
                     let upstream = matches!(error, Error::Upstream(_));
                     // A pooled connection the server closed while idle is not its failure.
-                    let stale = unsent.is_some() && error != Error::Upstream(UpstreamFailure::Connect);
+                    let stale = unsent.is_some() && !matches!(error, Error::Upstream(UpstreamFailure::Connect(_)));
                     if upstream && !stale {
                         self.observe(at, true, None);
                     }
                     let allowed = match (&unsent, &error) {
                         (Some(_), _) => retry.on.connect_failure,
-                        (None, Error::Upstream(UpstreamFailure::Broken)) => {
+                        (None, Error::Upstream(UpstreamFailure::Broken(_))) => {
                             retry.on.reset_before_response && replay.is_some()
                         }
                         _ => false,
@@ -430,7 +430,7 @@ async fn attempt(fwd: &HttpForwarder, req: Request<RequestBody>) -> Result<(Resp
         Ok(conn) => conn,
         Err(e) => {
             tracing::debug!(upstream = %fwd.name, server = %fwd.authority, error = %e, "upstream connect failed");
-            return Err(Failed { error: Error::Upstream(UpstreamFailure::Connect), unsent: Some(req) });
+            return Err(Failed { error: Error::Upstream(UpstreamFailure::Connect(Cause::of(&e))), unsent: Some(req) });
         }
     };
     match conn.send.try_send_request(req).await {

@@ -21,6 +21,8 @@ pub(super) struct Access<'a> {
     pub(super) stale: Stale,
     /// The kind of error tollgate answered, if it did.
     pub(super) error: Option<&'static str>,
+    /// What lay under that error, where it is known (a connect or I/O error, in words).
+    pub(super) cause: Option<std::sync::Arc<str>>,
     pub(super) request_id: Option<&'a RequestId>,
     /// A gRPC call: tollgate's own answers are gRPC statuses, never stale copies.
     pub(super) grpc: bool,
@@ -44,6 +46,7 @@ impl<'a> Access<'a> {
             upstream: None,
             stale: Stale::No,
             error: None,
+            cause: None,
             request_id,
             grpc: false,
         }
@@ -67,6 +70,7 @@ impl<'a> Access<'a> {
             retry_after = self.note.retry_after_secs,
             delayed_ms = self.note.delayed_us as f64 / 1e3,
             error = self.error,
+            cause = self.cause.as_deref(),
             stale = match self.stale {
                 Stale::No => "no",
                 Stale::Throttled => "throttled",

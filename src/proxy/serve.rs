@@ -496,6 +496,7 @@ impl Proxy {
         log: &mut Access,
     ) -> Response<Body> {
         log.error = Some(e.kind());
+        log.cause = e.cause().map(std::sync::Arc::from);
         if log.grpc {
             // A gRPC client reads the answer from grpc-status; a stale copy is never one.
             if let Error::Throttled(d) = e {

@@ -188,6 +188,34 @@ async fn access_log_lines_carry_the_decision() {
     assert_eq!(f(2)["stale"], "no");
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn an_upstream_failure_is_logged_with_its_cause() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // A port nothing listens on: the connect is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let tg = Tollgate::start(&format!(
+        "log: {{ access: true }}\nupstreams: {{ gone: {{ url: 'http://{closed}' }} }}\nroutes: [{{ name: api, upstream: gone }}]\n"
+    ))
+    .await;
+    let (status, _, body) = get(tg.addr, "/x").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let body = String::from_utf8_lossy(&body);
+    assert!(!body.to_lowercase().contains("refused"), "the cause stays out of the client's answer: {body}");
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["target"] == "tollgate::access")
+        .unwrap_or_else(|| panic!("no access line in {text}"));
+    let f = &line["fields"];
+    assert_eq!(f["error"], "upstream_connect");
+    let cause = f["cause"].as_str().unwrap_or_else(|| panic!("no cause in {line}"));
+    assert!(cause.to_lowercase().contains("refused"), "{cause}");
+}
+
 #[tokio::test]
 async fn a_client_that_gives_up_leaves_no_request_in_flight() {
     use tokio::io::AsyncWriteExt;
