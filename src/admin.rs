@@ -7,9 +7,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crate::answer::AdminRefusal;
+use crate::body::Body;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use serde_json::{json, Value};
@@ -59,16 +60,16 @@ pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, 
     }
 }
 
-fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(body.into()));
+fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Body::full(body.into()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
-async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> Response<Full<Bytes>> {
+async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+        return crate::answer::admin(&AdminRefusal::MethodNotAllowed);
     }
     let proxy = shared.load_full();
     match req.uri().path() {
@@ -92,7 +93,7 @@ async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> R
             if problems.is_empty() {
                 text(StatusCode::OK, "text/plain", "ready\n")
             } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {}\n", problems.join("; ")))
+                crate::answer::admin(&AdminRefusal::NotReady(problems.join("; ")))
             }
         }
         "/config" => {
@@ -105,7 +106,7 @@ async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> R
             }
             text(StatusCode::OK, "application/json", serde_json::to_string_pretty(&doc).unwrap_or_default())
         }
-        _ => text(StatusCode::NOT_FOUND, "text/plain", "try /metrics, /healthz, /readyz or /config\n"),
+        _ => crate::answer::admin(&AdminRefusal::NotFound),
     }
 }
 

@@ -690,6 +690,37 @@ fn truncated(path: &str) -> &str {
 #[cfg(test)]
 mod tests;
 
+/// What the admin listener refuses: a path it does not serve, a method other than `GET` and
+/// `HEAD`, or `/readyz` while not ready (with why).
+pub enum AdminRefusal {
+    NotFound,
+    MethodNotAllowed,
+    NotReady(String),
+}
+
+/// The admin listener's refusal as problem+json, like every answer tollgate makes itself
+/// (under tollgate's own problem types: the admin listener has no `problems.type_base`).
+pub fn admin(refusal: &AdminRefusal) -> Response<Body> {
+    let (status, name, title, detail) = match refusal {
+        AdminRefusal::NotFound => {
+            (StatusCode::NOT_FOUND, "no-route", "No such admin endpoint", "try /metrics, /healthz, /readyz or /config")
+        }
+        AdminRefusal::MethodNotAllowed => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "the admin endpoints take GET and HEAD",
+        ),
+        AdminRefusal::NotReady(why) => (StatusCode::SERVICE_UNAVAILABLE, "not-ready", "Not ready", why.as_str()),
+    };
+    let doc = Doc::new(crate::config::DEFAULT_PROBLEM_TYPE_BASE, name, title, status.as_u16(), detail);
+    let mut rendered = Rendered::new(status, doc.finish(), None);
+    if let AdminRefusal::MethodNotAllowed = refusal {
+        rendered.headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
+    rendered.into_response()
+}
+
 /// A plain listener's `redirect_https: true` answer: `308 Permanent Redirect` to `location`
 /// (the same host, path and query over HTTPS), with no body.
 pub fn redirect(location: HeaderValue) -> Response<Body> {

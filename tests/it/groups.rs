@@ -341,8 +341,9 @@ async fn every_server_ejected_answers_503_with_retry_after_until_readmission() {
     assert!(body.contains("upstream-unavailable"), "{body}");
     let secs: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((15..=20).contains(&secs), "Retry-After {secs} s: no shorter than the re-admission, 20 s away");
-    let (s, _, body) = get(admin, "/readyz").await;
+    let (s, h, body) = get(admin, "/readyz").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(h["content-type"], "application/problem+json");
     assert!(String::from_utf8_lossy(&body).contains("app"), "{body:?}");
 }
 

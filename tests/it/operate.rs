@@ -73,6 +73,16 @@ async fn health_ready_and_config_endpoints() {
     let admin = tg.start_admin().await;
     assert_eq!(get(admin, "/healthz").await.0, StatusCode::OK);
     assert_eq!(get(admin, "/readyz").await.0, StatusCode::OK);
+    // The admin listener's refusals are problem+json, like every answer tollgate makes.
+    let (s, h, body) = get(admin, "/nope").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert!(String::from_utf8_lossy(&body).contains("/metrics, /healthz"), "{body:?}");
+    let mut c = crate::support::h1(admin).await;
+    let post = http::Request::post("/metrics").header("host", "x").body(crate::support::full("")).unwrap();
+    let resp = c.send_request(post).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(resp.headers()["allow"], "GET, HEAD");
     let (s, _, body) = get(admin, "/config").await;
     assert_eq!(s, StatusCode::OK);
     let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
