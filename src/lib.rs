@@ -1,11 +1,13 @@
 //! tollgate: a fast HTTP reverse proxy with throttling built in.
 //!
 //! # Layout
-//! A request flows one way through a few rooms, each owning one concept:
+//! A request flows one way through a few rooms, each owning one concept; `ARCHITECTURE.md`
+//! gives their layers and the edges allowed between them (`tests/it/layers.rs` checks them):
 //!
 //! - [`config`]: YAML → validated, typed config (data only: each room compiles its part at
 //!   `Proxy::build`); every error with line, column and field path.
-//! - [`instance`]: one running tollgate (listener, admin, reloader), for `run` and `bench` alike.
+//! - [`instance`]: one running tollgate (listener, admin, reloader), for `run` and `bench` alike;
+//!   `instance::process`: the process shape of `tollgate run` (workers, sockets, signals).
 //! - [`listen`]: the edge of a connection before HTTP: PROXY protocol header, TLS (SNI
 //!   certificates, ALPN, client certificates); yields the [`peer::Peer`].
 //! - [`server`]: accept loop, protocol detection, HTTP/1.1 + h2c, timeouts, graceful shutdown.
@@ -15,7 +17,8 @@
 //! - [`target`]: one authority and one normalised path per request, decided before routing.
 //! - [`route`]: first-match routing, header and query conditions, path rewrites.
 //! - [`request_id`]: the request id every answer, log line and forwarded request carries.
-//! - [`proxy`]: the compiled config that serves a request end to end.
+//! - [`proxy`]: the compiled config that serves a request end to end, in phases (route, admit,
+//!   forward, settle, finish and log: `proxy/serve.rs`).
 //! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
