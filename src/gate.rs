@@ -218,26 +218,7 @@ impl Gate {
                     return Err(Error::StoreUnavailable { limit: i, retry_after_secs: secs });
                 }
             };
-            match decision {
-                Decision::Allow { .. } => {
-                    limit.metrics.allowed.inc();
-                }
-                Decision::Delay { .. } => {
-                    limit.metrics.delayed.inc();
-                }
-                Decision::Deny { retry_after, .. } if !limit.enforced() => {
-                    limit.metrics.shadow_throttled.inc();
-                    limit.log_shadow(&self.route, now, Some(retry_after));
-                }
-                Decision::Never { .. } if !limit.enforced() => {
-                    limit.metrics.shadow_throttled.inc();
-                    limit.log_shadow(&self.route, now, None);
-                }
-                Decision::Deny { .. } | Decision::Never { .. } => {
-                    limit.metrics.throttled.inc();
-                    denied = true;
-                }
-            }
+            denied |= self.counted(limit, &decision, now);
             decided.push(Decided { limit: i, key, decision });
         }
         if denied {
@@ -255,6 +236,36 @@ impl Gate {
                 }
             },
         };
+        let note = self.note(&decided);
+        let product = (self.settles || tier.is_some()).then(|| self.product(&decided, tier));
+        Ok(Admission { permit, note, ratelimit: self.ratelimit_admitted(&decided), product })
+    }
+
+    /// Counts `limit`'s `decision` (a shadow limit's denial is logged); whether it denies.
+    #[inline]
+    fn counted(&self, limit: &Limit, decision: &Decision, now: Timestamp) -> bool {
+        match *decision {
+            Decision::Allow { .. } => limit.metrics.allowed.inc(),
+            Decision::Delay { .. } => limit.metrics.delayed.inc(),
+            Decision::Deny { retry_after, .. } if !limit.enforced() => {
+                limit.log_shadow(&self.route, now, Some(retry_after));
+                limit.metrics.shadow_throttled.inc()
+            }
+            Decision::Never { .. } if !limit.enforced() => {
+                limit.log_shadow(&self.route, now, None);
+                limit.metrics.shadow_throttled.inc()
+            }
+            Decision::Deny { .. } | Decision::Never { .. } => {
+                limit.metrics.throttled.inc();
+                return true;
+            }
+        };
+        false
+    }
+
+    /// For the access log: the enforced limit with the fewest remaining, and the longest wait.
+    #[inline]
+    fn note(&self, decided: &[Decided]) -> Note {
         let mut note = Note::default();
         for d in decided.iter().filter(|d| self.limits[d.limit].enforced()) {
             let (remaining, wait) = match d.decision {
@@ -268,15 +279,17 @@ impl Gate {
                 note.limit = Some(d.limit);
             }
         }
-        let product = (self.settles || tier.is_some()).then(|| {
-            let owed = decided
-                .iter()
-                .filter(|d| self.limits[d.limit].config.response_cost.is_some() && d.decision.is_admitted())
-                .map(|d| (d.limit, d.key))
-                .collect();
-            Box::new(Product { owed, tier })
-        });
-        Ok(Admission { permit, note, ratelimit: self.ratelimit_admitted(&decided), product })
+        note
+    }
+
+    /// What an API product route's admission remembers: the costs the response settles, the tier.
+    fn product(&self, decided: &[Decided], tier: Option<TierId>) -> Box<Product> {
+        let owed = decided
+            .iter()
+            .filter(|d| self.limits[d.limit].config.response_cost.is_some() && d.decision.is_admitted())
+            .map(|d| (d.limit, d.key))
+            .collect();
+        Box::new(Product { owed, tier })
     }
 
     /// Gives back every admission of a request that is refused, shadow limits' included.

@@ -362,7 +362,8 @@ mod tests {
         let size = future_size(|r: Request<Incoming>| proxy.clone().handle(r, peer));
         // 2,624 bytes once TLS peers, gateway rules, tunnels, gRPC and plans met in one future;
         // 2,240 once `serve` stopped keeping its arguments twice; 2,208 once the key's context
-        // no longer outlived the decision.
-        assert!(size <= 2240, "the request future grew to {size} bytes");
+        // no longer outlived the decision; 1,888 once the phases took their parts by reference
+        // (a phase that takes the head or the answer by value keeps another copy of it).
+        assert!(size <= 1952, "the request future grew to {size} bytes");
     }
 }

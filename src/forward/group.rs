@@ -92,6 +92,26 @@ impl Tried {
     }
 }
 
+/// One try of an HTTP/1.1 group: where it went and when.
+struct Try {
+    at: usize,
+    tries: u32,
+    sent: Instant,
+    started: Instant,
+    replayable: bool,
+}
+
+/// A try's outcome: an answer or failure with the connection it came on, or a timeout.
+type Attempted = Result<Result<(Response<Incoming>, UpstreamConn), Failed>, crate::timer::Elapsed>;
+
+/// What [`Group::judge`] makes of a try. Returned once per try and taken apart at once (the
+/// same bytes the loop held before); boxing a variant would allocate per try.
+#[allow(clippy::large_enum_variant)]
+enum Judged {
+    Done(Result<Response<Body>, Error>),
+    Again { error: Error, unsent: Option<Request<RequestBody>>, answered: Option<(Response<Incoming>, UpstreamConn)> },
+}
+
 /// How one try ended without a response head.
 pub(super) struct Failed {
     pub(super) error: Error,
@@ -211,18 +231,7 @@ impl Group {
         // local stays in the future's state until its scope ends, even once moved.
         let (mut pending, replay) = {
             let req = self.members[at].fwd.prepare(req, strip, down)?;
-            // Replayable after bytes were sent: idempotent and without a body (which is not
-            // kept). Kept only where a retry after sending may happen (a connect failure gives
-            // the request back, so the default `on: [connect_failure]` copies nothing).
-            let after_sent =
-                retry.on.reset_before_response || retry.on.status_502 || retry.on.status_503 || retry.on.status_504;
-            let replay = (after_sent && retry.attempts > 1 && idempotent(req.method()) && req.body().is_end_stream())
-                .then(|| Head {
-                    method: req.method().clone(),
-                    uri: req.uri().clone(),
-                    version: req.version(),
-                    headers: req.headers().clone(),
-                });
+            let replay = self.replay_head(&req);
             (Some(req), replay)
         };
         let started = Instant::now();
@@ -250,55 +259,10 @@ impl Group {
             let out = crate::timer::timeout(wait, attempt(&member.fwd, req)).await;
             drop(waiting);
             // Whether this failure may go to another server, and the request it goes with.
-            let (error, unsent, answered) = match out {
-                Ok(Ok((resp, conn))) => {
-                    let status = resp.status();
-                    self.observe(at, status.is_server_error(), Some(sent.elapsed()));
-                    // A 503 (or 429) with Retry-After is the upstream's word: passed on at once.
-                    let retryable = match status.as_u16() {
-                        502 => retry.on.status_502,
-                        503 => retry.on.status_503 && !resp.headers().contains_key(header::RETRY_AFTER),
-                        504 => retry.on.status_504,
-                        _ => false,
-                    };
-                    if !(retryable && replay.is_some() && tries < retry.attempts) {
-                        return member.fwd.accept(resp, conn);
-                    }
-                    (Error::Upstream(UpstreamFailure::Broken(Cause::default())), None, Some((resp, conn)))
-                }
-                Ok(Err(Failed { error, unsent })) => {
-                    let upstream = matches!(error, Error::Upstream(_));
-                    // A pooled connection the server closed while idle is not its failure.
-                    let stale = unsent.is_some() && !matches!(error, Error::Upstream(UpstreamFailure::Connect(_)));
-                    if upstream && !stale {
-                        self.observe(at, true, None);
-                    }
-                    let allowed = match (&unsent, &error) {
-                        (Some(_), _) => retry.on.connect_failure,
-                        (None, Error::Upstream(UpstreamFailure::Broken(_))) => {
-                            retry.on.reset_before_response && replay.is_some()
-                        }
-                        _ => false,
-                    };
-                    if allowed && upstream && tries < retry.attempts {
-                        (error, unsent, None)
-                    } else {
-                        return Err(error);
-                    }
-                }
-                Err(_) => {
-                    self.observe(at, true, None);
-                    let error = Error::Upstream(UpstreamFailure::Timeout);
-                    if retry.on.status_504
-                        && replay.is_some()
-                        && tries < retry.attempts
-                        && started.elapsed() < self.timeout
-                    {
-                        (error, None, None)
-                    } else {
-                        return Err(error);
-                    }
-                }
+            let try_ = Try { at, tries, sent, started, replayable: replay.is_some() };
+            let (error, unsent, answered) = match self.judge(out, &try_) {
+                Judged::Done(result) => return result,
+                Judged::Again { error, unsent, answered } => (error, unsent, answered),
             };
             // Another server, never one already tried, and only within the budget.
             let next = self.pick(key, &tried, self.now_ms());
@@ -316,6 +280,79 @@ impl Group {
                 }
             }
         }
+    }
+
+    /// What one try's outcome means: passed on as it is, or tried again elsewhere (with the
+    /// error, the request given back, and an answer to pass on if no other server may take it).
+    fn judge(&self, out: Attempted, t: &Try) -> Judged {
+        let retry = &self.cfg.retry;
+        let member = &self.members[t.at];
+        match out {
+            Ok(Ok((resp, conn))) => {
+                let status = resp.status();
+                self.observe(t.at, status.is_server_error(), Some(t.sent.elapsed()));
+                // A 503 (or 429) with Retry-After is the upstream's word: passed on at once.
+                let retryable = match status.as_u16() {
+                    502 => retry.on.status_502,
+                    503 => retry.on.status_503 && !resp.headers().contains_key(header::RETRY_AFTER),
+                    504 => retry.on.status_504,
+                    _ => false,
+                };
+                if !(retryable && t.replayable && t.tries < retry.attempts) {
+                    return Judged::Done(member.fwd.accept(resp, conn));
+                }
+                Judged::Again {
+                    error: Error::Upstream(UpstreamFailure::Broken(Cause::default())),
+                    unsent: None,
+                    answered: Some((resp, conn)),
+                }
+            }
+            Ok(Err(Failed { error, unsent })) => {
+                let upstream = matches!(error, Error::Upstream(_));
+                // A pooled connection the server closed while idle is not its failure.
+                let stale = unsent.is_some() && !matches!(error, Error::Upstream(UpstreamFailure::Connect(_)));
+                if upstream && !stale {
+                    self.observe(t.at, true, None);
+                }
+                let allowed = match (&unsent, &error) {
+                    (Some(_), _) => retry.on.connect_failure,
+                    (None, Error::Upstream(UpstreamFailure::Broken(_))) => {
+                        retry.on.reset_before_response && t.replayable
+                    }
+                    _ => false,
+                };
+                if allowed && upstream && t.tries < retry.attempts {
+                    Judged::Again { error, unsent, answered: None }
+                } else {
+                    Judged::Done(Err(error))
+                }
+            }
+            Err(_) => {
+                self.observe(t.at, true, None);
+                let error = Error::Upstream(UpstreamFailure::Timeout);
+                if retry.on.status_504 && t.replayable && t.tries < retry.attempts && t.started.elapsed() < self.timeout
+                {
+                    Judged::Again { error, unsent: None, answered: None }
+                } else {
+                    Judged::Done(Err(error))
+                }
+            }
+        }
+    }
+
+    /// The head to send again after bytes went out: idempotent and without a body (which is
+    /// not kept). Kept only where a retry after sending may happen (a connect failure gives
+    /// the request back, so the default `on: [connect_failure]` copies nothing).
+    fn replay_head(&self, req: &Request<RequestBody>) -> Option<Head> {
+        let retry = &self.cfg.retry;
+        let after_sent =
+            retry.on.reset_before_response || retry.on.status_502 || retry.on.status_503 || retry.on.status_504;
+        (after_sent && retry.attempts > 1 && idempotent(req.method()) && req.body().is_end_stream()).then(|| Head {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+        })
     }
 
     /// An `h2c` group: a request that never left (no connection) goes to another server;

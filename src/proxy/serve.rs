@@ -94,15 +94,10 @@ impl Proxy {
                     Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
                 }
                 let resp = match &*this.backends[route.upstream] {
-                    Backend::Respond(r) => {
-                        match Proxy::respond(r, &parts, body, this.config.server.body_read_timeout) {
-                            Ok(answered) => answered.await,
-                            Err(read) => match read.await {
-                                Ok(()) => forward::respond(r).await,
-                                Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
-                            },
-                        }
-                    }
+                    Backend::Respond(r) => match this.responder(r, &parts, body).await {
+                        Ok(resp) => resp,
+                        Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                    },
                     backend => {
                         let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
                             let e = Error::BadRequest(STRIP_PARAMS);
@@ -296,6 +291,22 @@ impl Proxy {
             return Ok(None);
         }
         Ok(Some(if parts.method == Method::OPTIONS { lane.answers.options() } else { lane.answers.trace(parts) }))
+    }
+
+    /// The built-in responder's answer, once it has read the request (see [`Proxy::respond`]).
+    async fn responder(
+        &self,
+        r: &crate::config::Responder,
+        parts: &Parts,
+        body: Incoming,
+    ) -> Result<Response<Body>, Error> {
+        match Proxy::respond(r, parts, body, self.config.server.body_read_timeout) {
+            Ok(answered) => Ok(answered.await),
+            Err(read) => {
+                read.await?;
+                Ok(forward::respond(r).await)
+            }
+        }
     }
 
     /// The built-in responder reads the whole request before its answer, as any server
