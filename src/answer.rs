@@ -9,6 +9,9 @@
 //! to put documents under) otherwise.
 //!
 //! Answers that repeat (a flood of 429s or 503s on one route) are rendered once and cloned.
+//!
+//! One concept, though over 600 lines: every answer tollgate makes itself, and the table of
+//! their kinds.
 
 mod doc;
 

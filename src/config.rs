@@ -8,6 +8,8 @@
 //! compiles them with), header rules are parsed templates, and the TLS files it names are
 //! read and checked by [`crate::pki`] into bytes and facts. No other room's compiled state
 //! (regexes, rustls configs) is in it: each room builds its own at `Proxy::build`.
+//!
+//! One concept, though over 600 lines: the validated config's types.
 
 pub mod edge;
 pub mod gateway;

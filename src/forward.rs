@@ -3,6 +3,9 @@
 //! see [`h2`]; for `auto` over TLS, on whichever ALPN chose), an upgrade on a connection of
 //! its own that becomes a [`tunnel`] after a `101`, or to the built-in responder. Failures are returned as [`Error`]s with their
 //! source (the client's body, or the upstream); the answer module writes the response.
+//!
+//! One concept, though over 600 lines: sending one request upstream (the forwarder, its
+//! preparation of the request and its reading of the answer).
 
 pub mod connector;
 pub mod framing;
@@ -74,12 +77,14 @@ pub struct HttpForwarder {
 }
 
 impl HttpForwarder {
-    /// `body_read_timeout`: how long a client may pause mid-body (`server.body_read_timeout`).
+    /// `body_read_timeout`: how long a client may pause mid-body (`server.body_read_timeout`);
+    /// `workers`: the worker threads, each with its own share of the idle connections.
     pub fn new(
         name: &str,
         cfg: &HttpUpstream,
         body_read_timeout: Duration,
         metrics: &crate::metrics::Metrics,
+        workers: usize,
     ) -> HttpForwarder {
         if cfg.tls.as_ref().is_some_and(|t| t.insecure_skip_verify) {
             tracing::warn!(
@@ -108,6 +113,7 @@ impl HttpForwarder {
                 cfg.pool_idle_timeout,
                 cfg.pool_max_idle,
                 metrics.upstream_read_timeouts(name),
+                workers,
             )),
             authority: cfg.authority.clone(),
             authority_value: HeaderValue::from_str(cfg.authority.as_str()).unwrap_or(HeaderValue::from_static("")),

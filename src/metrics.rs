@@ -1,6 +1,8 @@
 //! Prometheus metrics, all prefixed `tollgate_`. Label values come only from config (route
 //! and limit names) or fixed sets, never from request data, so cardinality is bounded.
 //! Handles are resolved once per route and limit, so the hot path does plain atomic adds.
+//!
+//! One concept, though over 600 lines: the registry and its handles.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

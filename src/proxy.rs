@@ -110,14 +110,12 @@ impl Proxy {
             .map(|u| {
                 Arc::new(match &u.kind {
                     UpstreamKind::Http(h) => {
-                        match forward::group::Group::new(&u.name, h, config.server.body_read_timeout, &metrics) {
+                        // The pools' shards: one per worker thread of the process.
+                        let workers = crate::workers::count();
+                        let read = config.server.body_read_timeout;
+                        match forward::group::Group::new(&u.name, h, read, &metrics, workers) {
                             Some(group) => Backend::Group(group),
-                            None => Backend::Http(Box::new(HttpForwarder::new(
-                                &u.name,
-                                h,
-                                config.server.body_read_timeout,
-                                &metrics,
-                            ))),
+                            None => Backend::Http(Box::new(HttpForwarder::new(&u.name, h, read, &metrics, workers))),
                         }
                     }
                     UpstreamKind::Respond(r) => Backend::Respond(r.clone()),

@@ -6,6 +6,8 @@
 //! it must: block indentation levels, `- `/`? `/`: ` indicators, flow brackets, quoted scalars,
 //! block scalars and comments. Where it is unsure it counts a level rather than skip one, so it
 //! can refuse an odd but valid file, never let a deep one through to the parser.
+//!
+//! One concept, though over 600 lines: the bounds on the config text, checked in one pass.
 
 use yaml_rust2::parser::{Event, Parser};
 

@@ -1,5 +1,7 @@
 //! The serde mirror of proxy.yaml: every struct denies unknown fields. `validate` turns it
 //! into the typed [`super::Config`].
+//!
+//! One concept, though over 600 lines: the serde mirror of the YAML and its validation.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

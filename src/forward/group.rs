@@ -130,7 +130,13 @@ impl Drop for InFlight<'_> {
 
 impl Group {
     /// A group for upstream `name`; `cfg.group` must be set.
-    pub fn new(name: &str, cfg: &HttpUpstream, body_read_timeout: Duration, metrics: &Metrics) -> Option<Arc<Group>> {
+    pub fn new(
+        name: &str,
+        cfg: &HttpUpstream,
+        body_read_timeout: Duration,
+        metrics: &Metrics,
+        workers: usize,
+    ) -> Option<Arc<Group>> {
         let gcfg = cfg.group.clone()?;
         let scheme = if cfg.tls.is_some() { "https" } else { "http" };
         let members: Vec<Member> = gcfg
@@ -142,7 +148,7 @@ impl Group {
                 one.group = None;
                 let url = format!("{scheme}://{}", s.authority);
                 Member {
-                    fwd: HttpForwarder::new(name, &one, body_read_timeout, metrics),
+                    fwd: HttpForwarder::new(name, &one, body_read_timeout, metrics, workers),
                     weight: s.weight,
                     seed: xxhash_rust::xxh3::xxh3_64(s.authority.as_str().as_bytes()),
                     metrics: metrics.server(name, &url),

@@ -37,9 +37,10 @@ impl Pool {
         idle_timeout: std::time::Duration,
         max_idle: usize,
         read_timeouts: Counter,
+        workers: usize,
     ) -> Pool {
         let idle_timeout_ms = u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX);
-        let workers = crate::workers::count();
+        let workers = workers.max(1);
         let shards = (0..workers).map(|_| Shard::default()).collect();
         // `pool_max_idle` is the upstream's: each worker keeps its share, rounded up.
         let max_idle = max_idle.div_ceil(workers);

@@ -1,6 +1,8 @@
 //! The request path: one request, in phases over one context: *route* (`handle_peer`),
 //! *admit*, *forward* (or the last hop's or the responder's own answer), *settle*, then
 //! *finish* and *log* (`serve` runs them in order; each phase is a function here).
+//!
+//! One concept, though over 600 lines: the request path.
 
 use super::*;
 
