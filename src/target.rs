@@ -41,6 +41,7 @@ pub struct Target {
 
 impl Target {
     /// The path routes match: `parts.uri.path()` unless it had path parameters.
+    #[inline]
     pub fn path<'a>(&'a self, parts: &'a Parts) -> &'a str {
         self.matched.as_deref().unwrap_or_else(|| parts.uri.path())
     }

@@ -619,6 +619,7 @@ fn is_extended_connect<B>(req: &Request<B>) -> bool {
 /// Bytes of `path` (as forwarded) that `route`'s `strip_prefix` removes, given `matched`, the
 /// same path as routes see it. `None` when path parameters sit inside the stripped prefix,
 /// where no byte count of the forwarded path corresponds to it.
+#[inline]
 fn strip_len(route: &Route, path: &str, matched: &str) -> Option<usize> {
     let kept = route::upstream_path(route, matched).len();
     let prefix = &matched[..matched.len() - kept];
