@@ -169,23 +169,36 @@ impl Write for Captured {
     }
 }
 
+impl Captured {
+    /// JSON log lines of this thread captured until the guard is dropped.
+    fn json_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// The access log lines captured so far, and all the text.
+    fn access_lines(&self) -> (Vec<serde_json::Value>, String) {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        let lines = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "tollgate::access")
+            .collect();
+        (lines, text)
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn access_log_lines_carry_the_decision() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = Captured::json_logs();
     let yaml = format!("log: {{ access: true }}\n{LIMITED}");
     let tg = Tollgate::start_with_clock(&yaml, ManualClock::new(T0)).await;
     for _ in 0..3 {
         get(tg.addr, "/x").await;
     }
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<serde_json::Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["target"] == "tollgate::access")
-        .collect();
+    let (lines, text) = logs.access_lines();
     assert_eq!(lines.len(), 3, "{text}");
     let f = |i: usize| &lines[i]["fields"];
     assert_eq!(f(0)["status"], 200);
@@ -200,10 +213,7 @@ async fn access_log_lines_carry_the_decision() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn an_upstream_failure_is_logged_with_its_cause() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = Captured::json_logs();
     // A port nothing listens on: the connect is refused.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let tg = Tollgate::start(&format!(
@@ -214,12 +224,8 @@ async fn an_upstream_failure_is_logged_with_its_cause() {
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     let body = String::from_utf8_lossy(&body);
     assert!(!body.to_lowercase().contains("refused"), "the cause stays out of the client's answer: {body}");
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let line = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["target"] == "tollgate::access")
-        .unwrap_or_else(|| panic!("no access line in {text}"));
+    let (lines, text) = logs.access_lines();
+    let line = lines.first().unwrap_or_else(|| panic!("no access line in {text}"));
     let f = &line["fields"];
     assert_eq!(f["error"], "upstream_connect");
     let cause = f["cause"].as_str().unwrap_or_else(|| panic!("no cause in {line}"));
