@@ -29,33 +29,7 @@ port=$pass; [[ -n ${H2:-} ]] && port=$h2; [[ $port_var == REJECT_PORT ]] && port
 nginx_proxy_conf "$work/proxy-nginx.conf" "$up" "$pass" "$rej" 1 1 "$h2" \
   "master_process off; daemon off; pid $work/proxy-nginx.pidfile; error_log $work/proxy-nginx-error.log crit;"
 
-cat > "$work/haproxy.cfg" <<HAP
-global
-    nbthread 1
-    maxconn 8000
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 300s
-    timeout server 300s
-    timeout http-keep-alive 300s
-frontend fe_pass
-    bind 127.0.0.1:$pass
-    bind 127.0.0.1:$h2 proto h2
-    stick-table type ip size 100k expire 60s store http_req_rate(1s)
-    http-request track-sc0 src
-    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
-    default_backend be_up
-frontend fe_reject
-    bind 127.0.0.1:$rej
-    stick-table type ip size 100k expire 60s store gpc0_rate(1s)
-    http-request track-sc0 src
-    http-request deny deny_status 429 if { sc_gpc0_rate(0) ge 1 }
-    http-request sc-inc-gpc0(0)
-    default_backend be_up
-backend be_up
-    server up1 127.0.0.1:$up
-HAP
+haproxy_proxy_conf "$work/haproxy.cfg" "$up" "$pass" "$rej" 1 "$h2"
 
 url=http://127.0.0.1:$port/
 for peer in "${peers[@]}"; do

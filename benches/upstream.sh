@@ -50,3 +50,41 @@ http {
 }
 NGX
 }
+
+#   haproxy_proxy_conf FILE UPSTREAM_PORT PASS_PORT REJECT_PORT REJECT_LIMIT [H2_PORT]
+#
+# Writes the config of benches/harness/run.sh's HAProxy: one thread, keep-alive both sides, a
+# never-rejecting per-client stick-table rate limit on PASS_PORT (and H2_PORT for h2c, when
+# given), and on REJECT_PORT a limit of REJECT_LIMIT accepted requests a second per client (only
+# accepted requests count, like nginx's limit_req, where rejected requests use no tokens).
+haproxy_proxy_conf() {
+  local file=$1 up=$2 pass=$3 rej=$4 limit=$5 h2=${6:-}
+  local h2_bind=""; [[ -n $h2 ]] && h2_bind="bind 127.0.0.1:$h2 proto h2"
+  cat > "$file" <<HAP
+global
+    nbthread 1
+    maxconn 8000        # needs 2 fds per conn; stays under a 20000 fd limit
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+    timeout http-keep-alive 300s
+frontend fe_pass
+    bind 127.0.0.1:$pass
+    $h2_bind
+    stick-table type ip size 100k expire 60s store http_req_rate(1s)
+    http-request track-sc0 src
+    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
+    default_backend be_up
+frontend fe_reject
+    bind 127.0.0.1:$rej
+    stick-table type ip size 100k expire 60s store gpc0_rate(1s)
+    http-request track-sc0 src
+    http-request deny deny_status 429 if { sc_gpc0_rate(0) ge $limit }
+    http-request sc-inc-gpc0(0)
+    default_backend be_up
+backend be_up
+    server up1 127.0.0.1:$up
+HAP
+}

@@ -12,6 +12,8 @@ set -uo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,/^set -uo/p' "$0" | sed '$d'; echo "knobs (env): see the 'knobs' section of $0 and benchmarks/harness.md"; exit 0; fi
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=benches/upstream.sh
+source "$BENCH_DIR/../upstream.sh"
 
 # ----------------------------------------------------------------------------------- knobs
 WORK_DIR=${WORK_DIR:-/tmp/proxy-bench}
@@ -221,40 +223,9 @@ http {
 }
 NGX
 
-  cat > "$CONF/haproxy.cfg" <<HAP
-# HAProxy under test: 1 thread, stick-table rate limit on the path, no logging (no 'log' lines)
-global
-    nbthread 1
-    maxconn 8000        # needs 2 fds per conn; stays under a 20000 fd limit
-
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 300s
-    timeout server 300s
-    timeout http-keep-alive 300s
-    # keep-alive on both sides is the default (option http-keep-alive, http-reuse safe)
-
-frontend fe_pass    # scenario "pass" (HTTP/1.1) and "h2" (h2c prior knowledge)
-    bind 127.0.0.1:$P_HAP
-    bind 127.0.0.1:$P_HAP_H2 proto h2
-    stick-table type ip size 100k expire 60s store http_req_rate(1s)
-    http-request track-sc0 src
-    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
-    default_backend be_up
-
-frontend fe_reject  # scenario "reject": ~1000 accepted req/s (sliding 1s window), rest -> 429
-    bind 127.0.0.1:$P_HAP_REJ
-    # count only accepted requests (like nginx limit_req, where rejected requests use no tokens)
-    stick-table type ip size 100k expire 60s store gpc0_rate(1s)
-    http-request track-sc0 src
-    http-request deny deny_status 429 if { sc_gpc0_rate(0) ge 1000 }
-    http-request sc-inc-gpc0(0)
-    default_backend be_up
-
-backend be_up
-    server up1 127.0.0.1:$P_UP
-HAP
+  # HAProxy under test: 1 thread, stick-table rate limit on the path, no logging (no 'log'
+  # lines); the reject scenario admits ~1000 req/s (sliding 1 s window), the rest get 429.
+  haproxy_proxy_conf "$CONF/haproxy.cfg" "$P_UP" "$P_HAP" "$P_HAP_REJ" 1000 "$P_HAP_H2"
 }
 
 # ------------------------------------------------------------------------------- startup
