@@ -78,8 +78,8 @@ impl Cause {
         Cause(Some(Arc::from(e.to_string())))
     }
 
-    pub fn as_str(&self) -> Option<&str> {
-        self.0.as_deref()
+    pub fn text(&self) -> Option<&Arc<str>> {
+        self.0.as_ref()
     }
 }
 
@@ -301,9 +301,9 @@ impl Error {
     }
 
     /// What lay under the failure, where it is known (for the access log).
-    pub fn cause(&self) -> Option<&str> {
+    pub fn cause(&self) -> Option<&Arc<str>> {
         match self {
-            Error::Upstream(UpstreamFailure::Connect(c) | UpstreamFailure::Broken(c)) => c.as_str(),
+            Error::Upstream(UpstreamFailure::Connect(c) | UpstreamFailure::Broken(c)) => c.text(),
             _ => None,
         }
     }

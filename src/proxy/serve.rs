@@ -295,38 +295,23 @@ impl Proxy {
         Ok(Some(if parts.method == Method::OPTIONS { lane.answers.options() } else { lane.answers.trace(parts) }))
     }
 
-    /// The built-in responder's answer, once it has read the request (see [`Proxy::respond`]).
+    /// The built-in responder's answer, once it has read the whole request, as any server
+    /// does (a body that breaks its framing is refused, not answered); a client that waits for
+    /// `100 Continue` gets the final answer instead (RFC 9110 §10.1.1), as nginx's `return`
+    /// gives it.
     async fn responder(
         &self,
         r: &crate::config::Responder,
         parts: &Parts,
         body: Incoming,
     ) -> Result<Response<Body>, Error> {
-        match Proxy::respond(r, parts, body, self.config.server.body_read_timeout) {
-            Ok(answered) => Ok(answered.await),
-            Err(read) => {
-                read.await?;
-                Ok(forward::respond(r).await)
-            }
-        }
-    }
-
-    /// The built-in responder reads the whole request before its answer, as any server
-    /// does (`Err`: that read, to be awaited first); a client that waits for `100 Continue`
-    /// gets the final answer instead (RFC 9110 §10.1.1), as nginx's `return` gives it.
-    #[allow(clippy::type_complexity)]
-    fn respond<'r>(
-        r: &'r crate::config::Responder,
-        parts: &Parts,
-        body: Incoming,
-        idle: Duration,
-    ) -> Result<impl Future<Output = Response<Body>> + 'r, Pin<Box<impl Future<Output = Result<(), Error>>>>> {
         let waits =
             parts.headers.get(http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if waits || http_body::Body::is_end_stream(&body) {
-            return Ok(forward::respond(r));
+        if !waits && !http_body::Body::is_end_stream(&body) {
+            // Boxed: rare on the paths that are measured, and its future would enlarge theirs.
+            Box::pin(forward::read_to_end(body, r.max_body, self.config.server.body_read_timeout)).await?;
         }
-        Err(Box::pin(forward::read_to_end(body, r.max_body, idle)))
+        Ok(forward::respond(r).await)
     }
 
     /// *Settle*: a cost taken from the response is debited or refunded now that the head is
@@ -509,7 +494,7 @@ impl Proxy {
         log: &mut Access,
     ) -> Response<Body> {
         log.error = Some(e.kind());
-        log.cause = e.cause().map(std::sync::Arc::from);
+        log.cause = e.cause().cloned();
         if log.grpc {
             // A gRPC client reads the answer from grpc-status; a stale copy is never one.
             if let Error::Throttled(d) = e {
