@@ -339,8 +339,13 @@ struct Rendered {
 }
 
 impl Rendered {
-    fn new(status: StatusCode, body: Bytes, retry_after: Option<u64>) -> Rendered {
-        let mut headers = HeaderMap::with_capacity(5);
+    /// `id_field`: the field of request ids, held first (empty) so that each request's id
+    /// replaces its value in place (see `proxy::serve::set_id`).
+    fn new(status: StatusCode, body: Bytes, retry_after: Option<u64>, id_field: Option<&HeaderName>) -> Rendered {
+        let mut headers = HeaderMap::with_capacity(6);
+        if let Some(field) = id_field {
+            headers.insert(field.clone(), HeaderValue::from_static(""));
+        }
         headers.insert(header::CONTENT_TYPE, CONTENT_TYPE);
         // Only a 404 may be stored by a cache without being told it is fresh (RFC 9110
         // §15.1); the other statuses tollgate answers with may not, a 429 never (RFC 6585).
@@ -438,12 +443,6 @@ impl RouteAnswers {
     pub fn with_request_id(mut self, field: Option<HeaderName>) -> RouteAnswers {
         self.id_field = field;
         self
-    }
-
-    fn reserve_id(&self, rendered: &mut Rendered) {
-        if let Some(field) = &self.id_field {
-            rendered.headers.insert(field.clone(), HeaderValue::from_static(""));
-        }
     }
 
     /// The client's answer to `err`, counted. `method` and `path` are the request's, named in
@@ -592,11 +591,10 @@ impl RouteAnswers {
         if let Some(secs) = err.retry_after_secs() {
             doc.number("retry-after", secs);
         }
-        let mut rendered = Rendered::new(status, doc.finish(), err.retry_after_secs());
+        let mut rendered = Rendered::new(status, doc.finish(), err.retry_after_secs(), self.id_field.as_ref());
         if *err == Error::MethodNotAllowed {
             rendered.headers.insert(header::ALLOW, self.allow.clone());
         }
-        self.reserve_id(&mut rendered);
         rendered
     }
 
@@ -633,7 +631,8 @@ impl RouteAnswers {
         let mut doc = Doc::new(base.unwrap_or(&self.type_base), name, title, 429, &detail);
         doc.strings("violated-policies", names());
         doc.number("retry-after", secs);
-        let mut rendered = Rendered::new(StatusCode::TOO_MANY_REQUESTS, doc.finish(), Some(secs));
+        let mut rendered =
+            Rendered::new(StatusCode::TOO_MANY_REQUESTS, doc.finish(), Some(secs), self.id_field.as_ref());
         if let Some(policy) = denied.policy.as_deref().or(self.policy.as_ref()) {
             let mut rl = String::with_capacity(48);
             for (i, wait) in &denied.limits {
@@ -646,7 +645,6 @@ impl RouteAnswers {
                 rendered.headers.insert(ratelimit::RATELIMIT, v);
             }
         }
-        self.reserve_id(&mut rendered);
         rendered
     }
 }
@@ -717,7 +715,7 @@ pub fn admin(refusal: &AdminRefusal) -> Response<Body> {
         AdminRefusal::NotReady(why) => (StatusCode::SERVICE_UNAVAILABLE, "not-ready", "Not ready", why.as_str()),
     };
     let doc = Doc::new(crate::config::DEFAULT_PROBLEM_TYPE_BASE, name, title, status.as_u16(), detail);
-    let mut rendered = Rendered::new(status, doc.finish(), None);
+    let mut rendered = Rendered::new(status, doc.finish(), None, None);
     if let AdminRefusal::MethodNotAllowed = refusal {
         rendered.headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     }

@@ -449,7 +449,7 @@ impl HttpForwarder {
         let h = &mut parts.headers;
         // HTTP/2 upstreams get `te: trailers` on (gRPC needs it); it is the only TE HTTP/2 has.
         let trailers = self.h2.is_some() && grpc::te_trailers(h);
-        let traced = headers::strip_hop_by_hop(h);
+        let seen = headers::strip_hop_by_hop(h);
         // Room for what is added below, in one step. An HTTP/1 client's map was sized by an
         // earlier message of its connection and has it; an HTTP/2 stream's map was sized by
         // its own fields, and would grow here and again when the response (parsed into this
@@ -466,9 +466,9 @@ impl HttpForwarder {
         } else {
             h.insert(header::HOST, self.authority_value.clone())
         };
-        headers::add_forwarding_proto(h, down.peer, down.peer_trusted, replaced.as_ref(), down.https);
+        headers::add_forwarding_proto(h, down.peer, down.peer_trusted, replaced.as_ref(), down.https, seen);
         headers::append_via(h, received);
-        if traced {
+        if seen.trace() {
             crate::request_id::check_trace_context(h);
         }
         if let Some((name, id)) = &down.request_id {

@@ -27,8 +27,8 @@ const FIXED: [HeaderName; 9] = [
     PROXY_CONNECTION,
 ];
 
-/// Bit `i` set: `FIXED[i]` is among `headers`' names; bit [`TRACE`]: so is `traceparent`
-/// (the same pass over the names serves the trace context check).
+/// Bit `i` set: `FIXED[i]` is among `headers`' names; the bits from [`TRACE`] up say which
+/// of the fields read later are there (the same pass over the names serves them).
 fn fixed_present(headers: &HeaderMap) -> u16 {
     // One copy of the list per call: each use of a `const` array is a temporary to drop, and
     // once the callers grew that drop was no longer inlined away (+700 instructions a
@@ -36,28 +36,85 @@ fn fixed_present(headers: &HeaderMap) -> u16 {
     let fixed = FIXED;
     let mut found = 0;
     for name in headers.keys() {
+        // Most names are none of these, and their length says so at once.
+        let len = name.as_str().len();
+        if len >= 32 || CANDIDATE_LENGTHS & (1 << len) == 0 {
+            continue;
+        }
         if let Some(i) = fixed.iter().position(|f| f == name) {
             found |= 1 << i;
         } else if name == crate::request_id::TRACEPARENT {
             found |= TRACE;
+        } else if name == X_FORWARDED_FOR {
+            found |= FORWARDED_FOR;
+        } else if name == X_FORWARDED_PROTO {
+            found |= FORWARDED_PROTO;
+        } else if name == X_FORWARDED_HOST {
+            found |= FORWARDED_HOST;
         }
     }
     found
 }
 
-/// The bit of `fixed_present` that says `traceparent` is there.
-const TRACE: u16 = 1 << 15;
+/// The lengths of the names `fixed_present` looks for, as bits.
+const CANDIDATE_LENGTHS: u32 = {
+    let names: [&str; 13] = [
+        "connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "keep-alive",
+        "proxy-connection",
+        "traceparent",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+    ];
+    let mut bits = 0u32;
+    let mut i = 0;
+    while i < names.len() {
+        bits |= 1 << names[i].len();
+        i += 1;
+    }
+    bits
+};
+
+/// The bits of `fixed_present` past the fixed list.
+const TRACE: u16 = 1 << 12;
+const FORWARDED_FOR: u16 = 1 << 13;
+const FORWARDED_PROTO: u16 = 1 << 14;
+const FORWARDED_HOST: u16 = 1 << 15;
+const SEEN: u16 = TRACE | FORWARDED_FOR | FORWARDED_PROTO | FORWARDED_HOST;
+
+/// What the pass of [`strip_hop_by_hop`] over a message's names saw of the fields read after
+/// it: `traceparent` (see `crate::request_id`) and the `X-Forwarded-*` fields
+/// ([`add_forwarding_proto`]), so that a request without them is not searched again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen(u16);
+
+impl Seen {
+    pub fn trace(self) -> bool {
+        self.0 & TRACE != 0
+    }
+
+    fn has(self, bit: u16) -> bool {
+        self.0 & bit != 0
+    }
+}
 
 /// Removes hop-by-hop fields: those named by `Connection`, and the fixed list. Returns
-/// whether the message has a `traceparent` field (see `crate::request_id`).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
+/// which of the fields read next the message has ([`Seen`]).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> Seen {
     // One pass over the names (a message has a handful) instead of a hashed lookup per
     // listed field; most requests have none of them and stop here.
     let found = fixed_present(headers);
-    let trace = found & TRACE != 0;
-    let found = found & !TRACE;
+    let seen = Seen(found & SEEN);
+    let found = found & !SEEN;
     if found == 0 {
-        return trace;
+        return seen;
     }
     // Most messages that get here say `Connection: keep-alive` or `close` (every nginx
     // response does): those name nothing beyond the fixed list, so nothing is parsed into a
@@ -87,10 +144,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
             headers.remove(name);
         }
     }
+    // A field `Connection` named may be one `seen` counts: it says "there" of a field that
+    // is gone, which only costs a lookup that finds nothing.
     for name in named {
         headers.remove(name);
     }
-    trace
+    seen
 }
 
 /// `Via` value for a message received with `version`.
@@ -119,49 +178,85 @@ pub fn add_forwarding_proto(
     peer_trusted: bool,
     host: Option<&HeaderValue>,
     https: bool,
+    seen: Seen,
 ) {
-    // Several XFF fields are one list; fold them into one value, ours last.
-    let mut chain = String::with_capacity(48);
-    for v in headers.get_all(&X_FORWARDED_FOR) {
-        if let Ok(s) = v.to_str() {
-            chain.push_str(s);
-            chain.push_str(", ");
+    if seen.has(FORWARDED_FOR) {
+        // Several XFF fields are one list; fold them into one value, ours last.
+        let mut chain = String::with_capacity(48);
+        for v in headers.get_all(&X_FORWARDED_FOR) {
+            if let Ok(s) = v.to_str() {
+                chain.push_str(s);
+                chain.push_str(", ");
+            }
+        }
+        push_ip(&mut chain, canonical(peer));
+        // From a String the value takes the buffer over: no second copy.
+        if let Ok(v) = HeaderValue::try_from(chain) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+    } else {
+        // The common case: the peer alone, written on the stack and copied once.
+        let mut text = IpText::new();
+        push_ip(&mut text, canonical(peer));
+        if let Ok(v) = HeaderValue::from_bytes(text.as_bytes()) {
+            headers.insert(X_FORWARDED_FOR, v);
         }
     }
-    push_ip(&mut chain, canonical(peer));
-    // From a String the value takes the buffer over: no second copy.
-    if let Ok(v) = HeaderValue::try_from(chain) {
-        headers.insert(X_FORWARDED_FOR, v);
-    }
-    if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+    if !(peer_trusted && seen.has(FORWARDED_PROTO) && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(if https { "https" } else { "http" }));
     }
-    if !(peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+    if !(peer_trusted && seen.has(FORWARDED_HOST) && headers.contains_key(&X_FORWARDED_HOST)) {
         match host {
             Some(h) => {
                 headers.insert(X_FORWARDED_HOST, h.clone());
             }
-            None => {
+            None if seen.has(FORWARDED_HOST) => {
                 headers.remove(&X_FORWARDED_HOST);
             }
+            None => {}
         }
+    }
+}
+
+/// An IP address's text on the stack (the longest, an IPv6 address, takes 39 bytes; 45 with
+/// an embedded IPv4 address).
+struct IpText {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl IpText {
+    fn new() -> IpText {
+        IpText { buf: [0; 48], len: 0 }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = self.buf.get_mut(self.len..self.len + s.len()).ok_or(std::fmt::Error)?;
+        room.copy_from_slice(s.as_bytes());
+        self.len += s.len();
+        Ok(())
     }
 }
 
 /// `ip` in its text form; IPv4, the common case, without the formatting machinery (it was
 /// a thousand instructions per request).
-fn push_ip(out: &mut String, ip: IpAddr) {
+fn push_ip(out: &mut impl std::fmt::Write, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    let _ = out.write_str(".");
                 }
-                out.push_str(itoa::Buffer::new().format(octet));
+                let _ = out.write_str(itoa::Buffer::new().format(octet));
             }
         }
         IpAddr::V6(v6) => {
-            use std::fmt::Write;
             let _ = write!(out, "{v6}");
         }
     }
@@ -222,7 +317,13 @@ mod tests {
     /// The forwarding fields of a plain request from untrusted 10.0.0.1, whose upstream gets
     /// its own `Host` instead of the client's `a.com`.
     fn from_untrusted_for_a_com(h: &mut HeaderMap) {
-        add_forwarding_proto(h, "10.0.0.1".parse().unwrap(), false, Some(&HeaderValue::from_static("a.com")), false);
+        forward(h, "10.0.0.1", false, Some(&HeaderValue::from_static("a.com")));
+    }
+
+    /// What a request's head goes through: the hop-by-hop pass, then the forwarding fields.
+    fn forward(h: &mut HeaderMap, peer: &str, trusted: bool, host: Option<&HeaderValue>) {
+        let seen = strip_hop_by_hop(h);
+        add_forwarding_proto(h, peer.parse().unwrap(), trusted, host, false, seen);
     }
 
     #[test]
@@ -241,14 +342,24 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.com");
         let mut h = map(&[("x-forwarded-proto", "https")]);
-        add_forwarding_proto(&mut h, "10.0.0.1".parse().unwrap(), true, None, false);
+        forward(&mut h, "10.0.0.1", true, None);
+        assert_eq!(h["x-forwarded-proto"], "https");
+        // Without a Host of the client's to pass on, an untrusted X-Forwarded-Host goes.
+        let mut h = map(&[("x-forwarded-host", "evil"), ("x-forwarded-proto", "https")]);
+        forward(&mut h, "10.0.0.1", false, None);
+        assert!(!h.contains_key("x-forwarded-host"), "{h:?}");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        // A trusted peer's stay.
+        let mut h = map(&[("x-forwarded-host", "a.com"), ("x-forwarded-proto", "https")]);
+        forward(&mut h, "10.0.0.1", true, Some(&HeaderValue::from_static("b.com")));
+        assert_eq!(h["x-forwarded-host"], "a.com");
         assert_eq!(h["x-forwarded-proto"], "https");
     }
 
     #[test]
     fn mapped_ipv6_is_written_as_ipv4() {
         let mut h = HeaderMap::new();
-        add_forwarding_proto(&mut h, "::ffff:127.0.0.1".parse().unwrap(), false, None, false);
+        forward(&mut h, "::ffff:127.0.0.1", false, None);
         assert_eq!(h["x-forwarded-for"], "127.0.0.1");
     }
 
@@ -259,6 +370,13 @@ mod tests {
             let mut out = String::new();
             push_ip(&mut out, ip);
             assert_eq!(out, ip.to_string());
+        }
+        // The longest texts fit the stack buffer of a field without a chain.
+        for ip in ["255.255.255.255", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "1:2:3:4:5:6:255.255.255.255"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let mut h = HeaderMap::new();
+            add_forwarding_proto(&mut h, ip, false, None, false, Seen::default());
+            assert_eq!(h["x-forwarded-for"], ip.to_string().as_str());
         }
     }
 
@@ -274,11 +392,22 @@ mod tests {
     #[test]
     fn a_traceparent_is_noted_in_the_same_pass() {
         let mut h = map(&[("traceparent", "x"), ("x-keep", "yes")]);
-        assert!(strip_hop_by_hop(&mut h));
+        assert!(strip_hop_by_hop(&mut h).trace());
         let mut h = map(&[("traceparent", "x"), ("te", "trailers")]);
-        assert!(strip_hop_by_hop(&mut h));
+        assert!(strip_hop_by_hop(&mut h).trace());
         assert_eq!(h.len(), 1);
-        assert!(!strip_hop_by_hop(&mut map(&[("x-keep", "yes"), ("te", "trailers")])));
+        assert!(!strip_hop_by_hop(&mut map(&[("x-keep", "yes"), ("te", "trailers")])).trace());
+    }
+
+    #[test]
+    fn the_pass_sees_the_forwarding_fields_and_only_them() {
+        let seen = |pairs: &[(&str, &str)]| strip_hop_by_hop(&mut map(pairs));
+        assert_eq!(seen(&[("host", "a"), ("user-agent", "x"), ("x-forwarded-fo", "1")]), Seen::default());
+        assert!(seen(&[("X-Forwarded-For", "1")]).has(FORWARDED_FOR));
+        assert!(seen(&[("x-forwarded-proto", "https")]).has(FORWARDED_PROTO));
+        assert!(seen(&[("x-forwarded-host", "a")]).has(FORWARDED_HOST));
+        // Names of a candidate's length that are none of them.
+        assert_eq!(seen(&[("x-forwarded-fox", "1"), ("x-forwarded-hosts", "a")]), Seen::default());
     }
 
     #[test]

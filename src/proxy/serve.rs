@@ -577,14 +577,17 @@ impl Proxy {
 /// A route's header rule values for one request (see [`forward::rules::HeaderRules::render`]).
 type RenderedValues = Option<forward::rules::Values>;
 
-/// Sets the request id on an answer. Tollgate's own answers are clones of an exactly full map
-/// that already holds the field (empty): its value is replaced in place, since an insert would
-/// first grow the map. Other answers have room: one insert (one hash) does it.
+/// Sets the request id on an answer. Tollgate's own answers are clones of a map that holds
+/// the field first (empty): its value is replaced in place, with no hashing and no probing.
+/// Other answers get one insert (which also drops any repeated copies an upstream sent: the
+/// fast path is taken only where no field repeats).
 fn set_id(headers: &mut http::HeaderMap, name: &http::HeaderName, id: http::HeaderValue) {
-    if headers.len() >= headers.capacity() {
-        if let Some(v) = headers.get_mut(name) {
-            *v = id;
-            return;
+    if headers.len() == headers.keys_len() {
+        if let Some((first, value)) = headers.iter_mut().next() {
+            if first == name {
+                *value = id;
+                return;
+            }
         }
     }
     headers.insert(name, id);
@@ -609,4 +612,44 @@ fn strip_len(route: &Route, path: &str, matched: &str) -> Option<usize> {
     let kept = route::upstream_path(route, matched).len();
     let prefix = &matched[..matched.len() - kept];
     path.starts_with(prefix).then_some(prefix.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_id;
+    use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+    const ID: HeaderName = HeaderName::from_static("x-request-id");
+
+    fn values(h: &HeaderMap) -> Vec<&str> {
+        h.get_all(&ID).iter().map(|v| v.to_str().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_id_replaces_a_reserved_first_field_and_nothing_else() {
+        // An answer of tollgate's own: the field first, empty.
+        let mut own = HeaderMap::new();
+        own.insert(ID, HeaderValue::from_static(""));
+        own.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        set_id(&mut own, &ID, HeaderValue::from_static("abc"));
+        assert_eq!(values(&own), ["abc"]);
+        assert_eq!(own.len(), 2);
+
+        // An upstream's answer with two copies of the field, the first one first: both go.
+        let mut twice = HeaderMap::new();
+        twice.append(ID, HeaderValue::from_static("up-1"));
+        twice.append(ID, HeaderValue::from_static("up-2"));
+        twice.insert(http::header::SERVER, HeaderValue::from_static("up"));
+        set_id(&mut twice, &ID, HeaderValue::from_static("abc"));
+        assert_eq!(values(&twice), ["abc"]);
+
+        // An upstream's answer without it, or with it later: one value, the request's.
+        let mut other = HeaderMap::new();
+        other.insert(http::header::SERVER, HeaderValue::from_static("up"));
+        set_id(&mut other, &ID, HeaderValue::from_static("abc"));
+        assert_eq!(values(&other), ["abc"]);
+        other.insert(ID, HeaderValue::from_static("up"));
+        set_id(&mut other, &ID, HeaderValue::from_static("def"));
+        assert_eq!(values(&other), ["def"]);
+    }
 }
