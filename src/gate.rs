@@ -222,7 +222,11 @@ impl Gate {
             decided.push(Decided { limit: i, key, decision });
         }
         if denied {
-            self.refund_admitted(&decided, tier, now).await;
+            // Only what was admitted is given back: a flood against one limit admits nothing,
+            // and skips the (async) refund step.
+            if decided.iter().any(|d| d.decision.is_admitted()) {
+                self.refund_admitted(&decided, tier, now).await;
+            }
             return Err(Error::Throttled(self.denied(&decided, tier)));
         }
 

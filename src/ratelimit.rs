@@ -77,11 +77,27 @@ pub fn policy<'a>(limits: impl Iterator<Item = (&'a str, &'a Algorithm)>) -> Opt
     (!out.is_empty()).then(|| HeaderValue::try_from(out).ok()).flatten()
 }
 
-/// Appends the `RateLimit` member of one limit: `r` remaining now, `t` seconds until full.
-pub fn state(out: &mut String, name: &str, remaining: u64, reset: Span) {
-    item(out, name);
-    param(out, "r", remaining);
-    param(out, "t", reset.as_secs_ceil());
+/// The start of a limit's `RateLimit` member, `"name";r=`: rendered once per limit, at load.
+pub fn member_head(name: &str) -> Box<str> {
+    let mut out = String::with_capacity(name.len() + 5);
+    item(&mut out, name);
+    out.push_str(";r=");
+    out.into_boxed_str()
+}
+
+/// The `RateLimit` field being written for one answer: on the stack unless many limits apply.
+pub type Field = smallvec::SmallVec<[u8; 96]>;
+
+/// Appends the `RateLimit` member of one limit whose [`member_head`] is `head`: `r` remaining
+/// now, `t` seconds until full.
+pub fn state(out: &mut Field, head: &str, remaining: u64, reset: Span) {
+    if !out.is_empty() {
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(itoa::Buffer::new().format(remaining).as_bytes());
+    out.extend_from_slice(b";t=");
+    out.extend_from_slice(itoa::Buffer::new().format(reset.as_secs_ceil()).as_bytes());
 }
 
 #[cfg(test)]
@@ -109,8 +125,9 @@ mod tests {
         let v = policy([("a", &tb), ("b", &fw)].into_iter()).unwrap();
         assert_eq!(v, "\"a\";q=20;w=2, \"b\";q=100;w=60");
         assert!(policy(std::iter::empty()).is_none());
-        let mut s = String::new();
-        state(&mut s, "a", 3, Span::from_micros(1_500_000));
-        assert_eq!(s, "\"a\";r=3;t=2");
+        let mut s = Field::new();
+        state(&mut s, &member_head("a"), 3, Span::from_micros(1_500_000));
+        state(&mut s, &member_head("b.c-d_e"), 0, Span::from_micros(60_000_000));
+        assert_eq!(std::str::from_utf8(&s).unwrap(), "\"a\";r=3;t=2, \"b.c-d_e\";r=0;t=60");
     }
 }

@@ -153,14 +153,18 @@ fn canonical(raw: &[u8]) -> Result<Cow<'_, [u8]>, &'static str> {
     if raw.first() == Some(&b'[') {
         return canonical_ipv6(raw);
     }
-    let colon = raw.iter().position(|&c| c == b':').unwrap_or(raw.len());
-    let (host, port) = (&raw[..colon], raw.get(colon + 1..).unwrap_or(&[]));
-    let (mut seen, mut prev) = (0u8, DOT);
-    for &c in host {
+    // One pass: the host's bytes are classified up to the first `:`.
+    let (mut seen, mut prev, mut colon) = (0u8, DOT, raw.len());
+    for (i, &c) in raw.iter().enumerate() {
+        if c == b':' {
+            colon = i;
+            break;
+        }
         let class = HOST_BYTES[usize::from(c)];
         seen |= class | ((prev & class) << 2);
         prev = class;
     }
+    let (host, port) = (&raw[..colon], raw.get(colon + 1..).unwrap_or(&[]));
     let bad_port = port.len() > 5 || !port.iter().all(u8::is_ascii_digit);
     if host.is_empty() || host[0] == b'.' || seen & (INVALID | DOUBLE_DOT) != 0 || bad_port {
         return Err(BAD);

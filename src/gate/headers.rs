@@ -37,20 +37,25 @@ impl Gate {
     #[inline]
     pub(super) fn ratelimit_admitted(&self, decided: &[Decided]) -> Option<HeaderValue> {
         self.policy.as_ref()?;
-        let mut out = String::with_capacity(32 * decided.len());
-        for d in decided.iter().filter(|d| self.limits[d.limit].enforced()) {
+        // Written on the stack and copied once into the field's value.
+        let mut out = ratelimit::Field::new();
+        for d in decided {
+            let limit = &self.limits[d.limit];
+            if !limit.enforced() {
+                continue;
+            }
             let (remaining, reset) = match d.decision {
                 Decision::Allow { remaining, reset } | Decision::Delay { remaining, reset, .. } => (remaining, reset),
                 Decision::Deny { reset, .. } | Decision::Never { reset } => (0, reset),
             };
-            ratelimit::state(&mut out, &self.limits[d.limit].config.name, remaining, reset);
+            ratelimit::state(&mut out, &limit.ratelimit_head, remaining, reset);
         }
         // Sensitive, as request ids are: a remaining count changes with every answer, so
         // HPACK should not index it (see `RequestId::value`).
         if out.is_empty() {
             return None;
         }
-        let mut v = HeaderValue::try_from(out).ok()?;
+        let mut v = HeaderValue::from_bytes(&out).ok()?;
         v.set_sensitive(true);
         Some(v)
     }

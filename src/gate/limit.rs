@@ -8,6 +8,8 @@ pub struct Limit {
     pub store: Arc<Store>,
     /// The `w` of its RateLimit-Policy item: the Retry-After of a never admissible cost.
     pub(super) window_secs: u64,
+    /// The start of its `RateLimit` member (see [`ratelimit::member_head`]).
+    pub(super) ratelimit_head: Box<str>,
     /// Last time a shadow denial was logged (µs), so a flood logs once a second.
     pub(super) shadow_logged: AtomicU64,
     pub metrics: LimitMetrics,
@@ -28,7 +30,16 @@ pub(super) struct TierLimit {
 impl Limit {
     pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
         let (_, window_secs) = ratelimit::policy_numbers(&config.algorithm);
-        Limit { config, store, window_secs, shadow_logged: AtomicU64::new(0), metrics, cost_unread: None, tiers: None }
+        Limit {
+            ratelimit_head: ratelimit::member_head(&config.name),
+            config,
+            store,
+            window_secs,
+            shadow_logged: AtomicU64::new(0),
+            metrics,
+            cost_unread: None,
+            tiers: None,
+        }
     }
 
     /// Live keys in this limit's in-process state at `now`: keys that still hold state (a
