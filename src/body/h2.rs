@@ -54,7 +54,7 @@ impl Pump {
     pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Pumped> {
         loop {
             // Woken by a reset too, while waiting for the client or for window room.
-            if let Poll::Ready(_) = self.send.poll_reset(cx) {
+            if self.send.poll_reset(cx).is_ready() {
                 return Poll::Ready(Pumped::Stopped);
             }
             if let Some((data, end)) = self.held.take() {

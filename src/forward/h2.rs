@@ -18,9 +18,9 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -29,6 +29,7 @@ use h2::client::{Connection, SendRequest};
 use h2::{Ping, PingPong, Reason, RecvStream};
 use http::{Request, Response};
 use http_body::Body as _;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connector::{Alpn, Connected, Connector};
 use super::pool::ConnectError;
@@ -182,15 +183,16 @@ impl H2Pool {
 
     async fn handshake<T>(&self, io: T) -> Result<Conn, ConnectError>
     where
-        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + std::marker::Send + 'static,
+        T: AsyncRead + AsyncWrite + Unpin + std::marker::Send + 'static,
     {
+        let heard = Arc::new(AtomicBool::new(false));
         let handshake = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .max_send_buffer_size(SEND_BUFFER)
             .max_header_list_size(MAX_HEADER_LIST)
             .enable_push(false)
-            .handshake::<T, Bytes>(io);
+            .handshake::<Heard<T>, Bytes>(Heard { io, heard: heard.clone() });
         let (send, mut conn) = tokio::time::timeout(self.connector.connect_timeout(), handshake)
             .await
             .map_err(|_| ConnectError::Timeout)?
@@ -199,25 +201,77 @@ impl H2Pool {
         let pings = if self.cfg.ping_interval.is_zero() {
             None
         } else {
-            conn.ping_pong().map(|p| Pings { pings: p, every: self.cfg.ping_interval, wait: self.cfg.ping_timeout })
+            conn.ping_pong().map(|pings| Pings {
+                pings,
+                heard,
+                every: self.cfg.ping_interval,
+                wait: self.cfg.ping_timeout,
+            })
         };
         tokio::spawn(drive(conn, pings, streams.clone()));
         Ok(Conn { send, streams })
     }
 }
 
-/// A connection's keep-alive: a PING every `every`; no PONG within `wait` closes it.
+/// A connection's keep-alive: a PING once nothing was read for `every` (checked every
+/// `every`, so after one to two of them); no PONG within `wait` closes it.
 struct Pings {
     pings: PingPong,
+    /// Something was read since the last check.
+    heard: Arc<AtomicBool>,
     every: Duration,
     wait: Duration,
 }
 
+/// A connection's socket that notes when something was read (a relaxed store per read), so
+/// that a busy connection is not sent PINGs.
+struct Heard<T> {
+    io: T,
+    heard: Arc<AtomicBool>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Heard<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.heard.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
 /// A connection's task: reads and writes its socket until it ends (or a PING goes
 /// unanswered), then marks it [`CLOSED`]. Dropping the connection fails its open streams.
-async fn drive<T>(conn: Connection<T, Bytes>, pings: Option<Pings>, streams: Arc<AtomicUsize>)
+async fn drive<T>(conn: Connection<Heard<T>, Bytes>, pings: Option<Pings>, streams: Arc<AtomicUsize>)
 where
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
 {
     let mut conn = std::pin::pin!(conn);
     let ended = match pings {
@@ -226,6 +280,9 @@ where
             tokio::select! {
                 ended = &mut conn => break ended,
                 () = tokio::time::sleep(p.every) => {}
+            }
+            if p.heard.swap(false, Ordering::Relaxed) {
+                continue;
             }
             let pong = tokio::time::timeout(p.wait, p.pings.ping(Ping::opaque()));
             tokio::select! {
