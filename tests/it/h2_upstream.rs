@@ -2,7 +2,8 @@
 //! request's future) can go wrong: bodies beyond the flow-control windows both ways, a
 //! response that starts before the request body ends, a client gone mid-response (the
 //! upstream's stream reset, its place on the connection given back), a connection the
-//! upstream GOAWAYs, one whose PINGs go unanswered, and fields HTTP/2 refuses.
+//! upstream GOAWAYs, one whose PINGs go unanswered, fields HTTP/2 refuses, and a client body
+//! that fails (the client's 400, not an upstream failure).
 
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
@@ -35,7 +36,8 @@ fn pattern(n: usize) -> Bytes {
 }
 
 /// A hyper h2c upstream: `/echo` streams the request body back as it arrives, `/big/N`
-/// answers `pattern(N)`, anything else records its request fields and answers `ok`. It
+/// answers `pattern(N)`, `/read` reads the whole body before answering its length, anything
+/// else records its request fields and answers `ok`. It
 /// grants each stream only the protocol's initial window (64 KiB), so that a larger body
 /// needs flow control.
 async fn hyper_upstream(seen: Arc<Mutex<Vec<HeaderMap>>>) -> SocketAddr {
@@ -52,6 +54,11 @@ async fn hyper_upstream(seen: Arc<Mutex<Vec<HeaderMap>>>) -> SocketAddr {
                         let path = req.uri().path().to_owned();
                         let body: BoxBody = if path == "/echo" {
                             req.into_body().map_err(Into::into).boxed()
+                        } else if path == "/read" {
+                            match req.into_body().collect().await {
+                                Ok(b) => full(b.to_bytes().len().to_string()),
+                                Err(_) => full("body failed"),
+                            }
                         } else if let Some(n) = path.strip_prefix("/big/") {
                             full(pattern(n.parse().unwrap()))
                         } else {
@@ -287,4 +294,23 @@ async fn a_connection_whose_pings_go_unanswered_is_dropped() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(conns.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn a_malformed_client_body_is_the_clients_400_not_an_upstream_failure() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = hyper_upstream(Arc::default()).await;
+    let tg = Tollgate::start(&yaml(up, "").replace("name: all", "name: r")).await;
+    let mut s = tokio::net::TcpStream::connect(tg.addr).await.unwrap();
+    s.write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZ\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut answer)).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("bad-request-body"), "{answer}");
+    let m = tg.shared.load().metrics().encode(None);
+    assert!(m.contains(r#"tollgate_errors_total{route="r",source="downstream",kind="client_body"} 1"#), "{m}");
+    assert!(m.contains(r#"tollgate_errors_total{route="r",source="upstream",kind="upstream_broken"} 0"#), "{m}");
 }
