@@ -9,6 +9,11 @@
 //!
 //! Enums and inline fields, not boxes, so the hot path allocates nothing for them. This
 //! module knows neither the cache nor the pool: they plug in through [`Tap`] and [`Home`].
+//!
+//! An HTTP/2 upstream's response body also drives what is left of the request body
+//! ([`h2::Pump`]): one future per request on both sides, no task.
+
+pub mod h2;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -51,6 +56,12 @@ impl Place {
     pub fn take(count: &Arc<AtomicUsize>) -> Place {
         count.fetch_add(1, Ordering::Relaxed);
         Place(count.clone())
+    }
+
+    /// Sets `bits` (above any count the set can reach) in the set's word: a flag its owner
+    /// reads beside the count, such as a connection known to be closed.
+    pub fn mark(&self, bits: usize) {
+        self.0.fetch_or(bits, Ordering::Relaxed);
     }
 }
 
@@ -180,6 +191,10 @@ pub enum BodyError {
     Upstream(#[from] hyper::Error),
     #[error("upstream sent nothing for {0:?}")]
     IdleTimeout(Duration),
+    #[error("upstream stream failed: {0}")]
+    Stream(#[from] ::h2::Error),
+    #[error("the request body failed: {0}")]
+    ClientBody(ClientBodyError),
 }
 
 pin_project! {
@@ -191,6 +206,9 @@ pin_project! {
         // An HTTP/2 upstream's stream (trailers pass); `stream` is its place on the shared
         // connection, given back when the body ends.
         Stream { #[pin] inner: Incoming, idle: Idle, stream: Option<Place> },
+        // A stream of tollgate's own HTTP/2 client: the response as h2 hands it over, and the
+        // request body's unfinished pump (boxed: most requests finish theirs before the head).
+        H2 { recv: ::h2::RecvStream, pump: Option<Box<h2::Pump>>, idle: Idle, stream: Option<Place>, data_done: bool },
     }
 }
 
@@ -235,6 +253,14 @@ impl Body {
     /// nothing for `idle_timeout` (zero: no limit) fails.
     pub fn stream(inner: Incoming, stream: Place, idle_timeout: Duration) -> Body {
         Body::of(Kind::Stream { inner, idle: Idle::new(idle_timeout), stream: Some(stream) })
+    }
+
+    /// A response on a stream of an HTTP/2 upstream, trailers included, with what is left to
+    /// send of the request body; one that sends nothing for `idle_timeout` (zero: no limit)
+    /// fails. `stream` is the stream's place on its connection, given back when the body ends.
+    pub fn h2(recv: ::h2::RecvStream, pump: Option<h2::Pump>, stream: Place, idle_timeout: Duration) -> Body {
+        let pump = pump.map(Box::new);
+        Body::of(Kind::H2 { recv, pump, idle: Idle::new(idle_timeout), stream: Some(stream), data_done: false })
     }
 
     /// Copies the body into `tap` as it streams.
@@ -308,6 +334,20 @@ impl HttpBody for Body {
                     (Poll::Ready(polled.map(|r| r.map_err(BodyError::from))), ended)
                 }
             },
+            KindProj::H2 { recv, pump, idle, stream, data_done } => {
+                let polled = poll_h2(recv, pump, idle, data_done, cx);
+                let ended = match &polled {
+                    Poll::Ready(Some(Ok(_))) => recv.is_end_stream(),
+                    Poll::Ready(_) => true,
+                    Poll::Pending => false,
+                };
+                if ended {
+                    // Whatever the client still sends is not wanted: the stream is over.
+                    pump.take();
+                    stream.take();
+                }
+                (polled, ended)
+            }
         };
         if let Poll::Ready(frame) = &polled {
             feed(this.tap, frame, ended);
@@ -322,6 +362,7 @@ impl HttpBody for Body {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.is_end_stream(),
+            Kind::H2 { recv, .. } => recv.is_end_stream(),
         }
     }
 
@@ -329,6 +370,58 @@ impl HttpBody for Body {
         match &self.kind {
             Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.size_hint(),
+            Kind::H2 { recv, .. } if recv.is_end_stream() => SizeHint::with_exact(0),
+            Kind::H2 { .. } => SizeHint::default(),
+        }
+    }
+}
+
+type Polled = Poll<Option<Result<Frame<Bytes>, BodyError>>>;
+
+/// One frame of an HTTP/2 upstream's response: the request body's pump driven first (the
+/// upstream may wait for it before answering more), then data (its window room given back as
+/// it is handed on), then trailers. Nothing for `idle` while the upstream owes data fails.
+fn poll_h2(
+    recv: &mut ::h2::RecvStream,
+    pump: &mut Option<Box<h2::Pump>>,
+    idle: &mut Idle,
+    data_done: &mut bool,
+    cx: &mut Context<'_>,
+) -> Polled {
+    if let Some(p) = pump.as_mut() {
+        match p.poll(cx) {
+            Poll::Pending => {}
+            Poll::Ready(h2::Pumped::Client(e)) => {
+                pump.take();
+                return Poll::Ready(Some(Err(BodyError::ClientBody(e))));
+            }
+            Poll::Ready(_) => {
+                pump.take();
+            }
+        }
+    }
+    let polled = if *data_done {
+        recv.poll_trailers(cx).map(|t| t.map(|t| t.map(Frame::trailers)).transpose())
+    } else {
+        match recv.poll_data(cx) {
+            Poll::Ready(Some(Ok(data))) => {
+                // Handed on: the upstream may send as much again.
+                let _ = recv.flow_control().release_capacity(data.len());
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Poll::Ready(None) => {
+                *data_done = true;
+                recv.poll_trailers(cx).map(|t| t.map(|t| t.map(Frame::trailers)).transpose())
+            }
+            other => other.map(|d| d.map(|d| d.map(Frame::data))),
+        }
+    };
+    match polled {
+        Poll::Pending if idle.expired(cx) => Poll::Ready(Some(Err(BodyError::IdleTimeout(idle.after())))),
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(frame) => {
+            idle.progress();
+            Poll::Ready(frame.map(|r| r.map_err(BodyError::from)))
         }
     }
 }

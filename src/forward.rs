@@ -288,10 +288,10 @@ impl HttpForwarder {
         Ok(Response::from_parts(parts, Body::empty()))
     }
 
-    /// A request as a stream on a shared HTTP/2 connection: the target in absolute form
-    /// (`:authority` is the `Host` the upstream would have got), the response streamed on
-    /// with its trailers. A gRPC call's `grpc-timeout` shortens the wait for the head. For
-    /// `auto`, see [`HttpForwarder::auto_leg`].
+    /// A request as a stream on a shared HTTP/2 connection: `:scheme` and `:authority` set
+    /// (the `Host` the upstream would have got), the response streamed on with its trailers.
+    /// A gRPC call's `grpc-timeout` shortens the wait for the head. For `auto`, see
+    /// [`HttpForwarder::auto_leg`].
     pub async fn forward_h2(
         &self,
         req: Request<Incoming>,
@@ -300,84 +300,123 @@ impl HttpForwarder {
     ) -> Result<Response<Body>, Error> {
         let mut req = self.prepare(req, strip, down)?;
         self.h2_target(&mut req)?;
-        self.h2_exchange(req).await.map_err(|f| f.error)
+        self.h2_exchange(req, false).await.map_err(|f| f.error)
     }
 
-    /// The target in absolute form for HTTP/2: `:scheme` is the upstream's (what the request
-    /// is to it, as `Host` is the client's), `:authority` the `Host` the upstream would have
-    /// got (taken out of the fields), else this upstream's own.
+    /// The target in absolute form for HTTP/2, from parts made at load: `:scheme` is the
+    /// upstream's (what the request is to it, as `Host` is the client's), `:authority` the
+    /// `Host` the upstream would have got: the client's when `preserve_host` kept it (taken
+    /// out of the fields), else this upstream's own (`prepare` set no `Host` then).
     fn h2_target(&self, req: &mut Request<RequestBody>) -> Result<(), Error> {
         let authority = match req.headers_mut().remove(header::HOST) {
             Some(host) => http::uri::Authority::try_from(host.as_bytes())
                 .map_err(|_| Error::BadRequest("the Host field cannot be forwarded over HTTP/2"))?,
             None => self.authority.clone(),
         };
-        *req.uri_mut() = self.h2_uri(authority, req.uri())?;
+        self.h2_authority(req, authority)?;
         *req.version_mut() = Version::HTTP_2;
         Ok(())
     }
 
-    /// `uri`'s path and query under this upstream's scheme and `authority`.
-    pub(crate) fn h2_uri(&self, authority: http::uri::Authority, uri: &Uri) -> Result<Uri, Error> {
-        let scheme = if self.tls { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP };
-        let mut target = Uri::builder().scheme(scheme).authority(authority);
-        if let Some(pq) = uri.path_and_query() {
-            target = target.path_and_query(pq.clone());
+    /// `req`'s target under this upstream's scheme and `authority`, its path and query kept.
+    pub(crate) fn h2_authority(
+        &self,
+        req: &mut Request<RequestBody>,
+        authority: http::uri::Authority,
+    ) -> Result<(), Error> {
+        let mut parts = std::mem::take(req.uri_mut()).into_parts();
+        parts.scheme = Some(if self.tls { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP });
+        parts.authority = Some(authority);
+        if parts.path_and_query.is_none() {
+            parts.path_and_query = Some(PathAndQuery::from_static("/"));
         }
-        target.build().map_err(|_| Error::BadRequest("the request path cannot be forwarded"))
+        *req.uri_mut() =
+            Uri::from_parts(parts).map_err(|_| Error::BadRequest("the request path cannot be forwarded"))?;
+        Ok(())
+    }
+
+    /// This upstream's own authority as the request's (a group's retry on another server).
+    pub(crate) fn h2_own_authority(&self, req: &mut Request<RequestBody>) -> Result<(), Error> {
+        self.h2_authority(req, self.authority.clone())
     }
 
     /// A prepared HTTP/2 request ([`HttpForwarder::h2_target`]) as a stream on a shared
     /// connection, or, for `auto` when ALPN chose HTTP/1.1, as an HTTP/1.1 request (see
     /// [`HttpForwarder::auto_leg`]); the response streamed on with its trailers. A gRPC
-    /// call's `grpc-timeout` shortens the wait for the head. The request comes back when it
-    /// never left (no connection could be had, or the connection closed before it was sent).
-    async fn h2_exchange(&self, req: Request<RequestBody>) -> Result<Response<Body>, group::Failed> {
+    /// call's `grpc-timeout` shortens the wait for the head. A connection that turns out to
+    /// take no new streams (closed, or GOAWAY received) is dropped and the request tried once
+    /// more on another. The request comes back when it never left (no connection could be
+    /// had, or none took it), and, with `keep` (a group that may retry), when the upstream
+    /// refused its stream unprocessed.
+    async fn h2_exchange(&self, req: Request<RequestBody>, keep: bool) -> Result<Response<Body>, group::Failed> {
         let Some(h2) = &self.h2 else {
             return Err(group::Failed { error: Error::Internal("an HTTP/1 upstream was sent a stream"), unsent: None });
         };
         let wait = grpc::timeout(req.headers()).map_or(self.timeout, |t| t.min(self.timeout));
         let exchange = async {
-            let leg = match &self.auto {
-                Some(learned) => self.auto_leg(h2, learned).await,
-                None => h2.checkout().await.map(|(send, stream)| Leg::H2(send, stream)),
-            };
-            let leg = match leg {
-                Ok(leg) => leg,
-                Err(e) => return Err(group::Failed { error: self.connect_failed(&e), unsent: Some(req) }),
-            };
-            match leg {
-                Leg::H2(mut send, stream) => match send.try_send_request(req).await {
-                    Ok(resp) => Ok(Answered::H2(resp, stream)),
-                    Err(mut e) => {
-                        let unsent = e.take_message();
-                        Err(group::Failed { error: self.failed(e.error()), unsent })
-                    }
-                },
-                Leg::H1(mut conn) => match conn.send.try_send_request(h1_form(req)).await {
-                    Ok(resp) => Ok(Answered::H1(resp, conn)),
-                    Err(mut e) => {
-                        let unsent = e.take_message();
-                        Err(group::Failed { error: self.failed(e.error()), unsent })
-                    }
-                },
+            let mut req = req;
+            let mut again = true;
+            loop {
+                let leg = match &self.auto {
+                    Some(learned) => self.auto_leg(h2, learned).await,
+                    None => h2.checkout().await.map(|(send, stream)| Leg::H2(send, stream)),
+                };
+                let leg = match leg {
+                    Ok(leg) => leg,
+                    Err(e) => return Err(group::Failed { error: self.connect_failed(&e), unsent: Some(req) }),
+                };
+                return match leg {
+                    Leg::H2(send, stream) => match h2::exchange(send, req, keep).await {
+                        Ok((resp, pump)) => Ok(Answered::H2(resp, pump, stream)),
+                        Err(h2::Failure::Unsent(unsent, e)) => {
+                            h2::close(&stream);
+                            if std::mem::take(&mut again) {
+                                req = unsent;
+                                continue;
+                            }
+                            Err(group::Failed { error: self.h2_failed(&e), unsent: Some(unsent) })
+                        }
+                        Err(h2::Failure::Client(e)) => Err(group::Failed { error: Error::ClientBody(e), unsent: None }),
+                        Err(h2::Failure::Upstream { error, unsent }) => {
+                            Err(group::Failed { error: self.h2_failed(&error), unsent })
+                        }
+                    },
+                    Leg::H1(mut conn) => match conn.send.try_send_request(h1_form(req)).await {
+                        Ok(resp) => Ok(Answered::H1(resp, conn)),
+                        Err(mut e) => {
+                            let unsent = e.take_message();
+                            Err(group::Failed { error: self.failed(e.error()), unsent })
+                        }
+                    },
+                };
             }
         };
         // The coarse wheel for waits of a second or more: no tokio timer entry per stream.
         let failed = |error| group::Failed { error, unsent: None };
         match crate::timer::timeout(wait, exchange).await {
-            Ok(Ok(Answered::H2(resp, stream))) => {
+            Ok(Ok(Answered::H2(resp, pump, stream))) => {
                 let (mut parts, body) = resp.into_parts();
                 framing::check_response(parts.status, &mut parts.headers).map_err(|bad| failed(bad.into()))?;
                 headers::strip_hop_by_hop(&mut parts.headers);
                 headers::append_via(&mut parts.headers, parts.version);
                 parts.version = Version::HTTP_11;
-                Ok(Response::from_parts(parts, Body::stream(body, stream, self.read_timeout)))
+                Ok(Response::from_parts(parts, Body::h2(body, pump, stream, self.read_timeout)))
             }
             Ok(Ok(Answered::H1(resp, conn))) => self.accept(resp, conn).map_err(failed),
             Ok(Err(f)) => Err(f),
             Err(_) => Err(failed(Error::Upstream(UpstreamFailure::Timeout))),
         }
+    }
+
+    /// Whose fault a failed stream was, and what kind of failure: a response h2 refused as
+    /// malformed, else a broken stream or connection.
+    fn h2_failed(&self, e: &::h2::Error) -> Error {
+        tracing::debug!(upstream = %self.name, error = %e, "upstream stream failed");
+        Error::Upstream(if h2::malformed(e) {
+            UpstreamFailure::BadResponse("the response head is malformed")
+        } else {
+            UpstreamFailure::Broken(Cause::of(e))
+        })
     }
 
     /// `auto` over TLS: a stream on an open HTTP/2 connection with room, or an idle HTTP/1.1
@@ -448,7 +487,8 @@ impl HttpForwarder {
         parts.version = Version::HTTP_11;
         let h = &mut parts.headers;
         // HTTP/2 upstreams get `te: trailers` on (gRPC needs it); it is the only TE HTTP/2 has.
-        let trailers = self.h2.is_some() && grpc::te_trailers(h);
+        let h2 = self.h2.is_some();
+        let trailers = h2 && grpc::te_trailers(h);
         let seen = headers::strip_hop_by_hop(h);
         // Room for what is added below, in one step. An HTTP/1 client's map was sized by an
         // earlier message of its connection and has it; an HTTP/2 stream's map was sized by
@@ -460,9 +500,12 @@ impl HttpForwarder {
         }
         // The one authority of the request (see `crate::target`) is in `Host`. Kept (the
         // default), the upstream has it there; replaced by the upstream's own, it goes on in
-        // `X-Forwarded-Host`.
+        // `X-Forwarded-Host`. An HTTP/2 upstream's own goes in `:authority` instead
+        // ([`HttpForwarder::h2_target`]).
         let replaced = if self.preserve_host && h.contains_key(header::HOST) {
             None
+        } else if h2 {
+            h.remove(header::HOST)
         } else {
             h.insert(header::HOST, self.authority_value.clone())
         };
@@ -549,7 +592,7 @@ enum Leg {
 
 /// The response head on its leg.
 enum Answered {
-    H2(Response<Incoming>, h2::Stream),
+    H2(Response<::h2::RecvStream>, Option<crate::body::h2::Pump>, h2::Stream),
     H1(Response<Incoming>, UpstreamConn),
 }
 

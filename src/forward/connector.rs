@@ -40,6 +40,8 @@ pub enum ConnectError {
     /// The TLS handshake failed (verification included).
     Tls(std::io::Error),
     Handshake(hyper::Error),
+    /// The HTTP/2 handshake of tollgate's own client (the `h2` crate) failed.
+    H2(h2::Error),
     /// `protocol: h2`: the TLS handshake ended without the upstream choosing `h2` by ALPN.
     NotH2,
 }
@@ -51,6 +53,7 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Io(e) => write!(f, "connect failed: {e}"),
             ConnectError::Tls(e) => write!(f, "TLS handshake failed: {e}"),
             ConnectError::Handshake(e) => write!(f, "handshake failed: {e}"),
+            ConnectError::H2(e) => write!(f, "HTTP/2 handshake failed: {e}"),
             ConnectError::NotH2 => f.write_str("the upstream did not choose `h2` by ALPN"),
         }
     }

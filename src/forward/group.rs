@@ -381,15 +381,15 @@ impl Group {
             tries += 1;
             tried.add(at);
             let member = &self.members[at];
-            if !self.preserve_host {
+            if !self.preserve_host && tries > 1 {
                 // The `:authority` is this server's own.
-                if let Ok(uri) = member.fwd.h2_uri(member.fwd.authority.clone(), req.uri()) {
-                    *req.uri_mut() = uri;
-                }
+                member.fwd.h2_own_authority(&mut req)?;
             }
             let waiting = self.enter(at);
             let sent = Instant::now();
-            let out = member.fwd.h2_exchange(req).await;
+            // The head is kept to be sent again only while another try may follow.
+            let keep = retry.on.connect_failure && tries < retry.attempts;
+            let out = member.fwd.h2_exchange(req, keep).await;
             drop(waiting);
             match out {
                 Ok(resp) => {

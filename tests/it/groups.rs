@@ -489,3 +489,49 @@ async fn an_h2c_group_retries_a_connect_failure_on_another_server() {
     assert_eq!(hits.load(Ordering::Relaxed), 10);
     ta.abort();
 }
+
+/// An h2c server (the `h2` crate's) that refuses every stream unprocessed (`REFUSED_STREAM`),
+/// counting them.
+async fn refusing(refused: Arc<AtomicUsize>) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let refused = refused.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else { return };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_group_sends_a_refused_stream_again_on_another_server() {
+    let (hits, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, ta) = h2c("a", hits.clone()).await;
+    let (r, tr) = refusing(refused.clone()).await;
+    let tg = Tollgate::start(&group_yaml(
+        &[r, a],
+        "    protocol: h2c
+    balance: round_robin
+    retry: { budget: { min_per_s: 100 } }
+    outlier: { consecutive_failures: 0 }
+",
+    ))
+    .await;
+    let http = client();
+    for i in 0..10 {
+        let (s, _, body) = send(&http, "GET", &tg.url("/x"), &[], "").await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, "a"), "request {i}");
+    }
+    assert_eq!(hits.load(Ordering::Relaxed), 10);
+    assert!(refused.load(Ordering::Relaxed) >= 1, "the refusing server was tried");
+    ta.abort();
+    tr.abort();
+}

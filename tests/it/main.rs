@@ -16,6 +16,7 @@ mod gateway;
 mod groups;
 mod grpc;
 mod h2_abuse;
+mod h2_upstream;
 mod hops;
 mod hostile_config;
 mod layers;

@@ -186,8 +186,9 @@ impl Group {
                     .ok()?;
                 *req.version_mut() = Version::HTTP_2;
                 req.headers_mut().remove(header::HOST);
-                let (mut send, _stream) = h2.checkout().await.ok()?;
-                send.send_request(req).await.ok().map(|r| r.status().as_u16())
+                let (send, _stream) = h2.checkout().await.ok()?;
+                let (resp, _) = crate::forward::h2::exchange(send, req, false).await.ok()?;
+                Some(resp.status().as_u16())
             } else {
                 *req.uri_mut() = h.path.parse().ok()?;
                 let mut send = fwd.pool.connector().http1().await.ok()?;
