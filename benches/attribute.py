@@ -30,9 +30,13 @@ def symbol_crate(func):
 
 
 def owner(path, func):
-    if "/src/" in path and REGISTRY.search(path) is None and not STD.search(path) and not path.startswith("."):
-        if "/work/" in path or path.startswith("src/") or "/tollgate" in path:
-            return OWN
+    # tollgate's own files: `src/...` (callgrind_annotate shortens paths under the current
+    # directory) or an absolute path to a checkout's `src/` outside cargo's registry.
+    if path.startswith("src/") or (
+        path.startswith("/") and "/src/" in path and not REGISTRY.search(path) and not STD.search(path)
+        and "/deps/" not in path
+    ):
+        return OWN
     m = REGISTRY.search(path)
     if m:
         return m.group(1).replace("-", "_")
