@@ -2,7 +2,7 @@
 # TLS termination, tollgate against nginx in the same run (issue 16):
 #
 #   benches/tls.sh target/release/tollgate        # ROUNDS=3 N=20000 HANDSHAKES=2000
-#   LABELS="ring aws-lc" benches/tls.sh A B        # two builds (e.g. the `aws-lc-rs` feature's) in one run
+#   LABELS="ring aws-lc" benches/tls.sh A B        # several builds (the `aws-lc-rs` feature's) in one run
 #
 # Both terminate TLS 1.3 with one ECDSA P-256 certificate (generated here by openssl) and
 # proxy to the same nginx upstream (`return 200`) over plain keep-alive HTTP/1.1; nginx runs
@@ -20,7 +20,7 @@
 set -euo pipefail
 # shellcheck source=benches/upstream.sh
 source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
-[[ $# -ge 1 && $# -le 2 ]] || { echo "usage: $0 TOLLGATE_BINARY [SECOND_TOLLGATE_BINARY]" >&2; exit 2; }
+[[ $# -ge 1 ]] || { echo "usage: $0 TOLLGATE_BINARY [MORE_TOLLGATE_BINARIES...]" >&2; exit 2; }
 bins=("$@")
 read -r -a labels <<<"${LABELS:-tollgate tollgate-b}"
 for t in nginx h2load openssl taskset; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
