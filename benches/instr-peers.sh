@@ -11,6 +11,8 @@
 #   benches/instr-peers.sh                       # nginx and haproxy, pass
 #   PORT_VAR=REJECT_PORT benches/instr-peers.sh  # the 429 path
 #   H2=1 benches/instr-peers.sh haproxy          # h2c, 10 streams a connection
+#   TLS=1 benches/instr-peers.sh nginx           # pass over TLS 1.3, as benches/tls.sh's nginx
+#                                                # terminates it (tickets and session cache off)
 #
 # BASE_PORT (default 18490) moves the ports used (upstream, pass, h2c, reject).
 set -euo pipefail
@@ -31,7 +33,17 @@ nginx_proxy_conf "$work/proxy-nginx.conf" "$up" "$pass" "$rej" 1 1 "$h2" \
 
 haproxy_proxy_conf "$work/haproxy.cfg" "$up" "$pass" "$rej" 1 "$h2"
 
-url=http://127.0.0.1:$port/
+scheme=http
+if [[ -n ${TLS:-} ]]; then
+  [[ ${peers[*]} == nginx ]] || { echo "TLS=1 measures nginx only" >&2; exit 2; }
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench.test \
+    -addext subjectAltName=DNS:bench.test -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+  sed -i "s|listen 127.0.0.1:$pass backlog=4096;|listen 127.0.0.1:$pass ssl backlog=4096; ssl_certificate $work/cert.pem; ssl_certificate_key $work/key.pem; ssl_protocols TLSv1.3; ssl_session_tickets off; ssl_session_cache off;|" \
+    "$work/proxy-nginx.conf"
+  scheme=https
+fi
+
+url=$scheme://127.0.0.1:$port/
 for peer in "${peers[@]}"; do
   case $peer in
     nginx) cmd=(nginx -p "$work" -c "$work/proxy-nginx.conf") ;;
@@ -40,7 +52,7 @@ for peer in "${peers[@]}"; do
   esac
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "${cmd[@]}" \
     >"$work/vg.log" 2>&1 &
-  for _ in $(seq 100); do curl -s -o /dev/null "$url" && break; sleep 0.2; done
+  for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.2; done
   pgrep -f "valgrind.bin.*$work/cg.out" > "$work/peer.pid"
   h2load "${proto[@]}" -n 2000 -c 50 "$url" >/dev/null
   callgrind_control -i on "$(cat "$work/peer.pid")" >/dev/null 2>&1

@@ -10,10 +10,14 @@
 #   H2=1 benches/instr.sh target/release/tollgate                       # h2c, 10 streams a connection
 #   PORT_VAR=PLAN_PORT benches/instr.sh target/release/tollgate       # a plan limit (tier lookup)
 #   HEADER='x-api-key: bench-key' benches/instr.sh target/release/tollgate   # pass, same request
+#   TLS=1 benches/instr.sh target/release/tollgate      # pass over TLS 1.3 (ECDSA P-256, HTTP/1.1)
 #
 # Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
 # 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
-# KEEP=dir keeps each profile for callgrind_annotate. BASE_PORT=18290 moves the four ports used
+# With TLS=1 the counted requests include the 50 connections' full handshakes (about 1.2 M
+# instructions each with ring): N=20000 puts them at about 3,000 a request, the way
+# benches/tls.sh's keep-alive figure carries them; the difference between two N gives a
+# keep-alive request alone. KEEP=dir keeps each profile for callgrind_annotate. BASE_PORT=18290 moves the four ports used
 # (upstream, pass, reject, plan) so that two runs can share the machine.
 set -euo pipefail
 # shellcheck source=benches/upstream.sh
@@ -26,9 +30,15 @@ work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 bp=${BASE_PORT:-18290}
 start_upstream "$work" "$bp"
+scheme=http tls_env=()
+if [[ -n ${TLS:-} ]]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench.test \
+    -addext subjectAltName=DNS:bench.test -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+  scheme=https tls_env=(BENCH_TLS_CERT="$work/cert.pem" BENCH_TLS_KEY="$work/key.pem")
+fi
 for bin in "$@"; do
-  env=(UPSTREAM_ADDR=127.0.0.1:$bp LISTEN_ADDR=127.0.0.1:$((bp + 1)))
-  url=http://127.0.0.1:$((bp + 1))$path
+  env=(UPSTREAM_ADDR=127.0.0.1:$bp LISTEN_ADDR=127.0.0.1:$((bp + 1)) "${tls_env[@]}")
+  url=$scheme://127.0.0.1:$((bp + 1))$path
   # The 429 path: a limit of 1/s admits next to nothing, however slowly valgrind runs.
   if [[ $port_var == REJECT_PORT ]]; then env+=(REJECT_PORT=$((bp + 2)) REJECT_RATE=1 REJECT_BURST=1); url=http://127.0.0.1:$((bp + 2))$path; fi
   # A plan limit (tier looked up from a clients file by x-api-key), same parameters as the pass path.
@@ -36,7 +46,7 @@ for bin in "$@"; do
   if [[ $port_var == PLAN_PORT ]]; then env+=(PLAN_PORT=$((bp + 3))); url=http://127.0.0.1:$((bp + 3))$path; hdr=(-H 'x-api-key: bench-key'); fi
   env "${env[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "$bin" bench \
     2>"$work/vg.log" &
-  for _ in $(seq 100); do curl -s -o /dev/null "$url" && break; sleep 0.2; done
+  for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.2; done
   pgrep -f "valgrind.bin.*$work/cg.out" > "$work/tg.pid"
   h2load "${proto[@]}" "${hdr[@]}" -n 2000 -c 50 "$url" >/dev/null
   callgrind_control -i on "$(cat "$work/tg.pid")" >/dev/null 2>&1

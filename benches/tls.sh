@@ -2,6 +2,7 @@
 # TLS termination, tollgate against nginx in the same run (issue 16):
 #
 #   benches/tls.sh target/release/tollgate        # ROUNDS=3 N=20000 HANDSHAKES=2000
+#   LABELS="ring aws-lc" benches/tls.sh A B        # several builds (the `aws-lc-rs` feature's) in one run
 #
 # Both terminate TLS 1.3 with one ECDSA P-256 certificate (generated here by openssl) and
 # proxy to the same nginx upstream (`return 200`) over plain keep-alive HTTP/1.1; nginx runs
@@ -13,13 +14,15 @@
 # 2. full handshakes: HANDSHAKES connections of one request each (h2load resumes no sessions),
 #    in batches of 100; CPU per handshake and handshakes/s.
 #
-# Rounds alternate the two servers. Without the quiet gate of benches/harness/run.sh the
-# absolute numbers are noisy on a shared machine: compare the two within a round.
+# Rounds alternate the servers: nginx, then each tollgate binary given (on its own port, named
+# by LABELS). Without the quiet gate of benches/harness/run.sh the absolute numbers are noisy
+# on a shared machine: compare the servers within a round.
 set -euo pipefail
 # shellcheck source=benches/upstream.sh
 source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
-[[ $# -eq 1 ]] || { echo "usage: $0 TOLLGATE_BINARY" >&2; exit 2; }
-bin=$1
+[[ $# -ge 1 ]] || { echo "usage: $0 TOLLGATE_BINARY [MORE_TOLLGATE_BINARIES...]" >&2; exit 2; }
+bins=("$@")
+read -r -a labels <<<"${LABELS:-tollgate tollgate-b}"
 for t in nginx h2load openssl taskset; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 rounds=${ROUNDS:-3} n=${N:-20000} handshakes=${HANDSHAKES:-2000}
 work=$(mktemp -d)
@@ -40,20 +43,23 @@ http { access_log off; keepalive_requests 1000000000;
     location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
 NGX
 taskset -c 0 nginx -c "$work/front/nginx.conf" -p "$work/front"
-UPSTREAM_ADDR=127.0.0.1:18390 LISTEN_ADDR=127.0.0.1:18392 BENCH_TLS_CERT="$work/cert.pem" \
-  BENCH_TLS_KEY="$work/key.pem" taskset -c 0 "$bin" bench 2>"$work/tollgate.log" &
-echo $! > "$work/tollgate.pid"
-for _ in $(seq 50); do curl -sk -o /dev/null https://127.0.0.1:18392/ && break; sleep 0.2; done
 # nginx's worker is the child of its master.
-ngx_worker=$(pgrep -P "$(cat "$work/front.pid")")
-declare -A pids=([nginx]=$ngx_worker [tollgate]=$(cat "$work/tollgate.pid"))
-declare -A ports=([nginx]=18391 [tollgate]=18392)
+declare -A pids=([nginx]=$(pgrep -P "$(cat "$work/front.pid")")) ports=([nginx]=18391)
+servers=(nginx)
+for i in "${!bins[@]}"; do
+  who=${labels[$i]:-tollgate-$i} port=$((18392 + i))
+  UPSTREAM_ADDR=127.0.0.1:18390 LISTEN_ADDR=127.0.0.1:$port BENCH_TLS_CERT="$work/cert.pem" \
+    BENCH_TLS_KEY="$work/key.pem" taskset -c 0 "${bins[$i]}" bench 2>"$work/$who.log" &
+  echo $! > "$work/$who.pid"
+  for _ in $(seq 50); do curl -sk -o /dev/null "https://127.0.0.1:$port/" && break; sleep 0.2; done
+  pids[$who]=$(cat "$work/$who.pid") ports[$who]=$port servers+=("$who")
+done
 hz=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 per() { awk -v t="$1" -v n="$2" -v hz="$hz" 'BEGIN{printf "%.1f", t * 1e6 / hz / n}'; }
 
 for r in $(seq "$rounds"); do
-  for who in nginx tollgate; do
+  for who in "${servers[@]}"; do
     url=https://127.0.0.1:${ports[$who]}/ pid=${pids[$who]}
     taskset -c 1 h2load --h1 -n 2000 -c 50 "$url" >/dev/null
     c0=$(cpu "$pid"); out=$(taskset -c 1 h2load --h1 -n "$n" -c 50 "$url"); c1=$(cpu "$pid")

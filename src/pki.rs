@@ -21,11 +21,44 @@ use rustls::RootCertStore;
 /// not hang the load).
 pub const MAX_PEM_BYTES: u64 = 1 << 20;
 
-/// The crypto provider of every TLS config tollgate builds: ring (see BENCHMARKS.md for why
-/// not aws-lc-rs).
+/// The crypto provider of every TLS config tollgate builds: ring, or aws-lc-rs with the
+/// `aws-lc-rs` feature (off by default: AWS-LC's C build costs minutes, see Cargo.toml).
+/// The first call also makes it the process's default, for the configs that libraries build
+/// themselves (the Redis client's for `rediss://`): with both rustls providers compiled in,
+/// rustls cannot pick one on its own.
 pub fn provider() -> Arc<CryptoProvider> {
     static P: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    P.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider())).clone()
+    P.get_or_init(|| {
+        let p = Arc::new(chosen_provider());
+        // Err only when a default was installed before (an embedding program's): it stays.
+        let _ = CryptoProvider::install_default(CryptoProvider::clone(&p));
+        p
+    })
+    .clone()
+}
+
+/// ring's provider (the default build).
+#[cfg(not(feature = "aws-lc-rs"))]
+fn chosen_provider() -> CryptoProvider {
+    rustls::crypto::ring::default_provider()
+}
+
+/// aws-lc-rs' provider (the `aws-lc-rs` feature).
+#[cfg(feature = "aws-lc-rs")]
+fn chosen_provider() -> CryptoProvider {
+    rustls::crypto::aws_lc_rs::default_provider()
+}
+
+/// The session ticket encrypter on the chosen provider's ciphers (see [`provider`]).
+#[cfg(not(feature = "aws-lc-rs"))]
+pub fn ticketer() -> Result<Arc<dyn rustls::server::ProducesTickets>, rustls::Error> {
+    rustls::crypto::ring::Ticketer::new()
+}
+
+/// The session ticket encrypter on the chosen provider's ciphers (see [`provider`]).
+#[cfg(feature = "aws-lc-rs")]
+pub fn ticketer() -> Result<Arc<dyn rustls::server::ProducesTickets>, rustls::Error> {
+    rustls::crypto::aws_lc_rs::Ticketer::new()
 }
 
 /// Reads a regular file of at most [`MAX_PEM_BYTES`] (a FIFO or a device would block or never

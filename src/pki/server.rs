@@ -69,7 +69,7 @@ pub fn config(certs: &[Cert<'_>], client: Option<ClientCheck<'_>>) -> Result<Arc
 /// keys itself.
 fn ticketer() -> Option<Arc<dyn rustls::server::ProducesTickets>> {
     static T: OnceLock<Option<Arc<dyn rustls::server::ProducesTickets>>> = OnceLock::new();
-    T.get_or_init(|| match rustls::crypto::ring::Ticketer::new() {
+    T.get_or_init(|| match super::ticketer() {
         Ok(t) => Some(t),
         Err(e) => {
             tracing::warn!(error = %e, "TLS session tickets are off: no ticketer");

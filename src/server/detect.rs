@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::ConnState;
@@ -72,14 +72,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Prefixed<S> {
     }
 }
 
-/// What parking an idle HTTP/1 connection needs of its stream: a wait for the next byte that
-/// reads nothing. A plain socket can say; a TLS stream may hold decrypted bytes its socket no
-/// longer shows (and rustls keeps its own buffers), so TLS connections are never parked.
+/// What the server needs of a stream beyond reading and writing: parking an idle HTTP/1
+/// connection (a wait for the next byte that reads nothing), and a read that does no work
+/// when the socket has nothing. A plain socket can park; a TLS stream may hold decrypted
+/// bytes its socket no longer shows (and rustls keeps its own buffers), so TLS connections
+/// are never parked.
 pub(crate) trait Park {
     const PARKABLE: bool;
     /// Ready once the stream has bytes to read (or has ended), without reading them. Called
     /// only when [`Park::PARKABLE`].
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Reads what is there into `buf`, like [`AsyncRead::poll_read`].
+    fn poll_read_some(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>>;
 }
 
 impl Park for TcpStream {
@@ -88,13 +93,46 @@ impl Park for TcpStream {
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         TcpStream::poll_read_ready(self, cx)
     }
+
+    fn poll_read_some(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // tokio's read is already a readiness check when the socket has nothing.
+        AsyncRead::poll_read(self, cx, buf)
+    }
 }
 
-impl<T> Park for Box<tokio_rustls::server::TlsStream<T>> {
+impl Park for Box<tokio_rustls::server::TlsStream<TcpStream>> {
     const PARKABLE: bool = false;
 
     fn poll_read_ready(&self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Never parked: readiness is what a read says.
+        Poll::Ready(Ok(()))
+    }
+
+    /// One record's plaintext at most, and no rustls work while the socket has nothing.
+    /// hyper polls its connection's read every time the connection's task wakes (the
+    /// upstream's answer, the body's end, the flush): 4 to 5 reads a keep-alive request, one
+    /// with data. tokio-rustls' own read runs its socket step (`read_tls`, the deframer,
+    /// the I/O state) on every one of them, and after a read with data tries once more to
+    /// fill the rest of the buffer, which only finds the socket empty. Here, with no
+    /// plaintext held (`wants_read`), the socket's readiness answers first, as tokio's plain
+    /// read does; the rest is the stream's buffered read (`poll_fill_buf`), which reports
+    /// the same ends and errors as its `poll_read`.
+    fn poll_read_some(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let tls = Pin::into_inner(self);
+        let (tcp, conn) = tls.get_ref();
+        // rustls' next step would be a socket read that returns WouldBlock: the same wait.
+        if conn.wants_read() && tcp.poll_read_ready(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let mut tls = Pin::new(tls.as_mut());
+        let data = match tls.as_mut().poll_fill_buf(cx) {
+            Poll::Ready(Ok(data)) => data,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let n = data.len().min(buf.remaining());
+        buf.put_slice(&data[..n]);
+        tls.consume(n);
         Poll::Ready(Ok(()))
     }
 }
@@ -141,7 +179,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Prefixed<S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Prefixed<S> {
+impl<S: AsyncRead + AsyncWrite + Park + Unpin> AsyncRead for Prefixed<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.at < this.len {
@@ -157,7 +195,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Prefixed<S> {
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let polled = Pin::new(&mut this.stream).poll_read_some(cx, buf);
         if buf.filled().len() > before {
             this.state.bytes_seen.store(true, Ordering::Relaxed);
         }

@@ -22,7 +22,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use pin_project_lite::pin_project;
 
-use super::detect::Prefixed;
+use super::detect::{Park, Prefixed};
 use super::{ConnState, Stop, Stopping};
 
 pub(super) async fn serve<IO, S, B>(
@@ -32,7 +32,7 @@ pub(super) async fn serve<IO, S, B>(
     service: S,
 ) -> Result<(), hyper::Error>
 where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Park + Unpin + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
     B: HttpBody<Data = Bytes> + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -25,7 +25,7 @@ const LAYERS: [(&str, &[&str], &str); 6] = [
 ];
 
 /// Edges inside one layer, each with why; they must stay acyclic.
-const SAME_LAYER: [(&str, &str, &str); 19] = [
+const SAME_LAYER: [(&str, &str, &str); 20] = [
     ("instance", "reload", "a running tollgate runs its reloader"),
     ("admin", "server", "the admin listener is served by the server's connection loop"),
     ("server", "listen", "a listener that is not plain runs listen's edge steps before HTTP"),
@@ -43,6 +43,7 @@ const SAME_LAYER: [(&str, &str, &str); 19] = [
     ("config", "limit", "limits are validated into the limit room's algorithm parameters"),
     ("config", "request_id", "the default request id field and the fields it may not be"),
     ("config", "pki", "the files a config names are read and checked when it loads"),
+    ("limit", "pki", "a `rediss://` client's TLS runs on the process's crypto provider"),
     ("metrics", "limit", "limit decisions are counted by label"),
     ("ratelimit", "limit", "the RateLimit fields are written from limit decisions"),
 ];

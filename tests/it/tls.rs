@@ -623,3 +623,88 @@ async fn an_ocsp_response_is_stapled_and_reloaded_with_its_file() {
     assert_eq!((err.line, err.path.as_str()), (5, "listen[0].tls.certificates[0].ocsp"), "{err}");
     assert!(err.message.contains("bad.ocsp") && err.message.contains("not an OCSP response"), "{err}");
 }
+
+/// Reads `tls` until the server closes it (a close_notify or the socket's end), within a
+/// generous bound.
+async fn read_until_closed(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    let read_all = async {
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read_all).await.expect("the server closed the connection");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The server reads TLS one record's plaintext at a time and asks the socket only when rustls
+/// holds no plaintext: requests that share a record, a request in one-byte records, a body of
+/// many records and a client's close must all be read, none left waiting for bytes that
+/// already came.
+#[tokio::test]
+async fn tls_reads_take_every_record_whatever_its_shape() {
+    let up = Upstream::start(|req| async move {
+        let len = http_body_util::BodyExt::collect(req.into_body()).await.map_or(0, |b| b.to_bytes().len());
+        Response::new(full(format!("got={len}")))
+    })
+    .await;
+    let site = Site::new();
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: {} }}\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\n",
+        site.certs(),
+        up.addr
+    );
+    let tg = Tollgate::start_config(config(&yaml)).await;
+    let cfg = client_config(&site.ca, &[b"http/1.1"], None);
+
+    // Three pipelined requests in one write: one TLS record holds them all, and the server
+    // answers the second and third from plaintext rustls already decrypted.
+    let mut tls = connect(tg.addr, "api.test", cfg.clone()).await.unwrap();
+    let get = "GET / HTTP/1.1\r\nhost: api.test\r\n\r\n";
+    tls.write_all(format!("{get}{get}GET / HTTP/1.1\r\nhost: api.test\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let answers = read_until_closed(&mut tls).await;
+    assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 3, "{answers}");
+    assert_eq!(answers.matches("got=0").count(), 3, "{answers}");
+
+    // One request written a byte at a time: each byte its own record, each waited for.
+    let mut tls = connect(tg.addr, "api.test", cfg.clone()).await.unwrap();
+    for b in "POST / HTTP/1.1\r\nhost: api.test\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello".bytes() {
+        tls.write_all(&[b]).await.unwrap();
+        tls.flush().await.unwrap();
+    }
+    let answer = read_until_closed(&mut tls).await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("got=5"), "{answer}");
+
+    // A 1 MiB body: 64 full records and more, in writes larger than one record.
+    let mut tls = connect(tg.addr, "api.test", cfg.clone()).await.unwrap();
+    let body = vec![b'x'; 1 << 20];
+    let head =
+        format!("POST / HTTP/1.1\r\nhost: api.test\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+    tls.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.chunks(100_000) {
+        tls.write_all(chunk).await.unwrap();
+    }
+    tls.flush().await.unwrap();
+    let answer = read_until_closed(&mut tls).await;
+    assert!(answer.ends_with(&format!("got={}", 1 << 20)), "{answer}");
+
+    // A client's close_notify after an answer ends the connection (not a wait for more bytes).
+    let mut tls = connect(tg.addr, "api.test", cfg).await.unwrap();
+    tls.write_all(get.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.ends_with(b"got=0") {
+        let n = tokio::time::timeout(Duration::from_secs(20), tls.read(&mut buf)).await.unwrap().unwrap();
+        assert_ne!(n, 0, "{}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    tls.shutdown().await.unwrap();
+    assert_eq!(read_until_closed(&mut tls).await, "");
+}

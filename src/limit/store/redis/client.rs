@@ -141,6 +141,9 @@ impl RedisClient {
     /// # Errors
     /// [`StoreError::Config`] if a URL cannot be used (validation normally catches this).
     pub fn new(config: RedisConfig) -> Result<Arc<RedisClient>, StoreError> {
+        // The crate builds its `rediss://` TLS config on the process's default provider: make
+        // that tollgate's own before it looks for one.
+        crate::pki::provider();
         let bad = |e: RedisError| StoreError::Config(e.to_string());
         let builder = match &config.target {
             Topology::Single(url) => Builder::Single(redis::Client::open(url.as_str()).map_err(bad)?),
