@@ -8,7 +8,12 @@
 # valgrind runs. Read the figures beside instr.sh's: what a path costs in user space when
 # nginx or HAProxy takes it, the budget a CPU-per-request target leaves tollgate.
 #
-#   benches/instr-peers.sh                       # nginx and haproxy, pass
+# pingora (benches/pingora/, a yardstick, not a target) is counted too when its binary is
+# there: PINGORA, or benches/pingora/target/release/pingora-yardstick as benches/pingora.sh
+# builds it; otherwise it is skipped with a message. Its threads are all counted (pingora's
+# timer thread included), as nginx's and HAProxy's are.
+#
+#   benches/instr-peers.sh                       # nginx, haproxy and pingora, pass
 #   PORT_VAR=REJECT_PORT benches/instr-peers.sh  # the 429 path
 #   H2=1 benches/instr-peers.sh haproxy          # h2c, 10 streams a connection
 #   TLS=1 benches/instr-peers.sh nginx           # pass over TLS 1.3, as benches/tls.sh's nginx
@@ -21,7 +26,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 for t in nginx haproxy h2load valgrind callgrind_control; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 n=${N:-20000} port_var=${PORT_VAR:-LISTEN_ADDR}
 proto=(--h1); [[ -n ${H2:-} ]] && proto=(-m 10)
-peers=("$@"); [[ ${#peers[@]} -gt 0 ]] || peers=(nginx haproxy)
+peers=("$@"); [[ ${#peers[@]} -gt 0 ]] || peers=(nginx haproxy pingora)
+pingora_bin=${PINGORA:-$(dirname "${BASH_SOURCE[0]}")/pingora/target/release/pingora-yardstick}
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 bp=${BASE_PORT:-18490} up=$bp pass=$((bp + 1)) h2=$((bp + 2)) rej=$((bp + 3))
@@ -45,12 +51,22 @@ fi
 
 url=$scheme://127.0.0.1:$port/
 for peer in "${peers[@]}"; do
+  penv=()
   case $peer in
     nginx) cmd=(nginx -p "$work" -c "$work/proxy-nginx.conf") ;;
     haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
-    *) echo "unknown peer $peer (nginx or haproxy)" >&2; exit 2 ;;
+    pingora)
+      if [[ ! -x $pingora_bin ]]; then
+        echo "pingora: skipped, no binary at $pingora_bin (build it with benches/pingora.sh, or set PINGORA)" >&2
+        continue
+      fi
+      # The candidate contract's environment; the reject limit is 1/s as for the other two.
+      penv=(UPSTREAM_ADDR=127.0.0.1:$up LISTEN_ADDR=127.0.0.1:$pass REJECT_PORT=$rej H2_PORT=$h2
+            REJECT_RATE=1 REJECT_BURST=1)
+      cmd=("$pingora_bin") ;;
+    *) echo "unknown peer $peer (nginx, haproxy or pingora)" >&2; exit 2 ;;
   esac
-  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "${cmd[@]}" \
+  env "${penv[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "${cmd[@]}" \
     >"$work/vg.log" 2>&1 &
   for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.2; done
   pgrep -f "valgrind.bin.*$work/cg.out" > "$work/peer.pid"

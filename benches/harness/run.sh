@@ -5,6 +5,7 @@
 #
 #   benches/harness/run.sh                         # baseline (direct, nginx, haproxy)
 #   CANDIDATE_CMD='./target/release/tollgate bench' CANDIDATE_PORT=18020 benches/harness/run.sh
+#   ... CANDIDATE2_CMD=... CANDIDATE2_PORT=18030 ...  # a second candidate in the same rounds
 #
 # Everything runs on 127.0.0.1 only. All processes are started by this script with their own
 # config + pid files under $WORK_DIR and are stopped by PID (trap on EXIT/INT/TERM).
@@ -48,6 +49,14 @@ CANDIDATE_REJECT_CMD=${CANDIDATE_REJECT_CMD:-}   # optional 2nd process for the 
 CANDIDATE_REJECT_PORT=${CANDIDATE_REJECT_PORT:-} # reject-mode listener (served by either cmd)
 CANDIDATE_H2_PORT=${CANDIDATE_H2_PORT:-}         # h2c (prior knowledge) listener, if any
 
+# optional second candidate, measured in the same interleaved rounds (off unless CANDIDATE2_CMD
+# is set); same contract as the first, one process serving all its listeners
+CANDIDATE2_NAME=${CANDIDATE2_NAME:-candidate2}
+CANDIDATE2_CMD=${CANDIDATE2_CMD:-}
+CANDIDATE2_PORT=${CANDIDATE2_PORT:-}
+CANDIDATE2_REJECT_PORT=${CANDIDATE2_REJECT_PORT:-}
+CANDIDATE2_H2_PORT=${CANDIDATE2_H2_PORT:-}
+
 NGINX=${NGINX:-/usr/sbin/nginx}
 HAPROXY=${HAPROXY:-/usr/sbin/haproxy}
 HZ=$(getconf CLK_TCK)
@@ -71,6 +80,11 @@ done
 if [[ -n $CANDIDATE_CMD && -z $CANDIDATE_PORT ]] || [[ -z $CANDIDATE_CMD && -n $CANDIDATE_PORT ]]; then
   die "set both CANDIDATE_CMD and CANDIDATE_PORT (or neither)"
 fi
+if [[ -n $CANDIDATE2_CMD && -z $CANDIDATE2_PORT ]] || [[ -z $CANDIDATE2_CMD && -n $CANDIDATE2_PORT ]]; then
+  die "set both CANDIDATE2_CMD and CANDIDATE2_PORT (or neither)"
+fi
+[[ -n $CANDIDATE2_CMD && -n $CANDIDATE_CMD && $CANDIDATE2_NAME == "$CANDIDATE_NAME" ]] && \
+  die "CANDIDATE_NAME and CANDIDATE2_NAME must differ (they label the rows)"
 
 # ------------------------------------------------------------------------ process control
 declare -A PIDFILE=()   # name -> pid file of a daemon we started (nginx/haproxy)
@@ -242,12 +256,12 @@ start_haproxy() {
   pin "$cpus" "$HAPROXY" -D -f "$CONF/haproxy.cfg" -p "$WORK_DIR/run/haproxy.pid" \
     >"$LOGS/haproxy.log" 2>&1 || die "cannot start haproxy (see $LOGS/haproxy.log)"
 }
-start_candidate() {  # name cmd
-  local name=$1 cmd=$2 pid
+start_candidate() {  # name cmd port reject_port h2_port
+  local name=$1 cmd=$2 port=$3 rej_port=$4 h2_port=$5 pid
   # Own process group so that the whole tree can be stopped by its id.
   # The candidate gets its addresses through the environment (use them or ignore them).
-  UPSTREAM_ADDR=127.0.0.1:$P_UP LISTEN_ADDR=127.0.0.1:$CANDIDATE_PORT \
-  LISTEN_PORT=$CANDIDATE_PORT REJECT_PORT=$CANDIDATE_REJECT_PORT H2_PORT=$CANDIDATE_H2_PORT \
+  UPSTREAM_ADDR=127.0.0.1:$P_UP LISTEN_ADDR=127.0.0.1:$port \
+  LISTEN_PORT=$port REJECT_PORT=$rej_port H2_PORT=$h2_port \
   REJECT_RATE=1000 REJECT_BURST=100 \
     setsid bash -c "exec $( [[ $PIN == 1 ]] && echo "taskset -c $SERVER_CPUS" ) bash -c \"\$0\"" "$cmd" \
     >"$LOGS/$name.log" 2>&1 </dev/null &
@@ -365,7 +379,8 @@ warmup() {  # url
 
 # ---------------------------------------------------------------------------------- main
 for p in $P_UP $P_UP_H2 $P_UP_STATUS $P_NGX $P_NGX_H2 $P_NGX_REJ $P_HAP $P_HAP_REJ $P_HAP_H2 \
-         $CANDIDATE_PORT $CANDIDATE_REJECT_PORT $CANDIDATE_H2_PORT; do
+         $CANDIDATE_PORT $CANDIDATE_REJECT_PORT $CANDIDATE_H2_PORT \
+         $CANDIDATE2_PORT $CANDIDATE2_REJECT_PORT $CANDIDATE2_H2_PORT; do
   port_busy "$p" && die "port $p is already in use - refusing to benchmark someone else's server"
 done
 
@@ -382,18 +397,30 @@ declare -A URL_REJ=([nginx]=http://127.0.0.1:$P_NGX_REJ/ [haproxy]=http://127.0.
 declare -A URL_H2=([direct]=http://127.0.0.1:$P_UP_H2/ [nginx]=http://127.0.0.1:$P_NGX_H2/ [haproxy]=http://127.0.0.1:$P_HAP_H2/)
 PASS_TARGETS=(direct nginx haproxy) REJ_TARGETS=(nginx haproxy) H2_TARGETS=(direct nginx haproxy)
 
-C=$CANDIDATE_NAME
+# add_candidate NAME CMD PORT REJECT_PORT H2_PORT [REJECT_CMD]: start it, give it its rows
+add_candidate() {
+  local name=$1 cmd=$2 port=$3 rej_port=$4 h2_port=$5 rej_cmd=${6:-}
+  [[ $name =~ ^[A-Za-z0-9_-]+$ ]] || die "candidate name '$name' must be [A-Za-z0-9_-]+"
+  start_candidate "$name" "$cmd" "$port" "$rej_port" "$h2_port"
+  UNITS[$name]=$name
+  if [[ -n $rej_cmd ]]; then
+    start_candidate "$name-reject" "$rej_cmd" "$port" "$rej_port" "$h2_port"; UNITS[$name]="$name $name-reject"
+  fi
+  URL_PASS[$name]=http://127.0.0.1:$port/; PASS_TARGETS+=("$name")
+  [[ -n $rej_port ]] && { URL_REJ[$name]=http://127.0.0.1:$rej_port/; REJ_TARGETS+=("$name"); }
+  [[ -n $h2_port ]] && { URL_H2[$name]=http://127.0.0.1:$h2_port/; H2_TARGETS+=("$name"); }
+  return 0
+}
+C=$CANDIDATE_NAME C2=$CANDIDATE2_NAME
 if [[ -n $CANDIDATE_CMD ]]; then
-  [[ $C =~ ^[A-Za-z0-9_-]+$ ]] || die "CANDIDATE_NAME must be [A-Za-z0-9_-]+"
-  start_candidate "$C" "$CANDIDATE_CMD"
-  UNITS[$C]=$C
-  if [[ -n $CANDIDATE_REJECT_CMD ]]; then start_candidate "$C-reject" "$CANDIDATE_REJECT_CMD"; UNITS[$C]="$C $C-reject"; fi
-  URL_PASS[$C]=http://127.0.0.1:$CANDIDATE_PORT/; PASS_TARGETS+=("$C")
-  [[ -n $CANDIDATE_REJECT_PORT ]] && { URL_REJ[$C]=http://127.0.0.1:$CANDIDATE_REJECT_PORT/; REJ_TARGETS+=("$C"); }
-  [[ -n $CANDIDATE_H2_PORT ]] && { URL_H2[$C]=http://127.0.0.1:$CANDIDATE_H2_PORT/; H2_TARGETS+=("$C"); }
+  add_candidate "$C" "$CANDIDATE_CMD" "$CANDIDATE_PORT" "$CANDIDATE_REJECT_PORT" "$CANDIDATE_H2_PORT" "$CANDIDATE_REJECT_CMD"
+fi
+if [[ -n $CANDIDATE2_CMD ]]; then
+  add_candidate "$C2" "$CANDIDATE2_CMD" "$CANDIDATE2_PORT" "$CANDIDATE2_REJECT_PORT" "$CANDIDATE2_H2_PORT"
 fi
 
-for p in $P_UP $P_UP_STATUS $P_NGX $P_NGX_REJ $P_HAP $P_HAP_REJ $CANDIDATE_PORT $CANDIDATE_REJECT_PORT; do
+for p in $P_UP $P_UP_STATUS $P_NGX $P_NGX_REJ $P_HAP $P_HAP_REJ $CANDIDATE_PORT $CANDIDATE_REJECT_PORT \
+         $CANDIDATE2_PORT $CANDIDATE2_REJECT_PORT; do
   wait_port "$p" || die "nothing answers on port $p (see $LOGS/)"
 done
 for t in "${PASS_TARGETS[@]}"; do   # sanity: every pass target must return 200 "ok"
@@ -403,7 +430,7 @@ done
 
 unit_threads() { local n=0 pid; for pid in $(unit_pids "$1"); do n=$((n + $(awk '/^Threads:/{print $2}' "/proc/$pid/status" 2>/dev/null || echo 0))); done; echo "$n"; }
 threads_line="processes/threads:"
-for u in upstream nginx-proxy haproxy ${CANDIDATE_CMD:+$C} ${CANDIDATE_REJECT_CMD:+$C-reject}; do
+for u in upstream nginx-proxy haproxy ${CANDIDATE_CMD:+$C} ${CANDIDATE_REJECT_CMD:+$C-reject} ${CANDIDATE2_CMD:+$C2}; do
   threads_line+=" $u=$(unit_pids "$u" | wc -l)p/$(unit_threads "$u")t"
 done
 log "$threads_line"
@@ -411,7 +438,7 @@ log "$threads_line"
   echo "# run $RUN_ID  host=$(hostname) nproc=$(nproc) kernel=$(uname -r)"
   echo "# $threads_line"
   echo "# $($NGINX -v 2>&1 | tr -d '\n') | $($HAPROXY -v | head -1) | $(wrk --version 2>&1 | head -1 | cut -c1-40) | $(h2load --version 2>/dev/null | head -1)"
-  echo "# PIN=$PIN server_cpus=$SERVER_CPUS upstream_cpus=$UPSTREAM_CPUS client_cpus=$CLIENT_CPUS wrk -t$THREADS -c$CONNS -d$DURATION rounds=$ROUNDS h2load -n$H2_REQUESTS -c$CONNS -m$H2_STREAMS candidate=${CANDIDATE_CMD:+$C}"
+  echo "# PIN=$PIN server_cpus=$SERVER_CPUS upstream_cpus=$UPSTREAM_CPUS client_cpus=$CLIENT_CPUS wrk -t$THREADS -c$CONNS -d$DURATION rounds=$ROUNDS h2load -n$H2_REQUESTS -c$CONNS -m$H2_STREAMS candidate=${CANDIDATE_CMD:+$C} candidate2=${CANDIDATE2_CMD:+$C2}"
   printf 'scenario\ttarget\tround\trps\tp50_us\tp99_us\trequests\tnon2xx\tsock_err\tproxy_us_per_req\tupstream_us_per_req\tproxy_cpu_pct\tloadgen_cpu_pct\tserver_core_busy_pct\tclient_core_busy_pct\tother_cpu_pct\tsteal_pct\ttcp_active_opens\tupstream_new_conns\tupstream_requests\tdisturbed\tretries\n'
 } > "$TSV"
 
