@@ -146,6 +146,8 @@ fn links(text: &str) -> Vec<(usize, String)> {
 struct Named {
     pairs: Vec<(String, String)>,
     cas: Vec<String>,
+    /// `admin.token_file`: a token is written there.
+    tokens: Vec<String>,
     clients: Option<String>,
 }
 
@@ -157,6 +159,7 @@ fn named_files(v: &serde_yaml::Value, out: &mut Named) {
                 out.pairs.push((c, k));
             }
             out.cas.extend(s("ca_file"));
+            out.tokens.extend(s("token_file"));
             out.cas.extend(s("client_ca"));
             for (_, v) in m {
                 named_files(v, out);
@@ -199,6 +202,9 @@ fn check_config(text: &str) -> Result<Config, String> {
     }
     for ca in &named.cas {
         provide(&dir, ca, || rcgen::generate_simple_self_signed(vec!["ca".to_owned()]).unwrap().cert.pem())?;
+    }
+    for token in &named.tokens {
+        provide(&dir, token, || "docs-example-admin-token-0123456789\n".to_owned())?;
     }
     if let Some(clients) = &named.clients {
         provide(&dir, clients, || "{}\n".to_owned())?;
