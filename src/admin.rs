@@ -1,9 +1,14 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (alive), `/readyz` (config
 //! loaded, listener up, Redis reachable where a limit depends on it) and `/config` (the
-//! effective config, secrets redacted). It binds loopback unless configured otherwise.
+//! effective config, secrets redacted), and the limit table at runtime under `/limits` (see
+//! [`limits`]). It binds loopback unless configured otherwise; reads take no token, the one
+//! write (`DELETE` of a limit's key) needs `admin.token`.
+
+mod limits;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -37,7 +42,7 @@ pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, 
     let mut current = crate::server::Current::new(&proxy, crate::metrics::ConnMetrics::default());
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
                 Err(e) => {
@@ -54,7 +59,7 @@ pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, 
         let svc = service_fn(move |req| {
             let proxy = proxy.clone();
             let ready = ready.clone();
-            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready).await) }
+            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready, peer).await) }
         });
         tokio::spawn(crate::server::serve_other(stream, settings, svc));
     }
@@ -67,11 +72,16 @@ fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
     resp
 }
 
-async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness) -> Response<Body> {
+async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness, peer: SocketAddr) -> Response<Body> {
+    let proxy = shared.load_full();
+    if let Some(rest) = req.uri().path().strip_prefix("/limits") {
+        if rest.is_empty() || rest.starts_with('/') {
+            return limits::answer(&req, &proxy, rest, peer).await;
+        }
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return crate::answer::admin(&AdminRefusal::MethodNotAllowed);
     }
-    let proxy = shared.load_full();
     match req.uri().path() {
         "/metrics" => {
             proxy.refresh_gauges();

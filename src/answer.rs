@@ -691,21 +691,36 @@ fn truncated(path: &str) -> &str {
 #[cfg(test)]
 mod tests;
 
-/// What the admin listener refuses: a path it does not serve, a method other than `GET` and
-/// `HEAD`, or `/readyz` while not ready (with why).
+/// What the admin listener refuses: a path it does not serve, a method it does not take,
+/// `/readyz` while not ready (with why), a write without the admin token, a malformed request,
+/// or a limit store that cannot answer.
 pub enum AdminRefusal {
     NotFound,
+    /// A route or limit (of `/limits/...`) that the config does not have; the detail says which.
+    NoSuchLimit(String),
     MethodNotAllowed,
+    /// A method other than the ones a `/limits/...` path takes (its `Allow` value).
+    MethodNotAllowedHere(&'static str),
     NotReady(String),
+    /// A write endpoint without the admin token (or with a wrong one, or none configured).
+    Forbidden(&'static str),
+    /// A request the endpoint cannot read (a malformed key, a bad `top`).
+    BadRequest(String),
+    /// The store could not answer (Redis down).
+    StoreUnavailable(String),
 }
 
 /// The admin listener's refusal as problem+json, like every answer tollgate makes itself
 /// (under tollgate's own problem types: the admin listener has no `problems.type_base`).
 pub fn admin(refusal: &AdminRefusal) -> Response<Body> {
+    let here: String;
     let (status, name, title, detail) = match refusal {
-        AdminRefusal::NotFound => {
-            (StatusCode::NOT_FOUND, "no-route", "No such admin endpoint", "try /metrics, /healthz, /readyz or /config")
-        }
+        AdminRefusal::NotFound => (
+            StatusCode::NOT_FOUND,
+            "no-route",
+            "No such admin endpoint",
+            "try /metrics, /healthz, /readyz, /config or /limits",
+        ),
         AdminRefusal::MethodNotAllowed => (
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
@@ -713,11 +728,27 @@ pub fn admin(refusal: &AdminRefusal) -> Response<Body> {
             "the admin endpoints take GET and HEAD",
         ),
         AdminRefusal::NotReady(why) => (StatusCode::SERVICE_UNAVAILABLE, "not-ready", "Not ready", why.as_str()),
+        AdminRefusal::NoSuchLimit(what) => (StatusCode::NOT_FOUND, "no-such-limit", "No such limit", what.as_str()),
+        AdminRefusal::MethodNotAllowedHere(allow) => {
+            here = format!("this endpoint takes {allow}");
+            (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed", here.as_str())
+        }
+        AdminRefusal::Forbidden(why) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden", *why),
+        AdminRefusal::BadRequest(why) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request", why.as_str()),
+        AdminRefusal::StoreUnavailable(why) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable", "Limit store unavailable", why.as_str())
+        }
     };
     let doc = Doc::new(crate::config::DEFAULT_PROBLEM_TYPE_BASE, name, title, status.as_u16(), detail);
     let mut rendered = Rendered::new(status, doc.finish(), None, None);
-    if let AdminRefusal::MethodNotAllowed = refusal {
-        rendered.headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    match refusal {
+        AdminRefusal::MethodNotAllowed => {
+            rendered.headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        }
+        AdminRefusal::MethodNotAllowedHere(allow) => {
+            rendered.headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        _ => {}
     }
     rendered.into_response()
 }

@@ -11,6 +11,7 @@
 //!
 //! One concept, though over 600 lines: the validated config's types.
 
+pub mod admin;
 pub mod edge;
 pub mod gateway;
 pub mod group;
@@ -76,6 +77,13 @@ pub struct Config {
     /// Every listener, the first at `listen`.
     pub listeners: Vec<Listener>,
     pub admin: Option<SocketAddr>,
+    /// `admin.token` or `admin.token_file`, as configured.
+    pub admin_token_source: Option<admin::TokenSource>,
+    /// The token the admin listener's write endpoints need (read from its file at load).
+    pub admin_token: Option<admin::AdminToken>,
+    /// Set when the admin listener is bound off loopback without a token: `check` refuses the
+    /// config with this error, `run` warns.
+    pub admin_exposed: Option<ConfigError>,
     pub trusted_proxies: Vec<IpNet>,
     pub server: ServerConfig,
     pub log: LogConfig,
@@ -432,7 +440,7 @@ impl Config {
         })?;
         if let Some(plans) = config.plans.as_mut() {
             let plans = std::sync::Arc::make_mut(plans);
-            config.warnings = plans::load_clients(plans, file).map_err(|message| {
+            let warnings = plans::load_clients(plans, file).map_err(|message| {
                 let segs = [key("plans"), key("clients")];
                 let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
                 ConfigError {
@@ -443,6 +451,19 @@ impl Config {
                     message: redact(&message),
                 }
             })?;
+            config.warnings.extend(warnings);
+        }
+        let located = |segs: &[Seg], message: String| {
+            let (line, column) = locate::locate(text, segs).map_or((1, 1), |(l, c)| inside(text, l, c));
+            ConfigError { file: file.to_owned(), line, column, path: locate::render(segs), message: redact(&message) }
+        };
+        if let Some(source) = &config.admin_token_source {
+            let token = admin::load_token(source, base).map_err(|(segs, message)| located(&segs, message))?;
+            config.admin_token = Some(token);
+        }
+        if let Some(message) = admin::exposure(config.admin, config.admin_token.as_ref()) {
+            // The address's own position, in either form (`admin: ADDR`, `admin: { addr: ADDR }`).
+            config.admin_exposed = Some(located(&[key("admin"), key("addr")], message));
         }
         Ok(config)
     }

@@ -218,6 +218,9 @@ impl Gate {
                     return Err(Error::StoreUnavailable { limit: i, retry_after_secs: secs });
                 }
             };
+            if !decision.is_admitted() {
+                limit.note_denial(key, ctx, now);
+            }
             denied |= self.counted(limit, &decision, now);
             decided.push(Decided { limit: i, key, decision });
         }

@@ -10,6 +10,7 @@
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - [`key`]: [`KeySpec`] → [`KeyHash`], and [`TrustedProxies`] for the client IP.
 //! - [`plan`]: [`plan::Plans`] (client → tier) and the tier parameters of `plan: true` limits.
+//! - [`sketch`]: [`sketch::Sketch`], the keys a limit denied most recently (heavy hitters).
 //! - [`store`]: [`Store`]: [`LocalStore`] (a sharded in-process map) or [`RedisStore`] (shared).
 
 pub mod algo;
@@ -17,6 +18,7 @@ pub mod calendar;
 pub mod clock;
 pub mod key;
 pub mod plan;
+pub mod sketch;
 pub mod store;
 pub mod time;
 

@@ -213,6 +213,13 @@ fn main() -> ExitCode {
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "warning: {w}");
     }
+    if let Some(e) = &config.admin_exposed {
+        if matches!(cli.command, Some(Command::Check)) {
+            return fail(&e.to_string(), ExitCode::from(2));
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "warning: {e}");
+    }
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),

@@ -246,7 +246,12 @@ impl Proxy {
     /// The store of limit `limit` on route `route`, if it exists with the same definition.
     fn store_of(&self, route: &str, limit: &LimitConfig) -> Option<Arc<Store>> {
         let idx = self.config.routes.iter().position(|r| r.name == route)?;
-        self.lanes[idx].gate.limits().iter().find(|l| l.config == *limit).map(|l| l.store.clone())
+        // `show_keys` changes what the admin listener shows, not the state.
+        let same = |l: &&Limit| {
+            l.config.show_keys == limit.show_keys && l.config == *limit
+                || LimitConfig { show_keys: limit.show_keys, ..l.config.clone() } == *limit
+        };
+        self.lanes[idx].gate.limits().iter().find(same).map(|l| l.store.clone())
     }
 
     pub fn gates(&self) -> impl Iterator<Item = (&Route, &Gate)> {

@@ -36,6 +36,10 @@ pub struct RawLimit {
     /// Rate and burst come from the client's tier (`plans.tiers`).
     #[serde(default)]
     pub(super) plan: bool,
+    /// The admin listener lists this limit's most throttled keys as text (capped, escaped),
+    /// not as their digests.
+    #[serde(default)]
+    show_keys: bool,
 }
 
 fn route_key() -> KeyList {
@@ -158,6 +162,9 @@ pub struct LimitConfig {
     pub lease: Option<NonZeroU64>,
     /// Local store: the bound on live keys.
     pub max_keys: usize,
+    /// `show_keys: true`: the admin listener shows the most throttled keys as text (kept in
+    /// the limit's heavy-hitter summary only, never in the store).
+    pub show_keys: bool,
 }
 
 /// Requests in flight on a route.
@@ -520,6 +527,7 @@ impl RawLimit {
             mode: self.mode,
             lease,
             max_keys,
+            show_keys: self.show_keys,
         })
     }
 }

@@ -4,7 +4,6 @@
 //! One concept, though over 600 lines: the serde mirror of the YAML and its validation.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
@@ -30,7 +29,7 @@ pub const MAX_NAME_BYTES: usize = 128;
 pub struct Config {
     #[serde(default)]
     listen: super::edge::RawListen,
-    admin: Option<SocketAddr>,
+    admin: Option<super::admin::RawAdmin>,
     #[serde(default)]
     trusted_proxies: Vec<IpNet>,
     #[serde(default)]
@@ -637,10 +636,21 @@ impl Config {
                 }
             }
         }
+        let mut warnings = Vec::new();
+        let (admin, admin_token_source) = match self.admin {
+            Some(a) => {
+                let (addr, source) = a.validate(&mut warnings)?;
+                (Some(addr), source)
+            }
+            None => (None, None),
+        };
         Ok(super::Config {
             listen: listeners[0].addr,
             listeners,
-            admin: self.admin,
+            admin,
+            admin_token_source,
+            admin_token: None,
+            admin_exposed: None,
             trusted_proxies: self.trusted_proxies,
             server,
             log: super::LogConfig {
@@ -658,7 +668,7 @@ impl Config {
             redis,
             request_id,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
-            warnings: Vec::new(),
+            warnings,
             upstreams,
             routes,
             shape: super::Shape::default(),

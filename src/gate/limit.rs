@@ -2,6 +2,10 @@
 
 use super::*;
 
+use std::sync::Mutex;
+
+use crate::limit::sketch::{push_escaped, Hitter, Sketch, LABEL_BYTES};
+
 /// One configured limit with its state.
 pub struct Limit {
     pub config: LimitConfig,
@@ -17,6 +21,9 @@ pub struct Limit {
     pub(super) cost_unread: Option<prometheus_client::metrics::counter::Counter>,
     /// `plan: true`: by tier, its parameters and store (`None`: the tier is not limited by it).
     pub(super) tiers: Option<Vec<Option<TierLimit>>>,
+    /// The keys it denied most, recently (for the admin listener). Only denials take this
+    /// lock, one limit's only: the pass path never touches it.
+    sketch: Mutex<Sketch>,
 }
 
 /// A plan limit in one tier. Local: the limit's one store, decided with these parameters.
@@ -30,6 +37,7 @@ pub(super) struct TierLimit {
 impl Limit {
     pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
         let (_, window_secs) = ratelimit::policy_numbers(&config.algorithm);
+        let sketch = Mutex::new(Sketch::new(config.show_keys));
         Limit {
             ratelimit_head: ratelimit::member_head(&config.name),
             config,
@@ -39,7 +47,65 @@ impl Limit {
             metrics,
             cost_unread: None,
             tiers: None,
+            sketch,
         }
+    }
+
+    /// Counts a denial of `key` (enforced or shadow) in the heavy-hitter summary; with
+    /// `show_keys`, a key that takes a counter gets its text from `ctx`. Out of line: only
+    /// denials come here.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn note_denial(&self, key: KeyHash, ctx: &KeyCtx<'_>, now: Timestamp) {
+        let parts = self.config.key.parts();
+        self.sketch().record(key, now, |out| key_text(parts, ctx, out));
+    }
+
+    /// The `n` keys it denied most recently, highest count first (see [`crate::limit::sketch`]).
+    pub fn top_denied(&self, n: usize, now: Timestamp) -> Vec<Hitter> {
+        self.sketch().top(n, now)
+    }
+
+    /// The key of a text shown by `show_keys`, while the summary holds it.
+    pub fn key_of_text(&self, text: &str) -> Option<KeyHash> {
+        self.sketch().find_label(text)
+    }
+
+    /// What a request of this limit's cost for `key` would be answered now, changing nothing:
+    /// from the local store, or from Redis in one call that writes nothing. A plan limit is
+    /// read with its default parameters (the client's tier is not known here).
+    ///
+    /// # Errors
+    /// [`StoreError`] when Redis does not answer.
+    pub async fn peek(&self, key: KeyHash, now: Timestamp) -> Result<Decision, StoreError> {
+        match &*self.store {
+            Store::Local(s) => Ok(s.peek(None, key, now, self.config.cost)),
+            Store::Redis(s) => s.peek(key, now, self.config.cost).await,
+        }
+    }
+
+    /// Resets `key` (an operator lets the client through at once): its state in the local
+    /// store, or its Redis key (`DEL`) and what this instance remembers of it, for every tier;
+    /// its count in the summary. Whether a state was there.
+    ///
+    /// # Errors
+    /// [`StoreError`] when Redis does not answer the `DEL`.
+    pub async fn reset(&self, key: KeyHash) -> Result<bool, StoreError> {
+        self.sketch().forget(key);
+        for t in self.tiers.iter().flatten().flatten() {
+            if let Store::Redis(s) = &*t.store {
+                s.forget(key);
+            }
+        }
+        match &*self.store {
+            Store::Local(s) => Ok(s.reset(key)),
+            Store::Redis(s) => s.reset(key).await,
+        }
+    }
+
+    fn sketch(&self) -> std::sync::MutexGuard<'_, Sketch> {
+        // Plain counts that every update leaves consistent: a poisoned lock is still usable.
+        self.sketch.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Live keys in this limit's in-process state at `now`: keys that still hold state (a
@@ -149,5 +215,24 @@ impl Limit {
             let retry_after_ms = retry_after.map(|r| r.as_micros() / 1000);
             tracing::info!(route, limit = %self.config.name, retry_after_ms, "shadow limit would reject");
         }
+    }
+}
+
+/// A key's text for `show_keys`: `part=value` per part, space-separated (`-` for a value the
+/// request lacks), escaped and capped at [`LABEL_BYTES`] by [`push_escaped`].
+fn key_text(parts: &[KeyPart], ctx: &KeyCtx<'_>, out: &mut String) {
+    use std::io::Write;
+    let mut buf = [0u8; crate::limit::key::MAX_PART_BYTES];
+    for (i, part) in parts.iter().enumerate() {
+        if out.len() >= LABEL_BYTES {
+            return;
+        }
+        // The part's name through a stack buffer: a label allocates nothing.
+        let mut name = [0u8; LABEL_BYTES];
+        let mut w = &mut name[..];
+        let _ = write!(w, "{}{part}=", if i > 0 { " " } else { "" });
+        let n = LABEL_BYTES - w.len();
+        push_escaped(out, &name[..n]);
+        push_escaped(out, part.value(ctx, &mut buf).unwrap_or(b"-"));
     }
 }

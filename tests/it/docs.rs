@@ -146,6 +146,8 @@ fn links(text: &str) -> Vec<(usize, String)> {
 struct Named {
     pairs: Vec<(String, String)>,
     cas: Vec<String>,
+    /// `admin.token_file`: a token is written there.
+    tokens: Vec<String>,
     clients: Option<String>,
 }
 
@@ -157,6 +159,7 @@ fn named_files(v: &serde_yaml::Value, out: &mut Named) {
                 out.pairs.push((c, k));
             }
             out.cas.extend(s("ca_file"));
+            out.tokens.extend(s("token_file"));
             out.cas.extend(s("client_ca"));
             for (_, v) in m {
                 named_files(v, out);
@@ -199,6 +202,9 @@ fn check_config(text: &str) -> Result<Config, String> {
     }
     for ca in &named.cas {
         provide(&dir, ca, || rcgen::generate_simple_self_signed(vec!["ca".to_owned()]).unwrap().cert.pem())?;
+    }
+    for token in &named.tokens {
+        provide(&dir, token, || "docs-example-admin-token-0123456789\n".to_owned())?;
     }
     if let Some(clients) = &named.clients {
         provide(&dir, clients, || "{}\n".to_owned())?;
@@ -348,21 +354,28 @@ async fn every_example_starts_and_answers() {
 }
 
 /// The configs of docker-compose.yml and of the Kubernetes manifest, which no example starts
-/// (they name hosts of their own networks): `check` accepts them. tls.yaml's certificate is
-/// made by a container at `/certs/`; here it is a stand-in beside the config.
+/// (they name hosts of their own networks): `check` accepts them, an admin listener off
+/// loopback only with a token. tls.yaml's certificate is made by a container at `/certs/`, the
+/// manifest's admin token is a Secret mounted at `/etc/tollgate-admin/`; here each is a
+/// stand-in beside the config.
 #[test]
 fn the_deploy_configs_pass_the_check() {
+    let checked = |text: &str, what: &str| {
+        let config = check_config(text).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(config.admin_exposed.is_none(), "{what}: `tollgate check` refuses its admin listener");
+    };
     let deploy = root().join("deploy");
     for name in ["gateway.yaml", "upstream.yaml", "tls.yaml"] {
         let text = std::fs::read_to_string(deploy.join(name)).unwrap().replace("/certs/", "certs/");
-        check_config(&text).unwrap_or_else(|e| panic!("deploy/{name}: {e}"));
+        checked(&text, &format!("deploy/{name}"));
     }
     let manifest = std::fs::read_to_string(deploy.join("kubernetes.yaml")).unwrap();
     let mut configs = 0;
     for doc in serde_yaml::Deserializer::from_str(&manifest) {
         let value = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap();
         if let Some(text) = value.get("data").and_then(|d| d.get("proxy.yaml")).and_then(|t| t.as_str()) {
-            check_config(text).unwrap_or_else(|e| panic!("deploy/kubernetes.yaml, the ConfigMap's proxy.yaml: {e}"));
+            let text = text.replace("/etc/tollgate-admin/", "tollgate-admin/");
+            checked(&text, "deploy/kubernetes.yaml, the ConfigMap's proxy.yaml");
             configs += 1;
         }
     }

@@ -5,6 +5,7 @@
 mod support;
 
 mod adaptive;
+mod admin_limits;
 mod calibrate;
 mod cli;
 mod docs;

@@ -138,6 +138,22 @@ impl LocalStore {
         self.lock(key).debit(&self.alg, &self.idle_under, key.0, now, cost);
     }
 
+    /// What deciding `cost` for `key` at `now` would answer, with `alg` (a plan tier's, or the
+    /// store's), changing nothing: the key's state, else its shard's overflow state (what a key
+    /// without an entry is decided against), else a fresh one. For the admin listener.
+    pub fn peek(&self, alg: Option<&Algorithm>, key: KeyHash, now: Timestamp, cost: u64) -> Decision {
+        let alg = alg.unwrap_or(&self.alg);
+        let shard = self.lock(key);
+        let state = shard.map.get(&key.0).or(shard.overflow.as_ref());
+        crate::limit::decide(alg, state, now, cost).0
+    }
+
+    /// Forgets `key`'s state (an operator lets the client through); whether it held one. A key
+    /// decided against its shard's overflow state has no state of its own to forget.
+    pub fn reset(&self, key: KeyHash) -> bool {
+        self.lock(key).map.remove(&key.0).is_some()
+    }
+
     /// Entries held: keys whose state was not back to initial when last seen (some may be
     /// by now; see [`LocalStore::live`]).
     pub fn len(&self) -> usize {

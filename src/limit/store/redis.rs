@@ -378,6 +378,45 @@ impl RedisStore {
         Ok(decision)
     }
 
+    /// What deciding `cost` for `key` would answer now, from Redis (one script call that writes
+    /// nothing; its `TIME`), for the admin listener. Units leased by this instance and not yet
+    /// spent are not counted.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when Redis gives no answer or a malformed one.
+    pub async fn peek(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<Decision, StoreError> {
+        if cost > self.max_cost {
+            return Ok(Decision::Never { reset: Span::ZERO });
+        }
+        let rkey = self.redis_key(key);
+        let inv = self.script.invocation(rkey.as_bytes(), Op::Peek, cost, now, None);
+        let unavailable =
+            |f: Failure| StoreError::Unavailable { kind: f.kind, retry_after: f.retry_in, message: f.to_string() };
+        let reply = self.client.invoke::<Vec<i64>>(&inv).await.map_err(unavailable)?;
+        decode(&reply)
+            .map(|(d, _)| d)
+            .ok_or_else(|| unavailable(Failure { kind: FailureKind::Reply, retry_in: Duration::ZERO, error: None }))
+    }
+
+    /// Resets `key`: `DEL` of its Redis key (every instance sees a fresh state at its next
+    /// call), and this instance forgets its remembered denial, its lease and its fallback
+    /// state. Other instances may answer a denial they remember until its Retry-After.
+    /// Whether Redis held a state for it.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when Redis does not answer the `DEL`.
+    pub async fn reset(&self, key: KeyHash) -> Result<bool, StoreError> {
+        self.forget(key);
+        self.client.del(&self.redis_key(key)).await
+    }
+
+    /// Forgets what this instance remembers of `key` (denial, lease, fallback state).
+    pub fn forget(&self, key: KeyHash) {
+        self.denials.remove(key);
+        self.leases.remove(key);
+        self.fallback.reset(key);
+    }
+
     /// A denial of `key` at `cost` remembered from Redis, still standing at `now`.
     fn remembered_denial(&self, key: KeyHash, now: Timestamp, cost: u64) -> Option<Decision> {
         let (until, reset_at) =

@@ -302,6 +302,28 @@ impl RedisClient {
         tokio::time::timeout(self.config.timeout, call).await.ok().flatten()
     }
 
+    /// `DEL key` within the connect timeout (an operator's reset, not a decision: not through
+    /// the breaker); whether a key was there.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if Redis does not answer or answers with an error.
+    pub async fn del(self: &Arc<Self>, key: &str) -> Result<bool, StoreError> {
+        let fail = |kind, message: String| StoreError::Unavailable { kind, retry_after: Duration::ZERO, message };
+        let call = async {
+            let mut conn = self.conn().await.ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
+            self.metrics.call();
+            redis::cmd("DEL")
+                .arg(key)
+                .query_async::<i64>(&mut conn)
+                .await
+                .map_err(|e| fail(classify(&e), e.to_string()))
+        };
+        match tokio::time::timeout(self.config.connect_timeout, call).await {
+            Ok(r) => r.map(|n| n > 0),
+            Err(_) => Err(fail(FailureKind::Timeout, "DEL timed out".into())),
+        }
+    }
+
     /// Runs one script call within the decision deadline, through the breaker.
     pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &Invocation<'_>) -> Result<T, Failure> {
         let pass = self.breaker.pass();

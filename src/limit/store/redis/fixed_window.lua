@@ -3,7 +3,7 @@
 -- or to a calendar (hour, day, month in a time zone) whose boundaries the caller passes.
 --
 -- KEYS[1]  state: a string "start:count" (window start in µs since the unix epoch, units)
--- ARGV[1]  op: "d" decide | "r" refund | "b" debit (count += c, past L if need be)
+-- ARGV[1]  op: "d" decide | "p" peek (decide, write nothing) | "r" refund | "b" debit (count += c, past L if need be)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)

@@ -2,7 +2,7 @@
 -- (same formulas, same rounding). All times are integer microseconds.
 --
 -- KEYS[1]  state: a string "tat", the time the next slot is free (µs since the unix epoch)
--- ARGV[1]  op: "d" decide | "r" refund | "b" debit (tat += c*T, at most now + 2^51)
+-- ARGV[1]  op: "d" decide | "p" peek (decide, write nothing) | "r" refund | "b" debit (tat += c*T, at most now + 2^51)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  T: interval (µs per unit)
 -- ARGV[4]  D: max_delay (µs, 0 = strict meter)

@@ -6,7 +6,9 @@
 --   num(x): an integer as its decimal string (no exponent)
 --   put(key, left, val, test): SET key val with PX = left µs rounded up to ms, or DEL when
 --               left <= 0 (the state is back to initial). Under a test clock, which runs apart
---               from Redis' own expiry clock, keys live at least 60 s.
+--               from Redis' own expiry clock, keys live at least 60 s. Nothing under "p".
+--   write(...): redis.call(...) of a write, skipped under "p"
+--   peek: op "p" (peek): decide as "d" would, and write nothing (the admin listener's read)
 local function clock_us(i)
   local given = tonumber(ARGV[i])
   if given then return given, true end
@@ -24,7 +26,14 @@ local function num(x)
   return string.format('%.0f', x)
 end
 
+local peek = ARGV[1] == 'p'
+
+local function write(...)
+  if not peek then return redis.call(...) end
+end
+
 local function put(key, left, val, test)
+  if peek then return end
   if left <= 0 then
     redis.call('DEL', key)
     return

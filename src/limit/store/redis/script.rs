@@ -16,6 +16,8 @@ const SLIDING_LOG: &str = concat!(include_str!("prelude.lua"), include_str!("sli
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Decide,
+    /// Decide without writing: what a decision would answer now (the admin listener's read).
+    Peek,
     /// Token bucket only: take at least `cost`, at most this many units.
     Lease(u64),
     Refund,
@@ -100,6 +102,7 @@ impl AlgScript {
         let mut inv = redis::cmd("EVALSHA");
         let (code, lease) = match op {
             Op::Decide => ("d", 0),
+            Op::Peek => ("p", 0),
             Op::Lease(n) => ("l", n),
             Op::Refund => ("r", 0),
             Op::Debit => ("b", 0),

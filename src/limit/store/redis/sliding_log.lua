@@ -2,7 +2,7 @@
 -- memory and O(entries) work per call: prefer the sliding window counter for large limits.
 --
 -- KEYS[1]  state: a ZSET, one member "ts:cost" per admitted µs (score = ts, µs since the epoch)
--- ARGV[1]  op: "d" decide | "r" refund | "b" debit (record c more, the sum at most 2^51)
+-- ARGV[1]  op: "d" decide | "p" peek (decide, write nothing) | "r" refund | "b" debit (record c more, the sum at most 2^51)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)
@@ -28,7 +28,7 @@ for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
     ts[#ts + 1], cs[#cs + 1], sum = t, cost, sum + cost
   end
 end
-if dropped then redis.call('ZREMRANGEBYSCORE', key, '-inf', f(now - wl)) end
+if dropped then write('ZREMRANGEBYSCORE', key, '-inf', f(now - wl)) end
 
 local function reset()
   if #ts == 0 then return 0 end
@@ -40,7 +40,7 @@ local function expire()
   if r > 0 then
     local ms = math.floor((r + 999) / 1000)
     if test and ms < 60000 then ms = 60000 end
-    redis.call('PEXPIRE', key, ms)
+    write('PEXPIRE', key, ms)
   end
 end
 
@@ -49,12 +49,12 @@ if op == 'r' then
   while left > 0 and #ts > 0 do
     local last = #ts
     local take = math.min(left, cs[last])
-    redis.call('ZREM', key, member(ts[last], cs[last]))
+    write('ZREM', key, member(ts[last], cs[last]))
     left, cs[last] = left - take, cs[last] - take
     if cs[last] == 0 then
       ts[last], cs[last] = nil, nil
     else
-      redis.call('ZADD', key, f(ts[last]), member(ts[last], cs[last]))
+      write('ZADD', key, f(ts[last]), member(ts[last], cs[last]))
     end
   end
   expire()
@@ -69,13 +69,13 @@ if op == 'b' or sum + c <= l then
     local at = now
     if last > 0 and ts[last] > at then at = ts[last] end
     if last > 0 and ts[last] == at then
-      redis.call('ZREM', key, member(ts[last], cs[last]))
+      write('ZREM', key, member(ts[last], cs[last]))
       cs[last] = cs[last] + c
     else
       last = last + 1
       ts[last], cs[last] = at, c
     end
-    redis.call('ZADD', key, f(at), member(at, cs[last]))
+    write('ZADD', key, f(at), member(at, cs[last]))
     sum = sum + c
     expire()
   end

@@ -2,7 +2,7 @@
 -- integer comparison). All times are integer microseconds; windows are aligned to the epoch.
 --
 -- KEYS[1]  state: a string "start:prev:cur" (window start in µs since the unix epoch, units)
--- ARGV[1]  op: "d" decide | "r" refund | "b" debit (cur += c, at most 2L)
+-- ARGV[1]  op: "d" decide | "p" peek (decide, write nothing) | "r" refund | "b" debit (cur += c, at most 2L)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)

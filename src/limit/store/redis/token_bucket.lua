@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  state: a string "tat" (no warm-up) or "tat:start" (µs since the unix epoch), or
 --          for a plan limit "tat:start:per" (per: the interval tat was charged at, µs)
--- ARGV[1]  op: "d" decide | "l" lease (take at least ARGV[2], at most ARGV[6] units) | "r" refund
+-- ARGV[1]  op: "d" decide | "p" peek (decide, write nothing) | "l" lease (take at least ARGV[2], at most ARGV[6] units) | "r" refund
 --          | "b" debit (charge c more, tat may pass now + B*T, at most now + 2^51)
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  T: interval (µs per unit)
