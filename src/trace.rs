@@ -110,14 +110,7 @@ impl Tracer {
 
     /// Ends `span` as `name` with the server span's `attributes` (and the client span, when
     /// the upstream was asked) and queues it; a full queue drops it, counted.
-    pub fn finish(
-        &self,
-        span: Span,
-        name: String,
-        status: u16,
-        attributes: Vec<KeyValue>,
-        client: Option<Exchange>,
-    ) {
+    pub fn finish(&self, span: Span, name: String, status: u16, attributes: Vec<KeyValue>, client: Option<Exchange>) {
         let end = unix_nanos();
         let Span { trace_id, id, parent, start, client_id, client_start, attributes: early } = span;
         let mut attributes = attributes;
