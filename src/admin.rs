@@ -262,6 +262,16 @@ pub fn effective(c: &Config) -> Value {
         "request_id": c.request_id.as_ref().map(|h| h.as_str().to_owned()),
         "log": { "format": format!("{:?}", c.log.format).to_lowercase(), "access": c.log.access },
         "cache": { "max_bytes": c.cache.max_bytes, "max_entry_bytes": c.cache.max_entry_bytes },
+        "tracing": c.tracing.as_ref().map(|t| json!({
+            "otlp": { "endpoint": t.endpoint.to_string(), "protocol": format!("{:?}", t.protocol).to_lowercase() },
+            "sample": t.sample,
+            "parent_based": t.parent_based,
+            "service_name": t.service_name,
+            "queue": t.queue,
+            "batch": t.batch,
+            "interval": dur(t.interval),
+            "timeout": dur(t.timeout),
+        })),
         "redis": c.redis.as_ref().map(|r| {
             let target = match &r.target {
                 crate::limit::store::redis::Topology::Single(u) => json!({ "url": redact_url(u) }),

@@ -24,6 +24,10 @@
 //! - `BENCH_GROUP=1..3` (optional): the pass upstream is a `servers:` group of that many
 //!   servers, all the same upstream under other names (`127.0.0.1`, `localhost`,
 //!   `[::ffff:127.0.0.1]`): the cost of balancing (least_request) and the retry budget.
+//! - `BENCH_TRACE_SAMPLE` (optional, 0 to 1): `tracing:` on with that `sample`, exporting to
+//!   `BENCH_TRACE_ENDPOINT` (default `http://127.0.0.1:1`, a dead collector: every span is
+//!   dropped after a refused connection) over `BENCH_TRACE_PROTOCOL` (`grpc`, the default, or
+//!   `http`): the cost of traces.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -53,6 +57,8 @@ pub struct BenchStore {
     pub no_request_id: bool,
     /// The upstream as a group of this many servers (`BENCH_GROUP`, 0: a single `url:`).
     pub group: usize,
+    /// `tracing:` as (sample, endpoint, protocol) (`BENCH_TRACE_SAMPLE`).
+    pub trace: Option<(String, String, String)>,
 }
 
 const GATEWAY: &str = r#"    match:
@@ -78,6 +84,12 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
     };
     let gateway = if store.gateway { GATEWAY } else { "" };
     let ids = if store.no_request_id { "request_id: { enabled: false }\n" } else { "" };
+    let tracing = match &store.trace {
+        None => String::new(),
+        Some((sample, endpoint, protocol)) => {
+            format!("tracing: {{ otlp: {{ endpoint: {endpoint:?}, protocol: {protocol} }}, sample: {sample} }}\n")
+        }
+    };
     let target = match store.group {
         0 => format!("    url: http://{upstream}\n"),
         n => {
@@ -100,7 +112,7 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
     };
     format!(
         "listen: {listen}
-{trusted}{ids}{redis}upstreams:
+{trusted}{ids}{tracing}{redis}upstreams:
   up:
 {target}routes:
   - name: bench
@@ -153,6 +165,10 @@ pub fn run_from_env() -> anyhow::Result<()> {
         gateway: env("BENCH_GATEWAY").is_some_and(|v| v != "0"),
         no_request_id: env("BENCH_REQUEST_ID").is_some_and(|v| v == "off"),
         group: env("BENCH_GROUP").map(|n| n.parse()).transpose().context("BENCH_GROUP")?.unwrap_or(0),
+        trace: env("BENCH_TRACE_SAMPLE").map(|sample| {
+            let endpoint = env("BENCH_TRACE_ENDPOINT").unwrap_or_else(|| "http://127.0.0.1:1".into());
+            (sample, endpoint, env("BENCH_TRACE_PROTOCOL").unwrap_or_else(|| "grpc".into()))
+        }),
     };
     let rate = env("BENCH_RATE").unwrap_or_else(|| "1000000/s".into());
     let burst = env("BENCH_BURST").map(|b| b.parse()).transpose().context("BENCH_BURST")?.unwrap_or(100_000_000);
@@ -234,6 +250,10 @@ mod tests {
             BenchStore { trusted: vec!["127.0.0.1/32".into(), "::1/128".into()], ..BenchStore::default() },
             BenchStore { gateway: true, no_request_id: true, ..BenchStore::default() },
             BenchStore { group: 3, ..BenchStore::default() },
+            BenchStore {
+                trace: Some(("0.01".into(), "http://127.0.0.1:1".into(), "grpc".into())),
+                ..BenchStore::default()
+            },
         ];
         for store in &stores {
             for (rate, burst) in [("1000000/s", 100_000_000), ("1000/s", 100)] {
@@ -252,6 +272,7 @@ mod tests {
                     assert!(c.matches(&h, None), "h2load's requests meet the bench conditions");
                 }
                 assert_eq!(config.request_id.is_none(), store.no_request_id, "{yaml}");
+                assert_eq!(config.tracing.is_some(), store.trace.is_some(), "{yaml}");
             }
         }
     }

@@ -18,6 +18,7 @@ pub mod group;
 mod guard;
 mod limits;
 mod locate;
+mod otel;
 pub mod plans;
 mod raw;
 mod redis;
@@ -39,6 +40,7 @@ pub use gateway::{Conditions, PathRewrite, ValueMatch, MAX_CONDITIONS, MAX_RULES
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
+pub use otel::{OtlpProtocol, TracingConfig};
 pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
 pub use rules::HeaderRules;
 
@@ -94,6 +96,8 @@ pub struct Config {
     pub redis: Option<crate::limit::RedisConfig>,
     /// The field that carries request ids; `None` when they are off (`request_id.enabled`).
     pub request_id: Option<HeaderName>,
+    /// `tracing:`: OpenTelemetry spans of sampled requests; `None` (the default) traces nothing.
+    pub tracing: Option<TracingConfig>,
     /// The `plans:` section (client tiers), with its clients file read.
     pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
     /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).

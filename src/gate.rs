@@ -177,6 +177,11 @@ impl Gate {
         self.limits.is_empty() && self.cap.is_none()
     }
 
+    /// Whether the route has a concurrency cap (a traced request says what it did).
+    pub fn has_cap(&self) -> bool {
+        self.cap.is_some()
+    }
+
     /// Decides one request at `now`.
     ///
     /// # Errors

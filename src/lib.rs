@@ -81,4 +81,5 @@ mod route;
 mod server;
 mod target;
 mod timer;
+mod trace;
 mod workers;

@@ -188,6 +188,18 @@ pub struct Metrics {
     tunnel_bytes: Family<RouteDirection, Counter>,
     connections: ConnMetrics,
     servers: ServerFamilies,
+    traces: TraceMetrics,
+}
+
+/// The span export's counters (`tracing:`): what reached the collector and what did not.
+#[derive(Clone, Default)]
+pub struct TraceMetrics {
+    /// Spans the collector accepted.
+    pub exported: Counter,
+    /// Spans dropped: the queue was full, or their batch's export failed.
+    pub dropped: Counter,
+    /// Export calls that failed (no connection, a timeout, an error answer).
+    pub export_failures: Counter,
 }
 
 /// The series of a group's servers (`servers:` upstreams), by upstream and server URL.
@@ -453,7 +465,20 @@ impl Metrics {
             "Time to a group server's response head",
             s.latency.clone(),
         );
+        let traces = TraceMetrics::default();
+        registry.register("trace_spans_exported", "Spans the OTLP collector accepted", traces.exported.clone());
+        registry.register(
+            "trace_spans_dropped",
+            "Spans dropped: the export queue was full, or their batch's export failed",
+            traces.dropped.clone(),
+        );
+        registry.register(
+            "trace_export_failures",
+            "OTLP export calls that failed (no connection, a timeout, an error answer); their spans are dropped",
+            traces.export_failures.clone(),
+        );
         Metrics {
+            traces,
             servers,
             registry,
             requests,
@@ -552,6 +577,11 @@ impl Metrics {
 
     pub fn in_flight(&self) -> &Gauge {
         &self.in_flight
+    }
+
+    /// The span export's counters (`tracing:`).
+    pub fn traces(&self) -> &TraceMetrics {
+        &self.traces
     }
 
     pub fn connections(&self) -> &ConnMetrics {

@@ -68,6 +68,8 @@ struct Lane {
     /// `request_headers` and `response_headers`, compiled.
     request_headers: Option<Arc<forward::rules::HeaderRules>>,
     response_headers: Option<Arc<forward::rules::HeaderRules>>,
+    /// The upstream's name (a traced request's `tollgate.upstream`).
+    upstream: String,
 }
 
 pub struct Proxy {
@@ -86,6 +88,8 @@ pub struct Proxy {
     redis: Option<Arc<RedisClient>>,
     /// The rustls config of each listener (`None` for a plain one), in the config's order.
     listener_tls: Vec<Option<Arc<rustls::ServerConfig>>>,
+    /// `tracing:`, with its export task; kept across reloads while the section is unchanged.
+    tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 impl Proxy {
@@ -180,6 +184,7 @@ impl Proxy {
                     rewrite,
                     request_headers: rules(&r.request_headers),
                     response_headers: rules(&r.response_headers),
+                    upstream: upstream.name.clone(),
                 }
             })
             .collect();
@@ -190,6 +195,10 @@ impl Proxy {
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
         let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
         let listener_tls = config.listeners.iter().map(listener_tls).collect();
+        let tracer = config.tracing.as_ref().and_then(|t| {
+            let kept = previous.and_then(|p| p.tracer.clone()).filter(|k| k.config == *t);
+            kept.or_else(|| crate::trace::Tracer::new(t, metrics.traces()))
+        });
         Proxy {
             config: Arc::new(config),
             backends,
@@ -202,6 +211,7 @@ impl Proxy {
             metrics,
             redis,
             listener_tls,
+            tracer,
         }
     }
 

@@ -44,6 +44,7 @@ pub struct Config {
     #[serde(default)]
     request_id: super::gateway::RawRequestId,
     plans: Option<super::plans::RawPlans>,
+    tracing: Option<super::otel::RawTracing>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -450,6 +451,7 @@ impl Config {
         }
         let redis = self.redis.map(|r| r.validate()).transpose()?;
         let request_id = self.request_id.validate()?;
+        let tracing = self.tracing.map(super::otel::RawTracing::validate).transpose()?;
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
@@ -667,6 +669,7 @@ impl Config {
             problem_type_base: type_base,
             redis,
             request_id,
+            tracing,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,
             upstreams,

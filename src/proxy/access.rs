@@ -1,6 +1,8 @@
 //! The access log: what one request did, written as one line when it is answered.
 
 use super::*;
+use crate::trace::{self, Exchange};
+use opentelemetry_proto::tonic::common::v1::KeyValue;
 
 /// Which stale copy, if any, answered a request (for the access log).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -26,17 +28,22 @@ pub(super) struct Access<'a> {
     pub(super) request_id: Option<&'a RequestId>,
     /// A gRPC call: tollgate's own answers are gRPC statuses, never stale copies.
     pub(super) grpc: bool,
+    /// A sampled request's span (`tracing:`); boxed, so that an untraced request's future
+    /// carries a pointer only.
+    pub(super) trace: Option<Box<trace::Span>>,
 }
 
 impl<'a> Access<'a> {
-    /// `logging`: the access log is on, so the path is worth copying.
+    /// `logging`: the access log is on, so the path is worth copying (the span's too).
     pub(super) fn new(
         lane: &'a Lane,
         route: &'a Route,
         parts: &Parts,
         logging: bool,
         request_id: Option<&'a RequestId>,
+        trace: Option<Box<trace::Span>>,
     ) -> Access<'a> {
+        let logging = logging || trace.is_some();
         Access {
             lane,
             route: &route.name,
@@ -49,6 +56,7 @@ impl<'a> Access<'a> {
             cause: None,
             request_id,
             grpc: false,
+            trace,
         }
     }
 
@@ -78,5 +86,78 @@ impl<'a> Access<'a> {
             },
             request_id = self.request_id.map(RequestId::as_str),
         );
+    }
+}
+
+impl Access<'_> {
+    /// The server span's attributes and the upstream exchange, from the facts the log line
+    /// is written from (the HTTP semantic conventions, then tollgate's own).
+    #[cold]
+    pub(super) fn span(&self, status: u16, peer: std::net::IpAddr) -> (Vec<KeyValue>, Option<Exchange>) {
+        let mut a = Vec::with_capacity(20);
+        a.push(trace::text("http.request.method", self.method.as_str()));
+        a.push(trace::text("http.route", self.route));
+        a.push(trace::text("url.path", self.path.as_str()));
+        a.push(trace::int("http.response.status_code", i64::from(status)));
+        a.push(trace::address("client.address", peer));
+        a.push(trace::text("tollgate.route", self.route));
+        if let Some(id) = self.request_id {
+            a.push(trace::text("tollgate.request_id", id.as_str()));
+        }
+        let limits = self.lane.gate.limits();
+        if let Some(limit) = self.note.limit.and_then(|i| limits.get(i)) {
+            a.push(trace::text("tollgate.limit", limit.config.name.as_str()));
+        }
+        let decision = match self.error {
+            Some("throttled") => Some("deny"),
+            _ if self.note.delayed_us > 0 => Some("delay"),
+            _ if self.note.limit.is_some() => Some("allow"),
+            _ => None,
+        };
+        if let Some(decision) = decision {
+            a.push(trace::text("tollgate.limit.decision", decision));
+        }
+        if let Some(remaining) = self.note.remaining {
+            a.push(trace::int("tollgate.limit.remaining", i64::try_from(remaining).unwrap_or(i64::MAX)));
+        }
+        if self.note.delayed_us > 0 {
+            a.push(trace::float("tollgate.limit.wait_ms", self.note.delayed_us as f64 / 1e3));
+        }
+        if let Some(secs) = self.note.retry_after_secs {
+            a.push(trace::int("tollgate.retry_after", i64::try_from(secs).unwrap_or(i64::MAX)));
+        }
+        let shadowed = |l: &&Limit| l.config.mode == crate::config::Mode::Shadow;
+        let shadow = limits.iter().filter(shadowed).map(|l| l.config.name.as_str());
+        if limits.iter().any(|l| shadowed(&l)) {
+            a.push(trace::texts("tollgate.limit.shadow", shadow));
+        }
+        if self.lane.gate.has_cap() {
+            let capped = if self.error == Some("over_capacity") { "refused" } else { "admitted" };
+            a.push(trace::text("tollgate.concurrency", capped));
+        }
+        if self.stale != Stale::No {
+            let why = if self.stale == Stale::Throttled { "throttled" } else { "upstream_error" };
+            a.push(trace::text("tollgate.cache", "stale"));
+            a.push(trace::text("tollgate.cache.stale_reason", why));
+        }
+        if let Some(kind) = self.error {
+            a.push(trace::text("error.type", kind));
+        }
+        if let Some(cause) = &self.cause {
+            a.push(trace::text("tollgate.cause", &**cause));
+        }
+        let exchange = self.upstream.map(|(upstream_status, took)| {
+            let mut c = Vec::with_capacity(4);
+            c.push(trace::text("http.request.method", self.method.as_str()));
+            c.push(trace::text("tollgate.upstream", self.lane.upstream.as_str()));
+            if upstream_status != 0 {
+                c.push(trace::int("http.response.status_code", i64::from(upstream_status)));
+            }
+            Exchange { attributes: c, took, status: upstream_status }
+        });
+        if exchange.is_some() {
+            a.push(trace::text("tollgate.upstream", self.lane.upstream.as_str()));
+        }
+        (a, exchange)
     }
 }

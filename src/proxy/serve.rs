@@ -78,7 +78,8 @@ impl Proxy {
                 Err(e) => return this.unrouted(&e, &parts, &mut ctx, started),
             };
             let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
-            let mut log = Access::new(lane, route, &parts, this.config.log.access, ctx.id.as_ref());
+            let span = this.tracer.as_deref().and_then(|t| Proxy::trace_start(t, &parts));
+            let mut log = Access::new(lane, route, &parts, this.config.log.access, ctx.id.as_ref(), span);
             log.grpc = ctx.grpc;
             // Every answer may need these (a 429 too); the request's only once it is admitted.
             let response_values = this.values(&lane.response_headers, route, &parts, &target, &ctx);
@@ -111,6 +112,10 @@ impl Proxy {
                         // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
                         // `OnUpgrade` in the request's (usually empty) extensions.
                         let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
+                        if let Some(span) = log.trace.as_mut() {
+                            // The upstream's parent is the exchange's client span.
+                            parts.headers.insert(crate::request_id::TRACEPARENT, span.upstream_starts());
+                        }
                         let req = Request::from_parts(parts, body);
                         let sent = Instant::now();
                         let out = match backend {
@@ -144,7 +149,7 @@ impl Proxy {
                 &mut resp,
                 ctx.id_field.take(),
                 response_values.as_deref(),
-                &log,
+                &mut log,
                 (started, peer.addr.ip()),
             );
             resp
@@ -159,7 +164,7 @@ impl Proxy {
         resp: &mut Response<Body>,
         id_field: Option<(&http::HeaderName, http::HeaderValue)>,
         response_values: Option<&[HeaderValue]>,
-        log: &Access<'_>,
+        log: &mut Access<'_>,
         (started, peer): (Option<Instant>, std::net::IpAddr),
     ) {
         if let Some((name, id)) = id_field {
@@ -172,6 +177,41 @@ impl Proxy {
         if let Some(started) = started {
             log.emit(resp.status().as_u16(), started.elapsed(), peer);
         }
+        if let Some(span) = log.trace.take() {
+            self.trace_end(*span, log, resp.status().as_u16(), peer);
+        }
+    }
+
+    /// A routed request's span, if `tracer` samples it, with the facts of its head that the
+    /// access log does not keep (the server's address and the protocol).
+    #[cold]
+    fn trace_start(tracer: &crate::trace::Tracer, parts: &Parts) -> Option<Box<crate::trace::Span>> {
+        let mut span = tracer.start(&parts.headers)?;
+        let host = parts.headers.get(http::header::HOST).and_then(|h| h.to_str().ok());
+        if let Some(authority) = host.and_then(|h| h.parse::<http::uri::Authority>().ok()) {
+            span.attributes.push(crate::trace::text("server.address", authority.host()));
+            if let Some(port) = authority.port_u16() {
+                span.attributes.push(crate::trace::int("server.port", i64::from(port)));
+            }
+        }
+        let version = match parts.version {
+            http::Version::HTTP_09 => "0.9",
+            http::Version::HTTP_10 => "1.0",
+            http::Version::HTTP_2 => "2",
+            http::Version::HTTP_3 => "3",
+            _ => "1.1",
+        };
+        span.attributes.push(crate::trace::text("network.protocol.version", version));
+        Some(span)
+    }
+
+    /// Ends a traced request's span with the facts of its log line.
+    #[cold]
+    fn trace_end(&self, span: crate::trace::Span, log: &Access<'_>, status: u16, peer: std::net::IpAddr) {
+        let Some(tracer) = &self.tracer else { return };
+        let (attributes, exchange) = log.span(status, peer);
+        let name = format!("{} {}", log.method, log.route);
+        tracer.finish(span, name, status, attributes, exchange);
     }
 
     /// The answer to a request no route took (a bad target, no route), logged.
@@ -501,6 +541,10 @@ impl Proxy {
                 log.note.retry_after_secs = Some(d.retry_after_secs);
             }
             return lane.answers.respond_grpc(e);
+        }
+        if let (Error::Throttled(d), Some(span)) = (e, log.trace.as_mut()) {
+            let names = d.limits.iter().filter_map(|l| lane.gate.limits().get(l.0)).map(|l| l.config.name.as_str());
+            span.attributes.push(crate::trace::texts("tollgate.limit.denied", names));
         }
         if let Error::Throttled(d) = e {
             log.note = Note {

@@ -14,7 +14,7 @@ const LAYERS: [(&str, &[&str], &str); 6] = [
     ("request", &["proxy", "explain"], "the compiled config serving a request, and its description"),
     (
         "parts",
-        &["route", "gate", "forward", "cache", "target", "framing", "answer", "body"],
+        &["route", "gate", "forward", "cache", "target", "framing", "answer", "body", "trace"],
         "the steps of one request, compiled from the config at `Proxy::build`",
     ),
     (

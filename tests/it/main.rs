@@ -33,6 +33,7 @@ mod server;
 mod stale;
 mod tls;
 mod tls_upstream;
+mod traces;
 mod tunnel;
 mod upstream_framing;
 mod workers;
