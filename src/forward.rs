@@ -49,6 +49,31 @@ pub struct Downstream<'a> {
     pub request_id: Option<(&'a http::HeaderName, HeaderValue)>,
     /// The route's request header rules with their values for this request, applied last.
     pub rules: Option<(&'a rules::HeaderRules, &'a [HeaderValue])>,
+    /// Where a group notes which server took the request, and after how many tries.
+    pub served: &'a Served,
+}
+
+/// Which server of a group took a request, after how many tries (for the access log and the
+/// trace): written by the group as it goes, read once the exchange is over.
+#[derive(Debug, Default)]
+pub struct Served {
+    server: std::sync::atomic::AtomicU32,
+    /// 0: no group took the request.
+    tries: std::sync::atomic::AtomicU32,
+}
+
+impl Served {
+    /// The `tries`-th try goes to the group's server at index `server`.
+    pub fn record(&self, server: usize, tries: u32) {
+        self.server.store(u32::try_from(server).unwrap_or(u32::MAX), Ordering::Relaxed);
+        self.tries.store(tries, Ordering::Relaxed);
+    }
+
+    /// The last server tried and the number of tries, if a group took the request.
+    pub fn get(&self) -> Option<(usize, u32)> {
+        let tries = self.tries.load(Ordering::Relaxed);
+        (tries > 0).then(|| (self.server.load(Ordering::Relaxed) as usize, tries))
+    }
 }
 
 /// `auto`: what ALPN chose on the newest connection, so the next request looks in that pool first.

@@ -186,6 +186,11 @@ impl Group {
         &self.name
     }
 
+    /// The address of the server at `index` (as [`Served`](super::Served) names it).
+    pub fn server_name(&self, index: usize) -> Option<&str> {
+        self.members.get(index).map(|m| m.fwd.authority.as_str())
+    }
+
     /// The key a `hash` group balances on.
     pub fn hash_key(&self) -> Option<&KeySpec> {
         match &self.cfg.balance {
@@ -246,6 +251,7 @@ impl Group {
             tries += 1;
             let first = tries == 1;
             tried.add(at);
+            down.served.record(at, tries);
             let member = &self.members[at];
             let req = {
                 let Some(mut req) = pending.take().or_else(|| replay.as_ref().map(Head::request)) else {
@@ -380,6 +386,7 @@ impl Group {
         loop {
             tries += 1;
             tried.add(at);
+            down.served.record(at, tries);
             let member = &self.members[at];
             if !self.preserve_host && tries > 1 {
                 // The `:authority` is this server's own.

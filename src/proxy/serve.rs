@@ -134,6 +134,9 @@ impl Proxy {
                             Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
                         };
                         lane.upstream_took(&mut log, out.as_ref().map_or(0, |r| r.status().as_u16()), sent.elapsed());
+                        if let (Backend::Group(g), Some((server, tries))) = (backend, ctx.served.get()) {
+                            log.served = Some((g.server_name(server).unwrap_or("?"), tries));
+                        }
                         match out {
                             Ok(resp) => resp,
                             Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
@@ -475,6 +478,8 @@ struct Ctx<'a> {
     id_field: Option<(&'a http::HeaderName, http::HeaderValue)>,
     /// gRPC runs on HTTP/2 only: an HTTP/1 request costs one comparison here.
     grpc: bool,
+    /// Which server of a group took the request (see [`forward::Served`]).
+    served: forward::Served,
 }
 
 impl<'a> Ctx<'a> {
@@ -483,7 +488,7 @@ impl<'a> Ctx<'a> {
         let id = proxy.config.request_id.as_ref().map(|name| RequestId::decide(name, &parts.headers, peer_trusted));
         let id_field = proxy.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
         let grpc = parts.version == http::Version::HTTP_2 && forward::grpc::is_grpc(&parts.headers);
-        Ctx { peer, peer_trusted, id, id_field, grpc }
+        Ctx { peer, peer_trusted, id, id_field, grpc, served: forward::Served::default() }
     }
 
     /// The id as text, for the log and rule values.
@@ -501,6 +506,7 @@ impl<'a> Ctx<'a> {
             https: self.peer.tls.is_some(),
             request_id: self.id_field.clone(),
             rules: lane.request_headers.as_deref().map(|r| (r, values.unwrap_or_default())),
+            served: &self.served,
         }
     }
 }

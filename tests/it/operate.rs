@@ -264,3 +264,39 @@ async fn in_flight_becomes(admin: std::net::SocketAddr, want: f64) -> f64 {
     }
     seen
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_group_request_is_logged_with_the_server_that_took_it_and_its_tries() {
+    let (logs, _guard) = Captured::json_logs();
+    let live =
+        Tollgate::start("upstreams: { ok: { respond: { status: 200 } } }\nroutes: [{ name: ok, upstream: ok }]\n")
+            .await;
+    // A port nothing listens on: its tries fail to connect and go on to the live server.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let tg = Tollgate::start(&format!(
+        "log: {{ access: true }}
+upstreams:
+  app:
+    servers: [{{ url: 'http://{dead}' }}, {{ url: 'http://{}' }}]
+    balance: round_robin
+    retry: {{ attempts: 2, on: [connect_failure], budget: {{ min_per_s: 100 }} }}
+    outlier: {{ consecutive_failures: 0 }}
+routes: [{{ name: api, upstream: app }}]
+",
+        live.addr
+    ))
+    .await;
+    for _ in 0..4 {
+        assert_eq!(get(tg.addr, "/x").await.0, StatusCode::OK);
+    }
+    let (lines, text) = logs.access_lines();
+    let lines: Vec<_> = lines.iter().filter(|l| l["fields"]["route"] == "api").collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let live = live.addr.to_string();
+    for line in &lines {
+        assert_eq!(line["fields"]["upstream_server"], live.as_str(), "{line}");
+    }
+    let tries: Vec<_> = lines.iter().map(|l| l["fields"]["upstream_tries"].as_u64().unwrap()).collect();
+    // A request whose first try went to the dead server took two; none took more.
+    assert!(tries.contains(&2) && tries.iter().all(|&t| t == 1 || t == 2), "{tries:?}");
+}

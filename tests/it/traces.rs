@@ -387,3 +387,35 @@ async fn the_tracing_section_is_checked() {
         assert!(e.column > 1, "{e}");
     }
 }
+
+#[tokio::test]
+async fn a_groups_client_span_names_the_server_that_answered_and_the_retries() {
+    let collector = Collector::grpc().await;
+    let (up, _seen) = recording_upstream().await;
+    // The group's first server refuses connections: a request sent there is retried on `up`.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let yaml = format!(
+        "tracing:\n  otlp: {{ endpoint: http://{} }}\n  sample: 1\n  interval: 20ms
+upstreams:
+  app:
+    servers: [{{ url: 'http://{dead}' }}, {{ url: 'http://{}' }}]
+    balance: round_robin
+    retry: {{ attempts: 2, on: [connect_failure], budget: {{ min_per_s: 100 }} }}
+    outlier: {{ consecutive_failures: 0 }}
+routes: [{{ name: api, upstream: app }}]
+",
+        collector.addr, up.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    for _ in 0..2 {
+        assert_eq!(get(tg.addr, "/x").await.0, StatusCode::OK);
+    }
+    let got = spans(&collector.store, 4).await;
+    let clients: Vec<_> = got.iter().filter(|s| s.kind == SpanKind::Client as i32).map(attrs).collect();
+    assert_eq!(clients.len(), 2, "{clients:?}");
+    for c in &clients {
+        assert_eq!(c["tollgate.upstream.server"], up.addr.to_string(), "{c:?}");
+    }
+    let retries: Vec<&str> = clients.iter().map(|c| c["tollgate.upstream.retries"].as_str()).collect();
+    assert!(retries.contains(&"1"), "a request whose first try met the dead server was retried once: {retries:?}");
+}
