@@ -7,6 +7,7 @@ mod support;
 mod adaptive;
 mod calibrate;
 mod cli;
+mod dashboard;
 mod docs;
 mod drain;
 mod errors;
