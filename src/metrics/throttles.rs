@@ -26,7 +26,8 @@ pub struct Throttle {
 impl Throttle {
     const EMPTY: Throttle = Throttle { at_ms: 0, limit: 0, retry_after_secs: 0, id_len: 0, id: [0; ID_BYTES] };
 
-    /// The request id ("" when the config has none).
+    /// The request id ("" when the config has none, or if it was cut inside a character,
+    /// which no id tollgate accepts has).
     pub fn request_id(&self) -> &str {
         std::str::from_utf8(&self.id[..usize::from(self.id_len)]).unwrap_or("")
     }
@@ -53,7 +54,7 @@ impl Throttles {
     /// Records a throttled request, unless another one is being recorded on this route right
     /// now (it is skipped: the 429 is never made to wait for the dashboard). An id longer
     /// than [`ID_BYTES`] is cut (none is: longer ones are refused where ids are read).
-    pub fn record(&self, at_ms: u64, limit: usize, retry_after_secs: u64, request_id: &str) {
+    pub fn record(&self, at_ms: u64, limit: usize, retry_after_secs: u64, request_id: &[u8]) {
         let Ok(mut ring) = self.ring.try_lock() else { return };
         let i = (ring.written % KEPT as u64) as usize;
         ring.written += 1;
@@ -63,7 +64,7 @@ impl Throttles {
         slot.limit = u16::try_from(limit).unwrap_or(u16::MAX);
         slot.retry_after_secs = retry_after_secs;
         slot.id_len = n as u8;
-        slot.id[..n].copy_from_slice(&request_id.as_bytes()[..n]);
+        slot.id[..n].copy_from_slice(&request_id[..n]);
     }
 
     /// The kept entries, newest first (the admin listener reads them; it waits for the lock).
@@ -83,7 +84,7 @@ mod tests {
         let t = Throttles::default();
         assert!(t.recent().is_empty());
         for i in 0..(KEPT as u64 + 3) {
-            t.record(i, 1, i * 2, &format!("id-{i}"));
+            t.record(i, 1, i * 2, format!("id-{i}").as_bytes());
         }
         let recent = t.recent();
         assert_eq!(recent.len(), KEPT);
@@ -97,7 +98,7 @@ mod tests {
     fn a_long_id_is_cut_not_refused() {
         let t = Throttles::default();
         let long = "x".repeat(ID_BYTES + 10);
-        t.record(1, 0, 1, &long);
+        t.record(1, 0, 1, long.as_bytes());
         assert_eq!(t.recent()[0].request_id().len(), ID_BYTES);
     }
 }

@@ -423,10 +423,11 @@ impl Lane {
 
     /// Keeps a 429 in the route's ring of last throttled requests (the dashboard's): a copy
     /// of a few bytes, skipped when another one is being kept at that moment.
-    #[inline]
+    // Out of line: `refused` answers every kind of failure, and stays as it was for the others.
+    #[inline(never)]
     fn note_throttled(&self, d: &crate::answer::Denied, id: Option<&RequestId>) {
         let limit = d.limits.first().map_or(0, |l| l.0);
-        let id = id.map_or("", RequestId::as_str);
+        let id = id.map_or(&[][..], RequestId::as_bytes);
         self.metrics.throttles.record(crate::timer::now_ms(), limit, d.retry_after_secs, id);
     }
 }
