@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what a fresh machine lacks, then runs format, lint and
-# every test. Tests start their own redis-server processes on free loopback ports.
+# every test. Tests start their own redis-server processes (and a headless Chromium) on free
+# loopback ports.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -8,6 +9,9 @@ need() { command -v "$1" >/dev/null 2>&1; }
 missing=()
 need redis-server || missing+=(redis-server)
 need redis-cli || missing+=(redis-tools)
+# The dashboard's browser test (tests/it/dashboard.rs) drives headless Chromium.
+need chromium || missing+=(chromium)
+need chromedriver || missing+=(chromium-driver)
 if ((${#missing[@]})); then
   echo "==> installing ${missing[*]}"
   sudo_cmd=()

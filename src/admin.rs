@@ -1,8 +1,9 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (alive), `/readyz` (config
-//! loaded, listener up, Redis reachable where a limit depends on it) and `/config` (the
-//! effective config, secrets redacted), and the limit table at runtime under `/limits` (see
-//! [`limits`]). It binds loopback unless configured otherwise; reads take no token, the one
-//! write (`DELETE` of a limit's key) needs `admin.token`.
+//! loaded, listener up, Redis reachable where a limit depends on it), `/config` (the
+//! effective config, secrets redacted), the limit table at runtime under `/limits` (see
+//! [`limits`]) and the live dashboard (`/`, `/dashboard.json`). It binds loopback unless
+//! configured otherwise; reads take no token, the one write (`DELETE` of a limit's key) needs
+//! `admin.token`.
 
 mod limits;
 
@@ -24,6 +25,20 @@ use tokio::net::TcpListener;
 use crate::config::{Config, HostMatch, PathMatch, UpstreamKind};
 use crate::proxy::Shared;
 
+mod dashboard;
+mod history;
+
+use dashboard::Dashboard;
+
+/// Aborts the dashboard's sampler when the admin listener stops.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Whether the proxy listener is accepting; `/readyz` says not ready until it is.
 #[derive(Default)]
 pub struct Readiness {
@@ -40,6 +55,8 @@ impl Readiness {
 /// detection and the timeouts of the client listener (`server:`), not its connection cap.
 pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, shutdown: impl Future<Output = ()>) {
     let mut current = crate::server::Current::new(&proxy, crate::metrics::ConnMetrics::default());
+    let dashboard = Arc::new(Dashboard::default());
+    let _sampler = AbortOnDrop(tokio::spawn(dashboard.clone().sample(proxy.clone())).abort_handle());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -56,10 +73,12 @@ pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, 
         let settings = current.get(&proxy).clone();
         let proxy = proxy.clone();
         let ready = ready.clone();
+        let dashboard = dashboard.clone();
         let svc = service_fn(move |req| {
             let proxy = proxy.clone();
             let ready = ready.clone();
-            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready, peer).await) }
+            let dashboard = dashboard.clone();
+            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready, peer, &dashboard).await) }
         });
         tokio::spawn(crate::server::serve_other(stream, settings, svc));
     }
@@ -72,7 +91,17 @@ fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
     resp
 }
 
-async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness, peer: SocketAddr) -> Response<Body> {
+/// The dashboard page may run its own inline script and style and talk to this listener,
+/// nothing else.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:";
+
+async fn answer(
+    req: Request<Incoming>,
+    shared: &Shared,
+    ready: &Readiness,
+    peer: SocketAddr,
+    dashboard: &Dashboard,
+) -> Response<Body> {
     let proxy = shared.load_full();
     if let Some(rest) = req.uri().path().strip_prefix("/limits") {
         if rest.is_empty() || rest.starts_with('/') {
@@ -90,6 +119,16 @@ async fn answer(req: Request<Incoming>, shared: &Shared, ready: &Readiness, peer
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 proxy.metrics().encode(proxy.redis().map(|r| &**r)),
             )
+        }
+        "/" => {
+            let mut resp = text(StatusCode::OK, "text/html; charset=utf-8", dashboard::PAGE);
+            resp.headers_mut().insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(PAGE_POLICY));
+            resp
+        }
+        "/dashboard.json" => {
+            let mut resp = text(StatusCode::OK, "application/json", dashboard.view(&proxy).to_string());
+            resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
         }
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {

@@ -19,6 +19,10 @@ use prometheus_client::registry::Registry;
 
 use crate::limit::store::redis::{BreakerState, RedisClient, Snapshot, LATENCY_BUCKETS_US};
 
+mod throttles;
+
+pub use throttles::Throttles;
+
 /// A label value from config (a route or limit name), escaped as the text format requires.
 /// Names are validated to `[A-Za-z0-9._-]`, so escaping changes nothing today; it keeps a
 /// name that slipped past validation from writing series of its own.
@@ -117,7 +121,7 @@ enum Outcome {
 }
 
 /// Upper bounds of [`Seconds`]: 100 µs × 2^i, i < 19 (100 µs … ~26 s), then +Inf.
-const SECONDS_BOUNDS: usize = 19;
+pub const SECONDS_BOUNDS: usize = 19;
 const FIRST_BOUND_NS: u64 = 100_000;
 
 /// A latency histogram of plain relaxed atomics. prometheus-client's own `Histogram` takes
@@ -138,6 +142,18 @@ impl Seconds {
         let inner = &*self.0;
         inner.buckets[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
         inner.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The count of each bucket (not cumulative), the last one above every bound: what the
+    /// dashboard keeps a second at a time.
+    pub fn counts(&self) -> [u64; SECONDS_BOUNDS + 1] {
+        let inner = &*self.0;
+        std::array::from_fn(|i| inner.buckets[i].load(Ordering::Relaxed))
+    }
+
+    /// The upper bound of bucket `i < SECONDS_BOUNDS`, in seconds.
+    pub fn bound_secs(i: usize) -> f64 {
+        (FIRST_BOUND_NS << i) as f64 / 1e9
     }
 }
 
@@ -188,6 +204,9 @@ pub struct Metrics {
     tunnel_bytes: Family<RouteDirection, Counter>,
     connections: ConnMetrics,
     servers: ServerFamilies,
+    /// Each route's last throttled requests, by route name: kept across reloads as the
+    /// counters are.
+    throttles: std::sync::Mutex<std::collections::HashMap<String, Arc<Throttles>>>,
     traces: TraceMetrics,
 }
 
@@ -315,12 +334,19 @@ pub struct RouteMetrics {
     pub stale_throttled: Counter,
     pub stale_upstream_error: Counter,
     pub tunnels: TunnelMetrics,
+    /// The last throttled requests (the admin dashboard shows them).
+    pub throttles: Arc<Throttles>,
 }
 
 impl RouteMetrics {
     pub fn response(&self, status: u16) {
         let i = usize::from(status / 100).clamp(1, 5) - 1;
         self.classes[i].inc();
+    }
+
+    /// Answers so far by status class, 1xx to 5xx.
+    pub fn class_counts(&self) -> [u64; 5] {
+        std::array::from_fn(|i| self.classes[i].get())
     }
 }
 
@@ -494,6 +520,7 @@ impl Metrics {
             tunnels_open,
             tunnel_bytes,
             connections,
+            throttles: Default::default(),
         }
     }
 
@@ -516,7 +543,14 @@ impl Metrics {
                 bytes_up: bytes("up"),
                 bytes_down: bytes("down"),
             },
+            throttles: self.throttles(route),
         }
+    }
+
+    /// The ring of route `route`'s last throttled requests, made on first use.
+    fn throttles(&self, route: &str) -> Arc<Throttles> {
+        let mut all = self.throttles.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.entry(route.to_owned()).or_default().clone()
     }
 
     /// The gauge `tollgate_concurrency_limit{route}`.

@@ -268,6 +268,11 @@ impl Proxy {
         self.config.routes.iter().zip(self.lanes.iter().map(|l| &l.gate))
     }
 
+    /// Each route with its metric handles (the admin dashboard samples them).
+    pub fn route_metrics(&self) -> impl Iterator<Item = (&Route, &RouteMetrics)> {
+        self.config.routes.iter().zip(self.lanes.iter().map(|l| &l.metrics))
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

@@ -52,6 +52,14 @@ impl RequestId {
         RequestId::Made(out)
     }
 
+    /// The id's bytes, unchecked (ASCII either way: made as hex digits, or checked when given).
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Made(b) => b,
+            RequestId::Given(v) => v.as_bytes(),
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         match self {
             RequestId::Made(b) => std::str::from_utf8(b).unwrap_or(""),

@@ -60,6 +60,8 @@ pub struct ServerView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ejected_for_s: Option<u64>,
     pub in_flight: i64,
+    /// Times it was ejected since tollgate started (`tollgate_upstream_server_ejections`).
+    pub ejections: u64,
 }
 
 pub struct Group {

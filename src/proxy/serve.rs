@@ -463,6 +463,16 @@ impl Lane {
         self.metrics.upstream_seconds.observe(took);
         log.upstream = Some((status, took));
     }
+
+    /// Keeps a 429 in the route's ring of last throttled requests (the dashboard's): a copy
+    /// of a few bytes, skipped when another one is being kept at that moment.
+    // Out of line: `refused` answers every kind of failure, and stays as it was for the others.
+    #[inline(never)]
+    fn note_throttled(&self, d: &crate::answer::Denied, id: Option<&RequestId>) {
+        let limit = d.limits.first().map_or(0, |l| l.0);
+        let id = id.map_or(&[][..], RequestId::as_bytes);
+        self.metrics.throttles.record(crate::timer::now_ms(), limit, d.retry_after_secs, id);
+    }
 }
 
 /// What every phase of one request reads: who sent it and under which id.
@@ -541,6 +551,9 @@ impl Proxy {
     ) -> Response<Body> {
         log.error = Some(e.kind());
         log.cause = e.cause().cloned();
+        if let Error::Throttled(d) = e {
+            lane.note_throttled(d, log.request_id);
+        }
         if log.grpc {
             // A gRPC client reads the answer from grpc-status; a stale copy is never one.
             if let Error::Throttled(d) = e {

@@ -8,6 +8,7 @@ mod adaptive;
 mod admin_limits;
 mod calibrate;
 mod cli;
+mod dashboard;
 mod docs;
 mod drain;
 mod errors;

@@ -115,6 +115,7 @@ impl Group {
                     state,
                     ejected_for_s,
                     in_flight: m.metrics.in_flight.get(),
+                    ejections: m.metrics.ejections.get(),
                 }
             })
             .collect()
