@@ -7,7 +7,7 @@ use http::StatusCode;
 use tollgate::limit::{ManualClock, Timestamp};
 use tollgate::Reloader;
 
-use crate::support::{get, get_with, Tollgate};
+use crate::support::{dead_then_live_group, get, get_with, Tollgate};
 
 const T0: Timestamp = Timestamp::from_micros(1_700_000_000_000_000);
 
@@ -271,21 +271,8 @@ async fn a_group_request_is_logged_with_the_server_that_took_it_and_its_tries() 
     let live =
         Tollgate::start("upstreams: { ok: { respond: { status: 200 } } }\nroutes: [{ name: ok, upstream: ok }]\n")
             .await;
-    // A port nothing listens on: its tries fail to connect and go on to the live server.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let tg = Tollgate::start(&format!(
-        "log: {{ access: true }}
-upstreams:
-  app:
-    servers: [{{ url: 'http://{dead}' }}, {{ url: 'http://{}' }}]
-    balance: round_robin
-    retry: {{ attempts: 2, on: [connect_failure], budget: {{ min_per_s: 100 }} }}
-    outlier: {{ consecutive_failures: 0 }}
-routes: [{{ name: api, upstream: app }}]
-",
-        live.addr
-    ))
-    .await;
+    // The group's first server refuses connections: its tries go on to the live one.
+    let tg = Tollgate::start(&format!("log: {{ access: true }}\n{}", dead_then_live_group(live.addr))).await;
     for _ in 0..4 {
         assert_eq!(get(tg.addr, "/x").await.0, StatusCode::OK);
     }

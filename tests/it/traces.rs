@@ -393,18 +393,10 @@ async fn a_groups_client_span_names_the_server_that_answered_and_the_retries() {
     let collector = Collector::grpc().await;
     let (up, _seen) = recording_upstream().await;
     // The group's first server refuses connections: a request sent there is retried on `up`.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let yaml = format!(
-        "tracing:\n  otlp: {{ endpoint: http://{} }}\n  sample: 1\n  interval: 20ms
-upstreams:
-  app:
-    servers: [{{ url: 'http://{dead}' }}, {{ url: 'http://{}' }}]
-    balance: round_robin
-    retry: {{ attempts: 2, on: [connect_failure], budget: {{ min_per_s: 100 }} }}
-    outlier: {{ consecutive_failures: 0 }}
-routes: [{{ name: api, upstream: app }}]
-",
-        collector.addr, up.addr
+        "tracing:\n  otlp: {{ endpoint: http://{} }}\n  sample: 1\n  interval: 20ms\n{}",
+        collector.addr,
+        crate::support::dead_then_live_group(up.addr)
     );
     let tg = Tollgate::start(&yaml).await;
     for _ in 0..2 {

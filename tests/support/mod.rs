@@ -235,3 +235,19 @@ pub async fn get_with(
 pub fn proxy_yaml(upstream: SocketAddr, upstream_extra: &str, routes: &str) -> String {
     format!("listen: 127.0.0.1:0\nupstreams:\n  up:\n    url: http://{upstream}\n{upstream_extra}routes:\n{routes}")
 }
+
+/// Upstream `app`: a group whose first server refuses connections (a port nothing listens on)
+/// and whose second is `live`, round robin, a connect failure retried once; route `api` to it.
+pub fn dead_then_live_group(live: SocketAddr) -> String {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    format!(
+        "upstreams:
+  app:
+    servers: [{{ url: 'http://{dead}' }}, {{ url: 'http://{live}' }}]
+    balance: round_robin
+    retry: {{ attempts: 2, on: [connect_failure], budget: {{ min_per_s: 100 }} }}
+    outlier: {{ consecutive_failures: 0 }}
+routes: [{{ name: api, upstream: app }}]
+"
+    )
+}
