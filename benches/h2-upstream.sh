@@ -12,32 +12,19 @@
 # Proxy and upstream share core 0, h2load runs on core 1. No quiet gate: on a shared machine
 # the figures are noisy; compare the two proxies within one run.
 set -euo pipefail
+# shellcheck source=benches/upstream.sh
+source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 [[ $# -eq 1 ]] || { echo "usage: $0 TOLLGATE_BINARY" >&2; exit 2; }
 for t in nginx haproxy h2load taskset openssl; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 bin=$1 rounds=${ROUNDS:-3} n=${N:-200000} conns=${CONNS:-50} streams=${STREAMS:-10}
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 up=18390 tg=18391 hp=18392
-listen="listen 127.0.0.1:$up http2;" url=http://127.0.0.1:$up proto=h2c hp_server="proto h2"
+hp_server="proto h2"
+start_h2_upstream "$work" "$up" 0
 if [[ -n ${TLS:-} ]]; then
-  # A CA and a leaf it signs (webpki refuses a certificate marked CA:TRUE, as `req -x509` makes, as the leaf).
-  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-  openssl req -x509 "${ec[@]}" -days 2 -subj /CN=bench-ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
-  openssl req "${ec[@]}" -subj /CN=upstream.bench -keyout "$work/up.key" -out "$work/up.csr" 2>/dev/null
-  printf 'subjectAltName=DNS:upstream.bench\nbasicConstraints=CA:FALSE\n' > "$work/ext.cnf"
-  openssl x509 -req -in "$work/up.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -days 2 \
-    -extfile "$work/ext.cnf" -out "$work/up.pem" 2>/dev/null
-  listen="listen 127.0.0.1:$up ssl http2; ssl_certificate $work/up.pem; ssl_certificate_key $work/up.key;"
-  url=https://127.0.0.1:$up proto="h2, ca_file: '$work/ca.pem', server_name: upstream.bench"
   hp_server="ssl verify required ca-file $work/ca.pem verifyhost upstream.bench sni str(upstream.bench) alpn h2"
 fi
-cat > "$work/nginx.conf" <<NGX
-worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 1000000000; http2_max_concurrent_streams 1000;
-  server { $listen location / { return 200 "ok\n"; } } }
-NGX
-taskset -c 0 nginx -c "$work/nginx.conf" -p "$work"
 cat > "$work/tollgate.yaml" <<YAML
 listen: 127.0.0.1:$tg
 upstreams:

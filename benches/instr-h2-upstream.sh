@@ -10,30 +10,15 @@
 #
 # KEEP=dir keeps each profile for callgrind_annotate.
 set -euo pipefail
+# shellcheck source=benches/upstream.sh
+source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 [[ $# -ge 1 ]] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 for t in nginx h2load valgrind callgrind_control openssl curl; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 n=${N:-10000} bp=${BASE_PORT:-18790}
 up=$bp tg=$((bp + 1))
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
-listen="listen 127.0.0.1:$up http2;" url=http://127.0.0.1:$up proto=h2c
-if [[ -n ${TLS:-} ]]; then
-  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-  openssl req -x509 "${ec[@]}" -days 2 -subj /CN=bench-ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
-  openssl req "${ec[@]}" -subj /CN=upstream.bench -keyout "$work/up.key" -out "$work/up.csr" 2>/dev/null
-  printf 'subjectAltName=DNS:upstream.bench\nbasicConstraints=CA:FALSE\n' > "$work/ext.cnf"
-  openssl x509 -req -in "$work/up.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -days 2 \
-    -extfile "$work/ext.cnf" -out "$work/up.pem" 2>/dev/null
-  listen="listen 127.0.0.1:$up ssl http2; ssl_certificate $work/up.pem; ssl_certificate_key $work/up.key;"
-  url=https://127.0.0.1:$up proto="h2, ca_file: '$work/ca.pem', server_name: upstream.bench"
-fi
-cat > "$work/nginx.conf" <<NGX
-worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
-events { worker_connections 4096; }
-http { access_log off; keepalive_requests 1000000000; http2_max_concurrent_streams 1000;
-  server { $listen location / { return 200 "ok\n"; } } }
-NGX
-nginx -c "$work/nginx.conf" -p "$work"
+start_h2_upstream "$work" "$up"
 cat > "$work/tollgate.yaml" <<YAML
 listen: 127.0.0.1:$tg
 upstreams:

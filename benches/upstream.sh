@@ -88,3 +88,34 @@ backend be_up
     server up1 127.0.0.1:$up
 HAP
 }
+
+# An nginx HTTP/2 upstream on port $2 answering `return 200` (h2c; with TLS=1 `ssl http2` with
+# a leaf signed by a CA made here: webpki refuses a certificate marked CA:TRUE, as `req -x509`
+# makes, as the leaf), its config written to $1/nginx.conf and started (pinned to $3 if
+# given). Sets `url` and `proto` (tollgate's `protocol:` and TLS fields) for the caller.
+start_h2_upstream() {
+  local work=$1 up=$2 cpus=${3:-}
+  local listen="listen 127.0.0.1:$up http2;"
+  url=http://127.0.0.1:$up proto=h2c
+  if [[ -n ${TLS:-} ]]; then
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    openssl req -x509 "${ec[@]}" -days 2 -subj /CN=bench-ca -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
+    openssl req "${ec[@]}" -subj /CN=upstream.bench -keyout "$work/up.key" -out "$work/up.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:upstream.bench\nbasicConstraints=CA:FALSE\n' > "$work/ext.cnf"
+    openssl x509 -req -in "$work/up.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial -days 2 \
+      -extfile "$work/ext.cnf" -out "$work/up.pem" 2>/dev/null
+    listen="listen 127.0.0.1:$up ssl http2; ssl_certificate $work/up.pem; ssl_certificate_key $work/up.key;"
+    url=https://127.0.0.1:$up proto="h2, ca_file: '$work/ca.pem', server_name: upstream.bench"
+  fi
+  cat > "$work/nginx.conf" <<NGX
+worker_processes 1; daemon on; pid $work/nginx.pid; error_log $work/error.log crit;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000000; http2_max_concurrent_streams 1000;
+  server { $listen location / { return 200 "ok\n"; } } }
+NGX
+  if [[ -n $cpus ]]; then
+    taskset -c "$cpus" nginx -c "$work/nginx.conf" -p "$work"
+  else
+    nginx -c "$work/nginx.conf" -p "$work"
+  fi
+}
