@@ -23,8 +23,6 @@ pub struct Record {
     pub headers: Vec<(HeaderName, String)>,
     pub status: Option<u16>,
     pub id: Option<String>,
-    /// tollgate's `keys` field (`log.access_keys`): `name|spec|digest;…`.
-    pub keys: Option<String>,
     /// What tollgate decided live (its own log only).
     pub live: Option<Live>,
 }
@@ -151,8 +149,6 @@ struct Fields<'a> {
     #[serde(borrow)]
     request_id: Option<Cow<'a, str>>,
     at_us: Option<u64>,
-    #[serde(borrow)]
-    keys: Option<Cow<'a, str>>,
 }
 
 /// Parses one line in `format` (`header`: a CSV file's column names).
@@ -201,7 +197,6 @@ fn tollgate(text: &str) -> Result<Parsed, String> {
         headers: Vec::new(),
         status: f.status,
         id: f.request_id.map(Cow::into_owned),
-        keys: f.keys.map(Cow::into_owned),
         live,
     })))
 }
@@ -233,19 +228,7 @@ fn nginx(text: &str) -> Result<Record, String> {
         }
     };
     let (path, query) = split_target(target);
-    Ok(Record {
-        at_us,
-        ip,
-        method,
-        host: None,
-        path,
-        query,
-        headers: Vec::new(),
-        status,
-        id: None,
-        keys: None,
-        live: None,
-    })
+    Ok(Record { at_us, ip, method, host: None, path, query, headers: Vec::new(), status, id: None, live: None })
 }
 
 fn json(c: &Columns, text: &str) -> Result<Record, String> {
@@ -324,7 +307,6 @@ fn columns(c: &Columns, get: &dyn Fn(&str) -> Option<String>) -> Result<Record, 
         headers,
         status: c.status.as_deref().and_then(get).and_then(|s| s.parse().ok()),
         id: c.id.as_deref().and_then(get),
-        keys: None,
         live: None,
     })
 }
