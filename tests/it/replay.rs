@@ -40,8 +40,8 @@ routes:
   - name: api
     upstream: app
     limits:
-      - { name: per-user, algorithm: token_bucket, rate: 20/s, burst: 4, key: query:user }
-      - { name: total, algorithm: sliding_window, rate: 60/s, key: route }
+      - { name: per-user, algorithm: token_bucket, rate: 2/s, burst: 4, key: query:user }
+      - { name: total, algorithm: sliding_window, rate: 100/m, key: route }
 ";
 
 fn request(port: u16, path: &str) -> u16 {
@@ -73,14 +73,16 @@ fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
         std::thread::sleep(Duration::from_millis(25));
     }
     assert!(up, "tollgate did not start");
-    // Four clients at different paces: the fast ones run into their own limit, all of them
-    // together into the route's.
+    // Four clients at different paces: two keep one user each and run into their own limit
+    // whatever their pace, two use a fresh user per request and, with the others, run into
+    // the route's (100 a minute against 240 requests).
     let clients: Vec<_> = (0..4u64)
         .map(|c| {
             std::thread::spawn(move || {
                 let mut statuses = Vec::new();
                 for i in 0..60 {
-                    statuses.push(request(port, &format!("/items/{i}?user=u{c}")));
+                    let user = if c < 2 { format!("u{c}") } else { format!("u{c}-{i}") };
+                    statuses.push(request(port, &format!("/items/{i}?user={user}")));
                     std::thread::sleep(Duration::from_millis(2 + 8 * c));
                 }
                 statuses
