@@ -196,6 +196,9 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// One line per request.
     pub access: bool,
+    /// `access_keys: true`: each access line names, per limit, its key spec and the digest
+    /// the limit stored (never the raw key material), for `tollgate replay`.
+    pub access_keys: bool,
 }
 
 /// The store of stale copies (used by routes with `stale:` fallbacks).

@@ -36,6 +36,8 @@
 //! - [`explain`]: limits in plain words for `tollgate explain`; [`bench`]: the harness candidate.
 //! - [`calibrate`]: `tollgate calibrate`, an open-loop load test that finds the knee and
 //!   suggests limits (not on the request path).
+//! - [`replay`]: `tollgate replay`, a log run through a candidate config's routes and limits
+//!   on the log's own clock (not on the request path).
 #![forbid(unsafe_code)]
 
 // The façade: what the binary, the benches, the fuzz targets and the integration tests use.
@@ -49,6 +51,7 @@ pub mod explain;
 pub mod fuzzing;
 pub mod instance;
 pub mod limit;
+pub mod replay;
 
 pub use admin::{effective as effective_config, serve as serve_admin, Readiness};
 pub use pki::x509;

@@ -116,6 +116,47 @@ enum Command {
     /// Load-test URL step by step at constant arrival rates (open loop), find the knee and
     /// suggest limits for it.
     Calibrate(Box<CalibrateArgs>),
+    /// Run access logs through the config's routes and limits on the logs' own clock and
+    /// report whom its limits would throttle (nothing is sent anywhere).
+    Replay(Box<ReplayArgs>),
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// Access logs, read in order (decisions follow their timestamps).
+    #[arg(required = true)]
+    logs: Vec<PathBuf>,
+    /// The log format: tollgate's JSON access log, nginx `combined` (with `$msec` appended or
+    /// not), JSON lines or CSV with `--columns`.
+    #[arg(long, value_enum, default_value = "tollgate")]
+    format: LogKind,
+    /// Named columns for `json` and `csv`: `ts=time,ip=remote,method=verb,path=uri,host=…,
+    /// query=…,status=…,id=…,header:x-api-key=…`.
+    #[arg(long)]
+    columns: Option<String>,
+    /// Compare two configs: CURRENT CANDIDATE (then `-c` is not read).
+    #[arg(long, num_args = 2, value_names = ["CURRENT", "CANDIDATE"])]
+    compare: Option<Vec<PathBuf>>,
+    /// Replay Redis limits as the local fallback of one of `redis.instances` proxies would.
+    #[arg(long)]
+    fallback: bool,
+    /// Keys shown per limit.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write a chart of admitted and throttled requests per second (SVG).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogKind {
+    Tollgate,
+    Nginx,
+    Json,
+    Csv,
 }
 
 #[derive(clap::Args)]
@@ -199,6 +240,9 @@ fn main() -> ExitCode {
     if let Some(Command::Calibrate(args)) = cli.command {
         return calibrate(*args);
     }
+    if let Some(Command::Replay(args)) = cli.command {
+        return replay(&cli.config, *args);
+    }
     if matches!(cli.command, Some(Command::Bench)) {
         return match tollgate::bench::run_from_env() {
             Ok(()) => ExitCode::SUCCESS,
@@ -223,7 +267,7 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),
-        Command::Bench | Command::Calibrate(_) => ExitCode::FAILURE,
+        Command::Bench | Command::Calibrate(_) | Command::Replay(_) => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
@@ -298,6 +342,56 @@ fn calibrate(a: CalibrateArgs) -> ExitCode {
         return ExitCode::from(130);
     }
     code
+}
+
+/// `tollgate replay`: 0 when the report is written (unreadable lines are in it), 2 for bad
+/// arguments or configs, 1 when a log cannot be read.
+fn replay(config: &std::path::Path, a: ReplayArgs) -> ExitCode {
+    use tollgate::replay::{self, Columns, Format, Options};
+    let columns = || Columns::parse(a.columns.as_deref().unwrap_or(""));
+    let format = match a.format {
+        LogKind::Tollgate => Ok(Format::Tollgate),
+        LogKind::Nginx => Ok(Format::Nginx),
+        LogKind::Json => columns().map(Format::Json),
+        LogKind::Csv => columns().map(Format::Csv),
+    };
+    let format = match format {
+        Ok(f) => f,
+        Err(e) => return fail(&format!("--columns: {e}"), ExitCode::from(2)),
+    };
+    let load = |p: &std::path::Path| Config::load(p).map_err(|e| e.to_string());
+    let o = Options { format, fallback: a.fallback, top: a.top };
+    if let Some(pair) = &a.compare {
+        let (current, candidate) = match (load(&pair[0]), load(&pair[1])) {
+            (Ok(c), Ok(d)) => (c, d),
+            (Err(e), _) | (_, Err(e)) => return fail(&e, ExitCode::from(2)),
+        };
+        return match replay::compare(&current, &candidate, &a.logs, &o) {
+            Ok(c) if a.json => output(&(serde_json::to_string_pretty(&c).unwrap_or_default() + "\n")),
+            Ok(c) => output(&c.text()),
+            Err(e) => fail(&e, ExitCode::FAILURE),
+        };
+    }
+    let candidate = match load(config) {
+        Ok(c) => c,
+        Err(e) => return fail(&e, ExitCode::from(2)),
+    };
+    let report = match replay::run(&candidate, &a.logs, &o) {
+        Ok(r) => r,
+        Err(e) => return fail(&e, ExitCode::FAILURE),
+    };
+    if let Some(path) = &a.svg {
+        let written = replay::chart::svg(&report.series, &config.display().to_string())
+            .and_then(|svg| std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display())));
+        if let Err(e) = written {
+            return fail(&e, ExitCode::FAILURE);
+        }
+    }
+    if a.json {
+        output(&(serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"))
+    } else {
+        output(&report.text())
+    }
 }
 
 /// Writes `text` to stdout. A reader that went away (`tollgate check | head -1`) ends the

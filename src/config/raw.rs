@@ -307,6 +307,8 @@ struct Log {
     format: RawLogFormat,
     #[serde(default)]
     access: bool,
+    #[serde(default)]
+    access_keys: bool,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -661,6 +663,7 @@ impl Config {
                     RawLogFormat::Json => super::LogFormat::Json,
                 },
                 access: self.log.access,
+                access_keys: self.log.access_keys,
             },
             cache: super::CacheConfig {
                 max_bytes: self.cache.max_bytes.0,

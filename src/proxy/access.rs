@@ -33,6 +33,42 @@ pub(super) struct Access<'a> {
     /// A sampled request's span (`tracing:`); boxed, so that an untraced request's future
     /// carries a pointer only.
     pub(super) trace: Option<Box<trace::Span>>,
+    /// What only the access log needs (`tollgate replay` reads it); boxed, and made only
+    /// when the log is on, so that an unlogged request's future carries a pointer only.
+    pub(super) extra: Option<Box<Extra>>,
+}
+
+/// The access log's facts beyond the phases' own: enough to decide the request again.
+#[derive(Default)]
+pub(super) struct Extra {
+    /// The canonical host the route matched against.
+    host: Option<String>,
+    /// The raw query string.
+    query: Option<String>,
+    /// The instant the limits decided at (µs since the epoch): the log's own timestamp is
+    /// taken later, when the line is written; replay needs the decision's `now` to be exact.
+    at_us: Option<u64>,
+    /// `log.access_keys`: per limit `name|key spec|digest`, `;`-separated.
+    keys: Option<String>,
+}
+
+impl Extra {
+    /// Notes the decision's instant and, with `log.access_keys`, each limit's key digest
+    /// (hashed exactly as the limit hashes it, so the raw material never reaches the log).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn decided(&mut self, now: crate::limit::Timestamp, keys_of: Option<&[Limit]>, ctx: &KeyCtx<'_>) {
+        use std::fmt::Write;
+        self.at_us = Some(now.as_micros());
+        let Some(limits) = keys_of else { return };
+        let mut out = String::with_capacity(limits.len() * 64);
+        for (i, l) in limits.iter().enumerate() {
+            let spec = l.config.key.parts().iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+            let sep = if i > 0 { ";" } else { "" };
+            let _ = write!(out, "{sep}{}|{spec}|{:032x}", l.config.name, l.config.key.hash(ctx).0);
+        }
+        self.keys = Some(out);
+    }
 }
 
 impl<'a> Access<'a> {
@@ -45,6 +81,10 @@ impl<'a> Access<'a> {
         request_id: Option<&'a RequestId>,
         trace: Option<Box<trace::Span>>,
     ) -> Access<'a> {
+        let extra = logging.then(|| {
+            let host = crate::target::host(&parts.headers).map(str::to_owned);
+            Box::new(Extra { host, query: parts.uri.query().map(str::to_owned), ..Extra::default() })
+        });
         let logging = logging || trace.is_some();
         Access {
             lane,
@@ -60,18 +100,22 @@ impl<'a> Access<'a> {
             request_id,
             grpc: false,
             trace,
+            extra,
         }
     }
 
     /// `peer`: the client's address (the socket's, or the one a PROXY header carried).
     pub(super) fn emit(&self, status: u16, took: Duration, peer: std::net::IpAddr) {
         let limit = self.note.limit.and_then(|i| self.lane.gate.limits().get(i)).map(|l| l.config.name.as_str());
+        let extra = self.extra.as_deref();
         tracing::info!(
             target: "tollgate::access",
             route = self.route,
             %peer,
             method = %self.method,
+            host = extra.and_then(|x| x.host.as_deref()),
             path = %self.path,
+            query = extra.and_then(|x| x.query.as_deref()),
             status,
             duration_ms = took.as_secs_f64() * 1e3,
             upstream_status = self.upstream.map(|u| u.0),
@@ -90,6 +134,8 @@ impl<'a> Access<'a> {
                 Stale::UpstreamError => "upstream_error",
             },
             request_id = self.request_id.map(RequestId::as_str),
+            at_us = extra.and_then(|x| x.at_us),
+            keys = extra.and_then(|x| x.keys.as_deref()),
         );
     }
 }

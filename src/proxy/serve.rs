@@ -299,7 +299,11 @@ impl Proxy {
         // would take a slot of its own in it).
         let checked = {
             let key = self.key_ctx(route, parts, target, ctx.peer);
-            lane.gate.check(&key, self.clock.now()).await
+            let now = self.clock.now();
+            if let Some(extra) = log.extra.as_deref_mut() {
+                extra.decided(now, self.config.log.access_keys.then(|| lane.gate.limits()), &key);
+            }
+            lane.gate.check(&key, now).await
         };
         let admission = checked?;
         log.note = admission.note;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// Top to bottom: a room may use the rooms of the layers below its own.
 const LAYERS: [(&str, &[&str], &str); 6] = [
-    ("tools", &["bench", "calibrate", "fuzzing"], "commands and harnesses around a running tollgate"),
+    ("tools", &["bench", "calibrate", "fuzzing", "replay"], "commands and harnesses around a running tollgate"),
     ("process", &["instance", "reload"], "one running tollgate: its servers, admin and reloads"),
     ("edge", &["admin", "server", "listen"], "sockets and connections, before and around HTTP"),
     ("request", &["proxy", "explain"], "the compiled config serving a request, and its description"),

@@ -30,6 +30,7 @@ mod operate;
 mod products;
 mod proxy_protocol;
 mod redis;
+mod replay;
 mod server;
 mod stale;
 mod tls;

@@ -1,0 +1,270 @@
+//! `tollgate replay`: a live tollgate's own access log replayed with its config gives every
+//! request the decision it got live; each log format; unreadable lines; `--compare`.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tollgate::config::Config;
+use tollgate::replay::{self, Columns, Format, Live, Options, Verdict};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// A file in the temp dir, removed on drop.
+struct Temp(PathBuf);
+
+impl Temp {
+    fn new(name: &str, text: &str) -> Temp {
+        let p = std::env::temp_dir().join(format!("tollgate-replay-{}-{name}", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        Temp(p)
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Two limits, one a sliding window; a user's key is its `user` query parameter, so that
+/// clients on one loopback address are told apart. One worker: decisions reach the stores
+/// in the order of their instants (with several workers, two decisions within the same few
+/// µs can reach a store in the other order than their instants say).
+const LIVE: &str = "
+server: { workers: 1 }
+log: { format: json, access: true, access_keys: true }
+upstreams: { app: { respond: { body: ok } } }
+routes:
+  - name: api
+    upstream: app
+    limits:
+      - { name: per-user, algorithm: token_bucket, rate: 2/s, burst: 4, key: query:user }
+      - { name: total, algorithm: sliding_window, rate: 100/m, key: route }
+";
+
+fn request(port: u16, path: &str) -> u16 {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: api.example\r\nconnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
+    let config = Temp::new("live.yaml", LIVE);
+    let log = Temp::new("live.log", "");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(BIN)
+        .arg("-c")
+        .arg(&config.0)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::from(std::fs::File::create(&log.0).unwrap()))
+        .spawn()
+        .unwrap();
+    let mut up = false;
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(up, "tollgate did not start");
+    // Four clients at different paces: two keep one user each and run into their own limit
+    // whatever their pace, two use a fresh user per request and, with the others, run into
+    // the route's (100 a minute against 240 requests).
+    let clients: Vec<_> = (0..4u64)
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut statuses = Vec::new();
+                for i in 0..60 {
+                    let user = if c < 2 { format!("u{c}") } else { format!("u{c}-{i}") };
+                    statuses.push(request(port, &format!("/items/{i}?user={user}")));
+                    std::thread::sleep(Duration::from_millis(2 + 8 * c));
+                }
+                statuses
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = clients.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(statuses.len(), 240);
+    assert!(statuses.contains(&429) && statuses.contains(&200), "the load throttles some, not all");
+
+    let cfg = Config::load(&config.0).unwrap();
+    let verdicts = replay::verdicts(&cfg, std::slice::from_ref(&log.0)).unwrap();
+    assert_eq!(verdicts.len(), 240, "one record per request");
+    let mut by_limit = [0u32; 2];
+    for (id, live, verdict) in &verdicts {
+        assert!(id.is_some(), "every line has its request id");
+        assert_eq!(*live, verdict.live(), "request {id:?}: live {live:?}, replay {verdict:?}");
+        if let Verdict::Throttled { limits, .. } = verdict {
+            for l in limits {
+                by_limit[*l] += 1;
+            }
+        }
+    }
+    assert!(by_limit[0] > 0 && by_limit[1] > 0, "both limits throttled some: {by_limit:?}");
+    let throttled = verdicts.iter().filter(|v| v.1 == Some(Live::Throttled)).count();
+    assert_eq!(throttled, statuses.iter().filter(|s| **s == 429).count());
+
+    // The log carries each limit's digest, never the key's material.
+    let text = std::fs::read_to_string(&log.0).unwrap();
+    let line = text.lines().find(|l| l.contains("tollgate::access")).unwrap();
+    assert!(line.contains("per-user|query:user|") && line.contains("\"at_us\":"), "{line}");
+    assert!(!line.contains("|u0") && !line.contains("|u1"), "{line}");
+
+    // The report says the same, by route and limit.
+    let report = replay::run(&cfg, std::slice::from_ref(&log.0), &options(Format::Tollgate)).unwrap();
+    let live = report.live.as_ref().unwrap();
+    assert_eq!((live.requests, live.reproduced), (240, 240), "{:?}", live.differ);
+    assert_eq!(report.routes[0].throttled as usize, throttled);
+}
+
+fn options(format: Format) -> Options {
+    Options { format, fallback: false, top: 5 }
+}
+
+const CANDIDATE: &str = "
+upstreams: { app: { respond: { body: ok } } }
+routes:
+  - name: api
+    match: { path_prefix: /api/ }
+    upstream: app
+    limits:
+      - { name: per-ip, algorithm: fixed_window, rate: 2/s, key: client_ip }
+  - { name: rest, upstream: app }
+";
+
+fn cfg(yaml: &str) -> Config {
+    Config::from_yaml(std::path::Path::new("replay.yaml"), yaml).unwrap()
+}
+
+/// Three requests of one client in one second and one of another: the third is throttled.
+fn nginx_lines(msec: bool) -> String {
+    let mut out = String::new();
+    for (i, ip) in ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.1"].iter().enumerate() {
+        let ms = if msec { format!(" 1796547235.{:03}", i * 100) } else { String::new() };
+        out += &format!(
+            "{ip} - - [06/Dec/2026:08:53:55 +0000] \"GET /api/x?i={i} HTTP/1.1\" 200 2 \"-\" \"curl/8\"{ms}\n"
+        );
+    }
+    out
+}
+
+#[test]
+fn nginx_combined_with_and_without_msec() {
+    for msec in [false, true] {
+        let log = Temp::new(&format!("nginx-{msec}.log"), &nginx_lines(msec));
+        let r = replay::run(&cfg(CANDIDATE), std::slice::from_ref(&log.0), &options(Format::Nginx)).unwrap();
+        let api = &r.routes[0];
+        assert_eq!((api.requests, api.throttled), (4, 1), "{}", r.text());
+        assert_eq!(api.limits[0].top_keys, vec![("client_ip=10.0.0.1".to_owned(), 1)]);
+        assert_eq!(api.retry_after.len(), 1);
+    }
+}
+
+#[test]
+fn csv_and_json_lines_with_named_columns_and_a_header_the_log_lacks() {
+    let yaml = "
+upstreams: { app: { respond: { body: ok } } }
+routes:
+  - name: api
+    upstream: app
+    limits:
+      - { name: per-key, algorithm: sliding_window, rate: 1/m, key: header:x-api-key }
+      - { name: per-tenant, algorithm: token_bucket, rate: 100/s, key: header:x-tenant }
+";
+    let columns = Columns::parse("ts=time,ip=remote,method=verb,path=uri,status=code,header:x-api-key=key").unwrap();
+    let csv = "time,remote,verb,uri,code,key\n\
+               1796547235.0,10.0.0.1,GET,/a,200,k1\n\
+               1796547236.0,10.0.0.1,GET,/a,200,k1\n\
+               1796547237.0,10.0.0.2,GET,/a,200,k2\n";
+    let log = Temp::new("named.csv", csv);
+    let r = replay::run(&cfg(yaml), std::slice::from_ref(&log.0), &options(Format::Csv(columns.clone()))).unwrap();
+    assert_eq!(r.routes[0].throttled, 1, "{}", r.text());
+    assert_eq!(r.routes[0].limits[0].top_keys[0].0, "header:x-api-key=k1");
+    assert_eq!(r.routes[0].limits[1].key_parts_not_in_log, vec!["header:x-tenant".to_owned()]);
+    assert!(r.text().contains("the log has no header:x-tenant"), "{}", r.text());
+
+    let jsonl = r#"{"time":"2026-12-06T08:53:55Z","remote":"10.0.0.1","verb":"GET","uri":"/a","code":200,"key":"k1"}
+{"time":"2026-12-06T08:53:56Z","remote":"10.0.0.1","verb":"GET","uri":"/a","code":200,"key":"k1"}
+"#;
+    let log = Temp::new("named.jsonl", jsonl);
+    let r = replay::run(&cfg(yaml), std::slice::from_ref(&log.0), &options(Format::Json(columns))).unwrap();
+    assert_eq!((r.routes[0].requests, r.routes[0].throttled), (2, 1));
+}
+
+#[test]
+fn an_unreadable_line_is_counted_with_its_number() {
+    let mut text = nginx_lines(true);
+    text.insert_str(0, "this is not a log line\n");
+    text += "10.0.0.9 - - [not a time] \"GET / HTTP/1.1\" 200 2 \"-\" \"-\"\n";
+    let log = Temp::new("bad.log", &text);
+    let r = replay::run(&cfg(CANDIDATE), std::slice::from_ref(&log.0), &options(Format::Nginx)).unwrap();
+    assert_eq!((r.lines.lines, r.lines.requests, r.lines.bad_count), (6, 4, 2));
+    let lines: Vec<u64> = r.lines.bad.iter().map(|b| b.line).collect();
+    assert_eq!(lines, vec![1, 6]);
+    assert!(r.text().contains("line 6: "), "{}", r.text());
+}
+
+#[test]
+fn compare_names_who_is_newly_throttled_and_who_is_let_through() {
+    let current = "
+upstreams: { app: { respond: { body: ok } } }
+routes:
+  - name: api
+    match: { path_prefix: /api/ }
+    upstream: app
+    limits:
+      - { name: per-ip, algorithm: fixed_window, rate: 3/s, key: client_ip }
+      - { name: all, algorithm: fixed_window, rate: 2/s, key: [route, query:i] }
+  - { name: rest, upstream: app }
+";
+    let mut text = nginx_lines(true);
+    // The first client's fourth request in that second; every `i` differs, so `all` never binds.
+    text += "10.0.0.1 - - [06/Dec/2026:08:53:55 +0000] \"GET /api/x?i=9 HTTP/1.1\" 200 2 \"-\" \"-\" 1796547235.500\n";
+    let log = Temp::new("compare.log", &text);
+    let c =
+        replay::compare(&cfg(current), &cfg(CANDIDATE), std::slice::from_ref(&log.0), &options(Format::Nginx)).unwrap();
+    // Current: 3/s per IP throttles 10.0.0.1's fourth. Candidate: 2/s throttles its third and fourth.
+    assert_eq!((c.throttled_current, c.throttled_candidate), (1, 2), "{}", c.text());
+    assert_eq!((c.newly_throttled, c.let_through), (1, 0));
+    assert_eq!(c.newly[0].key, "client_ip=10.0.0.1");
+    assert_eq!(c.newly[0].limit, "per-ip");
+    assert!(c.text().contains("newly throttled"));
+}
+
+#[test]
+fn the_command_writes_text_json_and_the_chart() {
+    let config = Temp::new("cmd.yaml", CANDIDATE);
+    let log = Temp::new("cmd.log", &nginx_lines(true));
+    let svg = std::env::temp_dir().join(format!("tollgate-replay-{}-chart.svg", std::process::id()));
+    let out = Command::new(BIN)
+        .args(["replay", "--format", "nginx", "--json", "--svg"])
+        .arg(&svg)
+        .arg("-c")
+        .arg(&config.0)
+        .arg(&log.0)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["routes"][0]["throttled"], 1);
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(chart.contains("throttled (429)"));
+    let out = Command::new(BIN)
+        .args(["replay", "--format", "nginx", "--compare"])
+        .arg(&config.0)
+        .arg(&config.0)
+        .arg(&log.0)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("newly throttled 0, let through 0"));
+}
