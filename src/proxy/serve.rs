@@ -557,25 +557,25 @@ impl Proxy {
         log.cause = e.cause().cloned();
         if let Error::Throttled(d) = e {
             lane.note_throttled(d, log.request_id);
+            log.note = if log.grpc {
+                Note { retry_after_secs: Some(d.retry_after_secs), ..log.note }
+            } else {
+                if let Some(span) = log.trace.as_mut() {
+                    let limits = lane.gate.limits();
+                    let names = d.limits.iter().filter_map(|l| limits.get(l.0)).map(|l| l.config.name.as_str());
+                    span.attributes.push(crate::trace::texts("tollgate.limit.denied", names));
+                }
+                Note {
+                    limit: d.limits.first().map(|l| l.0),
+                    remaining: Some(0),
+                    retry_after_secs: Some(d.retry_after_secs),
+                    delayed_us: 0,
+                }
+            };
         }
         if log.grpc {
             // A gRPC client reads the answer from grpc-status; a stale copy is never one.
-            if let Error::Throttled(d) = e {
-                log.note.retry_after_secs = Some(d.retry_after_secs);
-            }
             return lane.answers.respond_grpc(e);
-        }
-        if let (Error::Throttled(d), Some(span)) = (e, log.trace.as_mut()) {
-            let names = d.limits.iter().filter_map(|l| lane.gate.limits().get(l.0)).map(|l| l.config.name.as_str());
-            span.attributes.push(crate::trace::texts("tollgate.limit.denied", names));
-        }
-        if let Error::Throttled(d) = e {
-            log.note = Note {
-                limit: d.limits.first().map(|l| l.0),
-                remaining: Some(0),
-                retry_after_secs: Some(d.retry_after_secs),
-                delayed_us: 0,
-            };
         }
         if let (Some(reason), Some(parts)) = (e.stale_reason(), head) {
             let max_age = match reason {
