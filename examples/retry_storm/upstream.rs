@@ -1,0 +1,71 @@
+//! The slow upstream: `workers` slots, each holding a request for `service` before its answer,
+//! and an unbounded FIFO queue in front of them. Its capacity is `workers / service` a second;
+//! past it the queue, and the latency, grow without bound. A request's work is a task of its
+//! own, so it is done even when the client stopped waiting: the storm's mechanism.
+//!
+//! It listens on two ports (two app servers sharing one pool, as two servers in front of one
+//! database), so that a proxy's group can retry on "another server" that is the same capacity.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::series::Series;
+
+/// What the upstream counted, per second since the run's start.
+pub struct Counts {
+    /// Requests that reached it (its offered load).
+    pub arrivals: Series,
+    /// Requests whose work it finished (whether anybody still waited or not).
+    pub completions: Series,
+}
+
+/// Serves on `ports` until the runtime ends.
+///
+/// # Errors
+/// A port could not be bound.
+pub async fn serve(ports: &[u16], workers: usize, service: Duration, counts: Arc<Counts>) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(workers));
+    for &port in ports {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+        let (slots, counts) = (slots.clone(), counts.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let _ = stream.set_nodelay(true);
+                let (slots, counts) = (slots.clone(), counts.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |_req: Request<hyper::body::Incoming>| {
+                        let (slots, counts) = (slots.clone(), counts.clone());
+                        async move {
+                            counts.arrivals.add(1);
+                            let (tx, rx) = oneshot::channel();
+                            // The work: a slot in FIFO order (tokio's semaphore is fair), then
+                            // `service` in it. Not tied to this connection: done either way.
+                            tokio::spawn(async move {
+                                let Ok(_slot) = slots.acquire().await else { return };
+                                tokio::time::sleep(service).await;
+                                counts.completions.add(1);
+                                let _ = tx.send(());
+                            });
+                            let _ = rx.await;
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
+                        }
+                    });
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+    }
+    Ok(())
+}
