@@ -10,12 +10,19 @@
 #   limits  + a token bucket at LIMIT/s (95 % of capacity) answering 429 with its honest Retry-After
 #   full    + retry_after_spread, a retry budget on the group, adaptive concurrency
 #
-#   benches/retry-storm.sh                      # builds release, runs all three, ~2 min
-#   DURATION=20 MODES=plain,full OUT=/tmp/storm benches/retry-storm.sh
+# Two scenarios, each through the three modes:
 #
-# Writes OUT/report.md (the table), OUT/report.json (every figure and per-second series),
-# OUT/chart.svg and each mode's tollgate config. Knobs: DURATION (s of intended load, 30),
+#   spike     the intended load at BASE × capacity, SPIKE × capacity for SPIKE_FOR s (the seed's trigger)
+#   slowdown  the intended load at BASE × capacity; the upstream's service time SLOW_FACTOR times
+#             longer from SLOW_AT for SLOW_FOR s (its capacity falls below the configured limit)
+#
+#   benches/retry-storm.sh                      # builds release, runs both scenarios, ~4 min
+#   DURATION=20 SCENARIOS=spike MODES=plain,full OUT=/tmp/storm benches/retry-storm.sh
+#
+# Writes OUT/SCENARIO/report.md (the table), report.json (every figure and per-second series),
+# chart.svg and each mode's tollgate config. Knobs: DURATION (s of intended load, 30),
 # WORKERS (10), SERVICE_MS (50), BASE (0.9), SPIKE (1.5), SPIKE_AT (5), SPIKE_FOR (4),
+# SLOW_FACTOR (2), SLOW_AT (5), SLOW_FOR (10),
 # LIMIT (requests/s, 95 % of capacity), SPREAD (5s), BUDGET_RATIO (0.1), BASE_PORT (18700),
 # BIN (target/release/tollgate), EXAMPLE (target/release/examples/retry_storm), NO_BUILD=1.
 set -euo pipefail
@@ -27,6 +34,10 @@ base=${BASE:-0.9}
 spike=${SPIKE:-1.5}
 spike_at=${SPIKE_AT:-5}
 spike_for=${SPIKE_FOR:-4}
+slow_factor=${SLOW_FACTOR:-2}
+slow_at=${SLOW_AT:-5}
+slow_for=${SLOW_FOR:-10}
+scenarios=${SCENARIOS:-spike,slowdown}
 capacity=$((workers * 1000 / service_ms))
 limit=${LIMIT:-$((capacity * 95 / 100))}
 spread=${SPREAD:-5s}
@@ -87,27 +98,37 @@ describe() {
   esac
 }
 
-files=()
 i=0
-IFS=, read -ra list <<< "$modes"
-for mode in "${list[@]}"; do
-  up=$((port + 10 + 2 * i)) gw=$((port + 30 + i))
-  config "$mode" "$up" "$gw" > "$out/$mode.yaml"
-  "$bin" check -c "$out/$mode.yaml" > /dev/null
-  RUST_LOG=error "$bin" -c "$out/$mode.yaml" > "$work/$mode.log" 2>&1 &
-  echo $! > "$work/tollgate.pid"
-  for _ in $(seq 100); do (exec 3<> "/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
-  echo "== $mode: $(describe "$mode")" >&2
-  "$example" run --mode "$mode" --describe "$(describe "$mode")" --upstream-port "$up" \
-    --target "http://127.0.0.1:$gw/" --out "$out/$mode.json" --duration "$duration" \
-    --workers "$workers" --service-ms "$service_ms" --base "$base" --spike "$spike" \
-    --spike-at "$spike_at" --spike-for "$spike_for"
-  kill "$(cat "$work/tollgate.pid")" 2>/dev/null || true
-  wait "$(cat "$work/tollgate.pid")" 2>/dev/null || true
-  rm -f "$work/tollgate.pid"
-  files+=("$out/$mode.json")
-  i=$((i + 1))
-  sleep 2
+IFS=, read -ra modes_list <<< "$modes"
+IFS=, read -ra scenario_list <<< "$scenarios"
+for scenario in "${scenario_list[@]}"; do
+  case $scenario in
+    spike) shape=(--spike "$spike" --spike-at "$spike_at" --spike-for "$spike_for") ;;
+    slowdown) shape=(--spike "$base" --slow-factor "$slow_factor" --slow-at "$slow_at" --slow-for "$slow_for") ;;
+    *) echo "unknown scenario $scenario (spike, slowdown)" >&2; exit 2 ;;
+  esac
+  dir=$out/$scenario
+  mkdir -p "$dir"
+  files=()
+  for mode in "${modes_list[@]}"; do
+    up=$((port + 10 + 2 * i)) gw=$((port + 50 + i))
+    config "$mode" "$up" "$gw" > "$dir/$mode.yaml"
+    "$bin" check -c "$dir/$mode.yaml" > /dev/null
+    RUST_LOG=error "$bin" -c "$dir/$mode.yaml" > "$work/$mode.log" 2>&1 &
+    echo $! > "$work/tollgate.pid"
+    for _ in $(seq 100); do (exec 3<> "/dev/tcp/127.0.0.1/$gw") 2>/dev/null && break; sleep 0.1; done
+    echo "== $scenario, $mode: $(describe "$mode")" >&2
+    "$example" run --mode "$mode" --describe "$(describe "$mode")" --upstream-port "$up" \
+      --target "http://127.0.0.1:$gw/" --out "$dir/$mode.json" --duration "$duration" \
+      --workers "$workers" --service-ms "$service_ms" --base "$base" "${shape[@]}"
+    kill "$(cat "$work/tollgate.pid")" 2>/dev/null || true
+    wait "$(cat "$work/tollgate.pid")" 2>/dev/null || true
+    rm -f "$work/tollgate.pid"
+    files+=("$dir/$mode.json")
+    i=$((i + 1))
+    sleep 2
+  done
+  echo "== $scenario" >&2
+  "$example" report --out "$dir" "${files[@]}"
 done
-"$example" report --out "$out" "${files[@]}"
-echo "report: $out/report.md, $out/report.json, $out/chart.svg" >&2
+echo "reports: $out/*/report.md, report.json, chart.svg" >&2

@@ -87,6 +87,14 @@ struct Run {
     spike_at: f64,
     #[arg(long, default_value_t = 4.0)]
     spike_for: f64,
+    /// The upstream's service time is multiplied by `slow_factor` from `slow_at` for
+    /// `slow_for` seconds (1: no slowdown).
+    #[arg(long, default_value_t = 1.0)]
+    slow_factor: f64,
+    #[arg(long, default_value_t = 0.0)]
+    slow_at: f64,
+    #[arg(long, default_value_t = 0.0)]
+    slow_for: f64,
     /// Each try's timeout (ms).
     #[arg(long, default_value_t = 1000)]
     timeout_ms: u64,
@@ -142,7 +150,14 @@ fn run(r: Run) -> anyhow::Result<()> {
     let up = {
         let counts = counts.clone();
         let ports = [r.upstream_port, r.upstream_port.wrapping_add(1)];
-        let (workers, service) = (r.workers, Duration::from_millis(r.service_ms));
+        let workers = r.workers;
+        let service = upstream::Service {
+            service: Duration::from_millis(r.service_ms),
+            start,
+            slow_at: Duration::from_secs_f64(r.slow_at.max(0.0)),
+            slow_for: Duration::from_secs_f64(r.slow_for.max(0.0)),
+            factor: r.slow_factor,
+        };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -165,6 +180,7 @@ fn run(r: Run) -> anyhow::Result<()> {
         r.mode.clone(),
         r.describe.clone(),
         capacity,
+        report::Slowdown { at_s: r.slow_at, for_s: r.slow_for, factor: r.slow_factor },
         profile,
         policy,
         totals,

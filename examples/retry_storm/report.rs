@@ -30,6 +30,7 @@ pub struct Mode {
     pub describe: String,
     /// The upstream's capacity (workers / service time), requests a second.
     pub capacity: f64,
+    pub slowdown: Slowdown,
     pub profile: Profile,
     pub app_tries: u32,
     pub sdk_tries: u32,
@@ -64,6 +65,25 @@ pub struct Mode {
     pub series: SeriesOut,
 }
 
+/// The upstream's slowdown: its service time times `factor` from `at_s` for `for_s`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Slowdown {
+    pub at_s: f64,
+    pub for_s: f64,
+    pub factor: f64,
+}
+
+impl Slowdown {
+    /// The capacity in second `s` (its middle).
+    fn capacity(&self, capacity: f64, s: f64) -> f64 {
+        if s >= self.at_s && s < self.at_s + self.for_s && self.factor > 0.0 {
+            capacity / self.factor
+        } else {
+            capacity
+        }
+    }
+}
+
 /// Per second since the start.
 #[derive(Serialize, Deserialize)]
 pub struct SeriesOut {
@@ -88,6 +108,7 @@ impl Mode {
         mode: String,
         describe: String,
         capacity: f64,
+        slowdown: Slowdown,
         profile: Profile,
         policy: Policy,
         t: Totals,
@@ -106,6 +127,7 @@ impl Mode {
             mode,
             describe,
             capacity,
+            slowdown,
             profile,
             app_tries: policy.app_tries,
             sdk_tries: policy.sdk_tries,
@@ -141,10 +163,10 @@ impl Mode {
 /// A mode's figures in one line.
 pub fn line(m: &Mode) -> String {
     format!(
-        "{}: intended {}/s, upstream offered {:.0}/s, amplification {:.2}× (peak second {:.1}×), goodput {:.1} %, \
+        "{}: intended {:.0}/s, upstream offered {:.0}/s, amplification {:.2}× (peak second {:.1}×), goodput {:.1} %, \
          client attempts {:.2} per intended request ({} throttled, {} failed, {} timed out), generator late {}",
         m.mode,
-        fmt1(m.intended_per_s),
+        m.intended_per_s,
         m.offered_per_s,
         m.amplification,
         m.peak_amplification,
@@ -155,10 +177,6 @@ pub fn line(m: &Mode) -> String {
         m.timed_out,
         m.generator_late
     )
-}
-
-fn fmt1(x: f64) -> String {
-    format!("{x:.0}")
 }
 
 /// The markdown table of `modes`.
@@ -212,6 +230,16 @@ pub fn write(dir: &Path, modes: &[Mode]) -> anyhow::Result<()> {
             m.deadline_ms,
             if m.honour_retry_after { "honoured by the SDK" } else { "ignored" }
         );
+        if m.slowdown.factor != 1.0 && m.slowdown.for_s > 0.0 {
+            let _ = writeln!(
+                md,
+                "The upstream's service time is {}× from {:.0} s for {:.0} s (capacity {:.0}/s then).\n",
+                m.slowdown.factor,
+                m.slowdown.at_s,
+                m.slowdown.for_s,
+                m.capacity / m.slowdown.factor
+            );
+        }
     }
     md.push_str(&table(modes));
     md.push('\n');
@@ -278,10 +306,17 @@ where
         .y_desc("requests/s")
         .draw()
         .map_err(err)?;
+    let slowdown = modes.first().map_or(Slowdown { at_s: 0.0, for_s: 0.0, factor: 1.0 }, |m| m.slowdown);
+    let cap_line: Vec<(f64, f64)> = (0..secs as usize)
+        .flat_map(|s| {
+            let c = slowdown.capacity(capacity, s as f64 + 0.5);
+            [(s as f64, c), (s as f64 + 1.0, c)]
+        })
+        .collect();
     chart
-        .draw_series(LineSeries::new([(0.0, capacity), (secs, capacity)], BLACK.stroke_width(1)))
+        .draw_series(LineSeries::new(cap_line, BLACK.stroke_width(1)))
         .map_err(err)?
-        .label(format!("upstream capacity {capacity:.0}/s"))
+        .label(format!("upstream capacity ({capacity:.0}/s)"))
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(1)));
     chart
         .draw_series(LineSeries::new(pts(&intended), RGBColor(120, 120, 120).stroke_width(3)))

@@ -9,7 +9,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -30,11 +30,33 @@ pub struct Counts {
     pub completions: Series,
 }
 
+/// How long a request holds its slot: `service`, times `factor` in the slowdown's window
+/// (a database that got slower: the capacity falls by that factor).
+#[derive(Clone, Copy, Debug)]
+pub struct Service {
+    pub service: Duration,
+    pub start: Instant,
+    pub slow_at: Duration,
+    pub slow_for: Duration,
+    pub factor: f64,
+}
+
+impl Service {
+    fn now(&self) -> Duration {
+        let t = self.start.elapsed();
+        if t >= self.slow_at && t < self.slow_at + self.slow_for {
+            self.service.mul_f64(self.factor.max(0.0))
+        } else {
+            self.service
+        }
+    }
+}
+
 /// Serves on `ports` until the runtime ends.
 ///
 /// # Errors
 /// A port could not be bound.
-pub async fn serve(ports: &[u16], workers: usize, service: Duration, counts: Arc<Counts>) -> std::io::Result<()> {
+pub async fn serve(ports: &[u16], workers: usize, service: Service, counts: Arc<Counts>) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(workers));
     for &port in ports {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
@@ -54,7 +76,7 @@ pub async fn serve(ports: &[u16], workers: usize, service: Duration, counts: Arc
                             // `service` in it. Not tied to this connection: done either way.
                             tokio::spawn(async move {
                                 let Ok(_slot) = slots.acquire().await else { return };
-                                tokio::time::sleep(service).await;
+                                tokio::time::sleep(service.now()).await;
                                 counts.completions.add(1);
                                 let _ = tx.send(());
                             });
