@@ -10,6 +10,9 @@
 #   limits  + a token bucket at LIMIT/s (95 % of capacity) answering 429 with its honest Retry-After
 #   full    + retry_after_spread, a retry budget on the group, adaptive concurrency
 #
+# and, one protection at a time on top of limits (MODES=budget,spread,adaptive), budget, spread
+# and adaptive.
+#
 # Two scenarios, each through the three modes:
 #
 #   spike     the intended load at BASE × capacity, SPIKE × capacity for SPIKE_FOR s (the seed's trigger)
@@ -61,18 +64,25 @@ trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"'
 config() {
   local mode=$1 up=$2 gw=$3 budget route_extra=""
   budget="{ ratio: 1000, min_per_s: 1000000 }" # the largest allowed: no budget
+  local limit_line="    limits:
+      - { name: capacity, algorithm: token_bucket, rate: ${limit}/s, burst: 20 }"
+  local spread_line="    retry_after_spread: ${spread}"
+  local adaptive_line="    concurrency: { adaptive: { min: 4, max: 200 }, max_wait: 50ms }"
+  local budget_on="{ ratio: ${budget_ratio}, min_per_s: 1 }"
   case $mode in
     plain) ;;
-    limits)
-      route_extra="    limits:
-      - { name: capacity, algorithm: token_bucket, rate: ${limit}/s, burst: 20 }" ;;
+    limits) route_extra=$limit_line ;;
+    budget) route_extra=$limit_line budget=$budget_on ;;
+    spread) route_extra="$limit_line
+$spread_line" ;;
+    adaptive) route_extra="$limit_line
+$adaptive_line" ;;
     full)
-      budget="{ ratio: ${budget_ratio}, min_per_s: 1 }"
-      route_extra="    limits:
-      - { name: capacity, algorithm: token_bucket, rate: ${limit}/s, burst: 20 }
-    retry_after_spread: ${spread}
-    concurrency: { adaptive: { min: 4, max: 200 }, max_wait: 50ms }" ;;
-    *) echo "unknown mode $mode (plain, limits, full)" >&2; exit 2 ;;
+      budget=$budget_on
+      route_extra="$limit_line
+$spread_line
+$adaptive_line" ;;
+    *) echo "unknown mode $mode (plain, limits, budget, spread, adaptive, full)" >&2; exit 2 ;;
   esac
   cat <<YAML
 # benches/retry-storm.sh, mode $mode
@@ -94,6 +104,9 @@ describe() {
   case $1 in
     plain) echo "tollgate as a proxy; its group retries a try that passed 500 ms on the other port (2 tries, no budget)" ;;
     limits) echo "plain + a token bucket at ${limit}/s (burst 20) answering 429 with its honest Retry-After" ;;
+    budget) echo "limits + a retry budget on the group (ratio ${budget_ratio}, 1/s)" ;;
+    spread) echo "limits + retry_after_spread ${spread}" ;;
+    adaptive) echo "limits + adaptive concurrency (max_wait 50ms)" ;;
     full) echo "limits + retry_after_spread ${spread}, a retry budget (ratio ${budget_ratio}, 1/s), adaptive concurrency (max_wait 50ms)" ;;
   esac
 }
@@ -103,8 +116,12 @@ IFS=, read -ra modes_list <<< "$modes"
 IFS=, read -ra scenario_list <<< "$scenarios"
 for scenario in "${scenario_list[@]}"; do
   case $scenario in
-    spike) shape=(--spike "$spike" --spike-at "$spike_at" --spike-for "$spike_for") ;;
-    slowdown) shape=(--spike "$base" --slow-factor "$slow_factor" --slow-at "$slow_at" --slow-for "$slow_for") ;;
+    spike)
+      shape=(--spike "$spike" --spike-at "$spike_at" --spike-for "$spike_for")
+      title="A spike to ${spike} × capacity for ${spike_for} s" ;;
+    slowdown)
+      shape=(--spike "$base" --slow-factor "$slow_factor" --slow-at "$slow_at" --slow-for "$slow_for")
+      title="The upstream ${slow_factor} × slower for ${slow_for} s" ;;
     *) echo "unknown scenario $scenario (spike, slowdown)" >&2; exit 2 ;;
   esac
   dir=$out/$scenario
@@ -129,6 +146,6 @@ for scenario in "${scenario_list[@]}"; do
     sleep 2
   done
   echo "== $scenario" >&2
-  "$example" report --out "$dir" "${files[@]}"
+  "$example" report --out "$dir" --title "$title" "${files[@]}"
 done
 echo "reports: $out/*/report.md, report.json, chart.svg" >&2

@@ -48,6 +48,9 @@ enum Cmd {
     Report {
         #[arg(long)]
         out: PathBuf,
+        /// The report's heading and the chart's title.
+        #[arg(long, default_value = "Retry storm")]
+        title: String,
         files: Vec<PathBuf>,
     },
 }
@@ -113,13 +116,13 @@ struct Run {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Run(r) => run(r),
-        Cmd::Report { out, files } => {
+        Cmd::Report { out, title, files } => {
             let mut modes = Vec::new();
             for f in &files {
                 let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
                 modes.push(serde_json::from_str::<Mode>(&text).with_context(|| format!("parsing {}", f.display()))?);
             }
-            report::write(&out, &modes)
+            report::write(&out, &title, &modes)
         }
     }
 }
@@ -209,6 +212,7 @@ async fn clients(
     let goodput = Arc::new(Series::new(start, secs));
     let sums: Arc<[AtomicU64; 6]> = Arc::new(Default::default());
     let late = Arc::new(AtomicU64::new(0));
+    let answers: Arc<[AtomicU64; ANSWERS.len()]> = Arc::new(Default::default());
     let t0 = tokio::time::Instant::from_std(start);
     let mut tasks = tokio::task::JoinSet::new();
     for at in profile.schedule() {
@@ -219,11 +223,11 @@ async fn clients(
         }
         intended.add_at(due.into_std(), 1);
         let (client, uri) = (client.clone(), r.target.clone());
-        let (attempts, goodput, sums) = (attempts.clone(), goodput.clone(), sums.clone());
+        let (attempts, goodput, sums, answers) = (attempts.clone(), goodput.clone(), sums.clone(), answers.clone());
         tasks.spawn(async move {
             let t = client::intended(&client::Tokio, &policy, due, |timeout| {
                 attempts.add(1);
-                try_once(&client, uri.clone(), timeout)
+                try_once(&client, uri.clone(), timeout, &answers)
             })
             .await;
             if t.ok {
@@ -246,18 +250,27 @@ async fn clients(
         failed: s[3],
         timed_out: s[4],
         generator_late: late.load(Ordering::Relaxed),
+        answers: ANSWERS
+            .iter()
+            .zip(answers.iter())
+            .map(|(k, n)| ((*k).to_owned(), n.load(Ordering::Relaxed)))
+            .collect(),
         intended_series: intended.values(),
         attempts_series: attempts.values(),
         goodput_series: goodput.values(),
     })
 }
 
+/// What the clients' tries got, counted by kind.
+const ANSWERS: [&str; 8] = ["2xx", "429", "503", "504", "502", "other status", "no connection", "timed out"];
+
 /// One try: `GET` with the body read, all within `timeout`; dropped (its connection closed)
-/// when the timeout passes, as a client that gave up.
+/// when the timeout passes, as a client that gave up. Its answer is counted in `answers`.
 async fn try_once(
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
     uri: Uri,
     timeout: Duration,
+    answers: &[AtomicU64; ANSWERS.len()],
 ) -> Outcome {
     let call = async {
         let resp = client.get(uri).await.ok()?;
@@ -270,7 +283,21 @@ async fn try_once(
         resp.into_body().collect().await.ok()?;
         Some((status, wait))
     };
-    match tokio::time::timeout(timeout, call).await {
+    let got = tokio::time::timeout(timeout, call).await;
+    let kind = match &got {
+        Err(_) => 7,
+        Ok(None) => 6,
+        Ok(Some((s, _))) if s.is_success() => 0,
+        Ok(Some((s, _))) => match s.as_u16() {
+            429 => 1,
+            503 => 2,
+            504 => 3,
+            502 => 4,
+            _ => 5,
+        },
+    };
+    answers[kind].fetch_add(1, Ordering::Relaxed);
+    match got {
         Err(_) => Outcome::TimedOut,
         Ok(None) => Outcome::Failed,
         Ok(Some((status, _))) if status.is_success() => Outcome::Ok,

@@ -18,6 +18,7 @@ pub struct Totals {
     pub failed: u64,
     pub timed_out: u64,
     pub generator_late: u64,
+    pub answers: Vec<(String, u64)>,
     pub intended_series: Vec<u64>,
     pub attempts_series: Vec<u64>,
     pub goodput_series: Vec<u64>,
@@ -62,6 +63,8 @@ pub struct Mode {
     pub upstream_completions: u64,
     /// Intended requests sent more than 10 ms after their due time (the generator fell behind).
     pub generator_late: u64,
+    /// The clients' tries by what they got (status, no connection, timed out).
+    pub answers: std::collections::BTreeMap<String, u64>,
     pub series: SeriesOut,
 }
 
@@ -149,6 +152,7 @@ impl Mode {
             timed_out: t.timed_out,
             upstream_completions: completions.iter().sum(),
             generator_late: t.generator_late,
+            answers: t.answers.into_iter().filter(|(_, n)| *n > 0).collect(),
             series: SeriesOut {
                 intended: t.intended_series,
                 attempts: t.attempts_series,
@@ -209,9 +213,9 @@ pub fn table(modes: &[Mode]) -> String {
 ///
 /// # Errors
 /// Writing failed, or the chart could not be drawn.
-pub fn write(dir: &Path, modes: &[Mode]) -> anyhow::Result<()> {
+pub fn write(dir: &Path, title: &str, modes: &[Mode]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut md = String::from("# Retry storm\n\n");
+    let mut md = format!("# {title}\n\n");
     if let Some(m) = modes.first() {
         let p = &m.profile;
         let _ = writeln!(
@@ -244,11 +248,12 @@ pub fn write(dir: &Path, modes: &[Mode]) -> anyhow::Result<()> {
     md.push_str(&table(modes));
     md.push('\n');
     for m in modes {
-        let _ = writeln!(md, "- {}: {}", m.mode, m.describe);
+        let got: Vec<String> = m.answers.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let _ = writeln!(md, "- {}: {}. Tries got: {}.", m.mode, m.describe, got.join(", "));
     }
     std::fs::write(dir.join("report.md"), md)?;
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(modes)?)?;
-    std::fs::write(dir.join("chart.svg"), svg(modes)?)?;
+    std::fs::write(dir.join("chart.svg"), svg(title, modes)?)?;
     print!("{}", table(modes));
     Ok(())
 }
@@ -263,14 +268,18 @@ const COLORS: [RGBColor; 4] =
 ///
 /// # Errors
 /// Drawing failed (plotters' error, as text).
-pub fn svg(modes: &[Mode]) -> anyhow::Result<String> {
+pub fn svg(title: &str, modes: &[Mode]) -> anyhow::Result<String> {
     let mut out = String::new();
-    draw(modes, SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area())
+    draw(title, modes, SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area())
         .map_err(|e| anyhow::anyhow!("chart: {e}"))?;
     Ok(out)
 }
 
-fn draw<DB: DrawingBackend>(modes: &[Mode], root: DrawingArea<DB, plotters::coord::Shift>) -> Result<(), String>
+fn draw<DB: DrawingBackend>(
+    title: &str,
+    modes: &[Mode],
+    root: DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
@@ -285,17 +294,21 @@ where
         .flat_map(|m| m.series.upstream_arrivals.iter().chain(&m.series.intended))
         .copied()
         .max()
-        .unwrap_or(1) as f64
-        * 1.1;
-    let pts =
+        .unwrap_or(1) as f64;
+    // A logarithmic axis: a storm is ten times the load, a protected run stays at capacity.
+    let floor = 10.0;
+    let pts = |v: &[u64]| -> Vec<(f64, f64)> {
+        v.iter().enumerate().map(|(i, n)| (i as f64 + 0.5, (*n as f64).max(floor))).collect()
+    };
+    let lin =
         |v: &[u64]| -> Vec<(f64, f64)> { v.iter().enumerate().map(|(i, n)| (i as f64 + 0.5, *n as f64)).collect() };
 
     let mut chart = ChartBuilder::on(&top)
-        .caption("Requests reaching the upstream each second", ("sans-serif", 18))
+        .caption(format!("{title}: requests reaching the upstream each second"), ("sans-serif", 18))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..secs, 0f64..max_arr.max(capacity * 1.2))
+        .build_cartesian_2d(0f64..secs, (floor..max_arr.max(capacity * 2.0) * 1.5).log_scale())
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -303,7 +316,7 @@ where
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .x_desc("seconds")
-        .y_desc("requests/s")
+        .y_desc("requests/s (log scale)")
         .draw()
         .map_err(err)?;
     let slowdown = modes.first().map_or(Slowdown { at_s: 0.0, for_s: 0.0, factor: 1.0 }, |m| m.slowdown);
@@ -359,7 +372,7 @@ where
     for (i, m) in modes.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         chart
-            .draw_series(LineSeries::new(pts(&m.series.goodput), c.stroke_width(2)))
+            .draw_series(LineSeries::new(lin(&m.series.goodput), c.stroke_width(2)))
             .map_err(err)?
             .label(format!("{}: {:.0} %", m.mode, m.goodput_share * 100.0))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], c.stroke_width(2)));
@@ -373,4 +386,71 @@ where
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn mode(name: &str, intended: Vec<u64>, arrivals: Vec<u64>, ok: u64) -> Mode {
+        let policy = Policy {
+            app_tries: 3,
+            sdk_tries: 3,
+            timeout: Duration::from_secs(1),
+            deadline: Duration::from_secs(10),
+            honour_retry_after: true,
+        };
+        let profile = Profile { base: 100.0, spike: 150.0, spike_at_s: 1.0, spike_for_s: 1.0, duration_s: 3.0 };
+        let n: u64 = intended.iter().sum();
+        let totals = Totals {
+            intended: n,
+            attempts: 2 * n,
+            ok,
+            throttled: n,
+            failed: 0,
+            timed_out: 0,
+            generator_late: 0,
+            answers: vec![("2xx".to_owned(), ok), ("503".to_owned(), 0)],
+            intended_series: intended.clone(),
+            attempts_series: intended.iter().map(|i| 2 * i).collect(),
+            goodput_series: intended,
+        };
+        let slow = Slowdown { at_s: 1.0, for_s: 1.0, factor: 2.0 };
+        Mode::new(name.to_owned(), String::new(), 120.0, slow, profile, policy, totals, arrivals.clone(), arrivals)
+    }
+
+    #[test]
+    fn amplification_is_every_arrival_over_the_intended_requests() {
+        // The tail (seconds without intended load) counts in the total, not in the peak second.
+        let m = mode("plain", vec![100, 150, 100, 0], vec![100, 300, 200, 50], 280);
+        assert_eq!((m.intended, m.upstream_arrivals), (350, 650));
+        assert!((m.amplification - 650.0 / 350.0).abs() < 1e-9);
+        assert!((m.peak_amplification - 2.0).abs() < 1e-9);
+        assert!((m.goodput_share - 0.8).abs() < 1e-9);
+        assert!((m.attempts_per_intended - 2.0).abs() < 1e-9);
+        assert_eq!(m.answers.keys().collect::<Vec<_>>(), ["2xx"], "kinds never seen are left out");
+    }
+
+    #[test]
+    fn the_table_and_the_chart_name_every_mode() {
+        let modes =
+            [mode("plain", vec![100, 100], vec![300, 300], 50), mode("full", vec![100, 100], vec![90, 100], 190)];
+        let t = table(&modes);
+        assert!(t.contains("| plain | 67 | 200 | **3.00×** |"), "{t}");
+        assert!(t.contains("| full | 67 | 63 | **0.95×** |"), "{t}");
+        let svg = svg("spike", &modes).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        for label in [
+            "spike: requests reaching",
+            "plain: 3.00×",
+            "full: 0.95×",
+            "plain: 25 %",
+            "full: 95 %",
+            "upstream capacity (120/s)",
+            "intended (scheduled)",
+        ] {
+            assert!(svg.contains(label), "{label} missing");
+        }
+    }
 }
