@@ -129,6 +129,11 @@ for scenario in "${scenario_list[@]}"; do
   files=()
   for mode in "${modes_list[@]}"; do
     up=$((port + 10 + 2 * i)) gw=$((port + 50 + i))
+    for p in "$up" $((up + 1)) "$gw"; do
+      if (exec 3<> "/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+        echo "port $p is in use: not measuring someone else's server (BASE_PORT=…)" >&2; exit 1
+      fi
+    done
     config "$mode" "$up" "$gw" > "$dir/$mode.yaml"
     "$bin" check -c "$dir/$mode.yaml" > /dev/null
     RUST_LOG=error "$bin" -c "$dir/$mode.yaml" > "$work/$mode.log" 2>&1 &
