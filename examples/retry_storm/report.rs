@@ -218,15 +218,17 @@ pub fn write(dir: &Path, title: &str, modes: &[Mode]) -> anyhow::Result<()> {
     let mut md = format!("# {title}\n\n");
     if let Some(m) = modes.first() {
         let p = &m.profile;
+        let spike = if p.spike == p.base {
+            String::new()
+        } else {
+            format!(" with {:.0}/s from {:.0} s for {:.0} s", p.spike, p.spike_at_s, p.spike_for_s)
+        };
         let _ = writeln!(
             md,
-            "Upstream capacity {:.0}/s; intended {:.0}/s with {:.0}/s from {:.0} s for {:.0} s, {:.0} s in all; \
-             clients: {} app tries × {} SDK tries, {} ms per try, {} ms deadline, Retry-After {}.\n",
+            "Upstream capacity {:.0}/s; intended {:.0}/s{spike}, {:.0} s in all; clients: {} app tries × {} SDK tries, \
+             {} ms per try, {} ms deadline, Retry-After {}.\n",
             m.capacity,
             p.base,
-            p.spike,
-            p.spike_at_s,
-            p.spike_for_s,
             p.duration_s,
             m.app_tries,
             m.sdk_tries,
