@@ -117,6 +117,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Run(r) => run(r),
         Cmd::Report { out, title, files } => {
+            anyhow::ensure!(!files.is_empty(), "report: no mode's JSON given");
             let mut modes = Vec::new();
             for f in &files {
                 let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;

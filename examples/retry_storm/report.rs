@@ -310,7 +310,7 @@ where
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..secs, (floor..max_arr.max(capacity * 2.0) * 1.5).log_scale())
+        .build_cartesian_2d(0f64..secs, (floor..max_arr.max(capacity * 2.0).max(floor * 10.0) * 1.5).log_scale())
         .map_err(err)?;
     chart
         .configure_mesh()

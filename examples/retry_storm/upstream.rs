@@ -63,7 +63,14 @@ pub async fn serve(ports: &[u16], workers: usize, service: Service, counts: Arc<
         let (slots, counts) = (slots.clone(), counts.clone());
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    // Out of descriptors, most likely: wait for some to close instead of spinning.
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
                 let _ = stream.set_nodelay(true);
                 let (slots, counts) = (slots.clone(), counts.clone());
                 tokio::spawn(async move {
