@@ -256,8 +256,11 @@ impl Proxy {
     /// The store of limit `limit` on route `route`, if it exists with the same definition.
     fn store_of(&self, route: &str, limit: &LimitConfig) -> Option<Arc<Store>> {
         let idx = self.config.routes.iter().position(|r| r.name == route)?;
-        // `show_keys` changes what the admin listener shows, not the state.
-        let same = |l: &&Limit| LimitConfig { show_keys: limit.show_keys, ..l.config.clone() } == *limit;
+        // `show_keys` changes what the admin listener shows, `early_retry` what the gate
+        // remembers of denials: neither changes the store's state.
+        let same = |l: &&Limit| {
+            LimitConfig { show_keys: limit.show_keys, early_penalty: limit.early_penalty, ..l.config.clone() } == *limit
+        };
         self.lanes[idx].gate.limits().iter().find(same).map(|l| l.store.clone())
     }
 
