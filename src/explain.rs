@@ -235,6 +235,13 @@ pub fn describe(limit: &LimitConfig) -> String {
             "; each request is admitted on an estimate of {c} and then charged the number in the response's `{h}` header (more is debited, less refunded; a debt makes the next requests wait)"
         );
     }
+    if limit.early_penalty && limit.mode == Mode::Enforce {
+        let _ = write!(
+            line,
+            "; a client back before its Retry-After is refused and told twice the wait it was last told (up to {} s)",
+            crate::ratelimit::penalty_cap_secs(&limit.algorithm)
+        );
+    }
     if limit.mode == Mode::Shadow {
         line.push_str(" [shadow: counted and logged, never rejects]");
     }

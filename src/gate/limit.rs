@@ -95,14 +95,10 @@ impl Limit {
         Some(Decision::Deny { retry_after: wait, reset: wait })
     }
 
-    /// The longest wait a penalty tells: the limit's period `w` (a window; the time a token
-    /// bucket takes to refill fully), for a leaky bucket the time its queue takes to drain.
+    /// The longest wait a penalty tells ([`ratelimit::penalty_cap_secs`]), in `tier`.
     pub(super) fn penalty_cap_secs(&self, tier: Option<TierId>) -> u64 {
         let alg = tier.and_then(|t| self.in_tier(t)).map_or(&self.config.algorithm, |t| &t.alg);
-        match alg {
-            Algorithm::LeakyBucket { .. } => ratelimit::retry_after_secs(crate::limit::longest_wait(alg)),
-            _ => self.period_secs(tier),
-        }
+        ratelimit::penalty_cap_secs(alg)
     }
 
     /// Keys back before their Retry-After are counted from now on: a denial's key, told

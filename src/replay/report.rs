@@ -45,6 +45,89 @@ pub struct Tally {
     live_total: u64,
     live_agree: u64,
     live_differ: Vec<String>,
+    eager: Eager,
+}
+
+/// Early retries (a key back before the Retry-After it was told), per route and limit: read
+/// from each limit's own counter after every decision, so they are the gate's count, with
+/// the key each one came from.
+pub(crate) struct Eager {
+    /// Per route, per limit: the counter's last value and the count per key.
+    seen: Vec<Vec<(u64, KeyCounts)>>,
+}
+
+impl Eager {
+    pub(crate) fn new(e: &Engine) -> Eager {
+        Eager {
+            seen: (0..e.route_count()).map(|i| e.limits(i).iter().map(|_| (0, KeyCounts::new())).collect()).collect(),
+        }
+    }
+
+    /// After a decision on route `i` (records are decided one at a time).
+    pub(crate) fn seen(&mut self, e: &Engine, i: usize, ctx: &KeyCtx<'_>) {
+        for (l, (last, keys)) in e.limits(i).iter().zip(&mut self.seen[i]) {
+            let now = l.metrics.early_retries.get();
+            if now > *last {
+                let key = l.config.key.hash(ctx).0;
+                keys.entry(key).or_insert_with(|| (0, label(l, ctx))).0 += now - *last;
+                *last = now;
+            }
+        }
+    }
+
+    /// What limit `j` of route `i` saw, in words.
+    fn report(&self, e: &Engine, i: usize, j: usize) -> EarlyRetries {
+        let (times, keys) = &self.seen[i][j];
+        let most = keys.values().max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(&a.1)));
+        let l = &e.limits(i)[j].config;
+        let mut r = EarlyRetries {
+            times: *times,
+            clients: keys.len() as u64,
+            most_eager: most.map(|(n, k)| (k.clone(), *n)),
+            words: String::new(),
+        };
+        r.words = r.said(l.early_penalty && l.mode == crate::config::Mode::Enforce, &l.algorithm);
+        r
+    }
+}
+
+/// Early retries of one limit: requests of keys back before the Retry-After they were told.
+#[derive(Debug, Serialize, Clone, PartialEq, Eq)]
+pub struct EarlyRetries {
+    pub times: u64,
+    /// Keys that came back early.
+    pub clients: u64,
+    /// The key back early most often, and how often.
+    pub most_eager: Option<(String, u64)>,
+    /// The same in words, as `tollgate explain` says things.
+    pub words: String,
+}
+
+impl EarlyRetries {
+    fn said(&self, penalty: bool, alg: &Algorithm) -> String {
+        if self.times == 0 {
+            return "no client came back before its Retry-After".into();
+        }
+        let times = |n: u64| if n == 1 { "once".to_owned() } else { format!("{n} times") };
+        let mut s = if self.clients == 1 {
+            format!("1 client came back before its Retry-After, {}", times(self.times))
+        } else {
+            format!("{} clients came back before their Retry-After, {}", self.clients, times(self.times))
+        };
+        if let Some((key, n)) = self.most_eager.as_ref().filter(|_| self.clients > 1) {
+            let _ = write!(s, "; the most eager, {key}, {}", times(*n));
+        } else if let Some((key, _)) = &self.most_eager {
+            let _ = write!(s, " ({key})");
+        }
+        if penalty {
+            let _ = write!(
+                s,
+                "; each was refused and told twice its last wait (up to {} s)",
+                crate::ratelimit::penalty_cap_secs(alg)
+            );
+        }
+        s
+    }
 }
 
 impl Tally {
@@ -64,12 +147,14 @@ impl Tally {
             live_total: 0,
             live_agree: 0,
             live_differ: Vec::new(),
+            eager: Eager::new(e),
         }
     }
 
     /// A routed record's verdict, with its key context (keys are read only for denials).
     pub(crate) fn seen(&mut self, e: &Engine, i: usize, ctx: &KeyCtx<'_>, r: &Record, v: &Verdict) {
         let route = e.route(i);
+        self.eager.seen(e, i, ctx);
         let t = &mut self.routes[i];
         t.requests += 1;
         let copy = route.stale_on_limit.filter(|_| r.method == http::Method::GET).map(|age| {
@@ -138,6 +223,7 @@ impl Tally {
 
     pub(crate) fn finish(self, e: &Engine, stats: ReadStats, o: &Options) -> Report {
         let top = self.top;
+        let eager = &self.eager;
         let routes = self
             .routes
             .into_iter()
@@ -169,6 +255,7 @@ impl Tally {
                         keys_affected: lt.keys.len() as u64,
                         top_keys: top_keys(lt.keys, top),
                         key_parts_not_in_log: e.missing[i][j].clone(),
+                        early_retries: eager.report(e, i, j),
                     })
                     .collect(),
             })
@@ -313,6 +400,8 @@ pub struct LimitReport {
     pub keys_affected: u64,
     pub top_keys: Vec<(String, u64)>,
     pub key_parts_not_in_log: Vec<String>,
+    /// Keys back before the Retry-After they were told (the gate's count).
+    pub early_retries: EarlyRetries,
 }
 
 impl Report {
@@ -369,6 +458,9 @@ impl Report {
                 for (k, n) in &lr.top_keys {
                     let _ = writeln!(o, "    {n:>8}  {k}");
                 }
+                if lr.early_retries.times > 0 {
+                    let _ = writeln!(o, "    early retries: {}", lr.early_retries.words);
+                }
                 if !lr.key_parts_not_in_log.is_empty() {
                     let _ = writeln!(
                         o,
@@ -409,7 +501,7 @@ impl Diff {
         }
     }
 
-    pub(crate) fn finish(self, stats: ReadStats, top: usize) -> Compare {
+    pub(crate) fn finish(self, stats: ReadStats, top: usize, early_retries: Vec<EarlyDiff>) -> Compare {
         let rows = |m: HashMap<String, u64>| -> (u64, Vec<Who>) {
             let total = m.values().sum();
             let mut v: Vec<Who> = m
@@ -435,8 +527,48 @@ impl Diff {
             let_through: through_total,
             newly,
             through: let_through,
+            early_retries,
         }
     }
+}
+
+/// Early retries of one limit under both configs (matched by route and limit name); `None`
+/// where a config has no such limit.
+#[derive(Debug, Serialize)]
+pub struct EarlyDiff {
+    pub route: String,
+    pub limit: String,
+    pub current: Option<EarlyRetries>,
+    pub candidate: Option<EarlyRetries>,
+}
+
+/// The limits of either config that saw early retries, with what each config's saw.
+pub(crate) fn early_diff(a: (&Engine, &Eager), b: (&Engine, &Eager)) -> Vec<EarlyDiff> {
+    let mut rows: Vec<EarlyDiff> = Vec::new();
+    for (side, (e, eager)) in [a, b].into_iter().enumerate() {
+        for i in 0..e.route_count() {
+            for (j, l) in e.limits(i).iter().enumerate() {
+                let (route, limit) = (&e.route(i).name, &l.config.name);
+                let at = match rows.iter().position(|r| (&r.route, &r.limit) == (route, limit)) {
+                    Some(at) => at,
+                    None => {
+                        let row =
+                            EarlyDiff { route: route.clone(), limit: limit.clone(), current: None, candidate: None };
+                        rows.push(row);
+                        rows.len() - 1
+                    }
+                };
+                let seen = Some(eager.report(e, i, j));
+                if side == 0 {
+                    rows[at].current = seen;
+                } else {
+                    rows[at].candidate = seen;
+                }
+            }
+        }
+    }
+    rows.retain(|r| [&r.current, &r.candidate].iter().any(|s| s.as_ref().is_some_and(|s| s.times > 0)));
+    rows
 }
 
 /// A route and key whose requests change verdict.
@@ -463,6 +595,8 @@ pub struct Compare {
     pub newly: Vec<Who>,
     /// Top keys let through.
     pub through: Vec<Who>,
+    /// Limits whose keys came back before their Retry-After, under either config.
+    pub early_retries: Vec<EarlyDiff>,
 }
 
 impl Compare {
@@ -486,6 +620,16 @@ impl Compare {
             let _ = writeln!(o, "\n{title}:");
             for w in rows {
                 let _ = writeln!(o, "  {:>8}  route {} limit {}: {}", w.requests, w.route, w.limit, w.key);
+            }
+        }
+        if !self.early_retries.is_empty() {
+            let _ = writeln!(o, "\nearly retries:");
+            for r in &self.early_retries {
+                let _ = writeln!(o, "  route {} limit {}", r.route, r.limit);
+                for (side, seen) in [("current", &r.current), ("candidate", &r.candidate)] {
+                    let words = seen.as_ref().map_or("no such limit", |s| s.words.as_str());
+                    let _ = writeln!(o, "    {side:<9}  {words}");
+                }
             }
         }
         o
