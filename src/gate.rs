@@ -241,7 +241,7 @@ impl Gate {
                 self.refund_admitted(&decided, tier, now).await;
             }
             let denied = self.denied(&decided, tier);
-            self.remember_told(&decided, &denied, now);
+            self.remember_told(&decided, denied.retry_after_secs, now);
             return Err(Error::Throttled(denied));
         }
 
@@ -264,10 +264,11 @@ impl Gate {
     /// (the longest of theirs): a request of that key sooner is an early retry.
     #[cold]
     #[inline(never)]
-    fn remember_told(&self, decided: &[Decided], denied: &Denied, now: Timestamp) {
-        for &(i, _) in &denied.limits {
-            if let Some(d) = decided.iter().find(|d| d.limit == i) {
-                self.limits[i].remember_told(d.key, now, denied.retry_after_secs);
+    fn remember_told(&self, decided: &[Decided], secs: u64, now: Timestamp) {
+        for d in decided.iter().filter(|d| !d.decision.is_admitted()) {
+            let limit = &self.limits[d.limit];
+            if limit.enforced() {
+                limit.early.remember(d.key, now, secs);
             }
         }
     }

@@ -95,7 +95,9 @@ impl Early {
         let now = now.as_micros();
         let deadline = now.saturating_add(wait_secs.saturating_mul(MICROS_PER_SEC));
         let mut map = lock(shard);
-        if now >= shard.until.load(Ordering::Relaxed) {
+        // Written under the shard's lock only: a load and a store, no read-modify-write.
+        let until = shard.until.load(Ordering::Relaxed);
+        if now >= until {
             // Every entry has expired.
             map.clear();
         }
@@ -108,7 +110,9 @@ impl Early {
             }
         }
         map.insert(key.0, Told { deadline, wait_secs });
-        shard.until.fetch_max(deadline, Ordering::Relaxed);
+        if deadline > until {
+            shard.until.store(deadline, Ordering::Relaxed);
+        }
     }
 
     /// Forgets `key` (an operator's reset lets it through at once).

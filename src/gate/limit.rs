@@ -101,14 +101,6 @@ impl Limit {
         ratelimit::penalty_cap_secs(alg)
     }
 
-    /// Keys back before their Retry-After are counted from now on: a denial's key, told
-    /// `secs`.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn remember_told(&self, key: KeyHash, now: Timestamp, secs: u64) {
-        self.early.remember(key, now, secs);
-    }
-
     /// The `n` keys it denied most recently, highest count first (see [`crate::limit::sketch`]).
     pub fn top_denied(&self, n: usize, now: Timestamp) -> Vec<Hitter> {
         self.sketch().top(n, now)
