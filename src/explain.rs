@@ -543,6 +543,16 @@ routes:
     }
 
     #[test]
+    fn an_early_retry_penalty_in_plain_words() {
+        let text = explained(
+            "      - { name: pc, algorithm: token_bucket, rate: 1/10s, burst: 6, key: client_ip, early_retry: { penalty: double } }\n      - { name: quiet, algorithm: fixed_window, rate: 1/m, mode: shadow, early_retry: { penalty: double } }\n",
+        );
+        let said =
+            "a client back before its Retry-After is refused and told twice the wait it was last told (up to 60 s)";
+        assert_eq!(text.matches(said).count(), 1, "only the enforced limit penalises:\n{text}");
+    }
+
+    #[test]
     fn windows_and_leaky_bucket_in_plain_words() {
         let text = explained(
             "      - { name: fw, algorithm: fixed_window, rate: 100/m }\n      - { name: lb, algorithm: leaky_bucket, rate: 10/s, max_delay: 500ms, key: header:x-user }\n",
