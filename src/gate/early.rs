@@ -7,7 +7,7 @@
 //! beside it in an atomic: while no deadline of the shard is ahead, a request reads that one
 //! word (relaxed) and takes no lock, so keys of a limit that denied nobody lately cost
 //! nothing more. Entries past their deadline are dropped when next met (a look-up, or a
-//! denial in a full shard, which then evicts the entry due soonest).
+//! denial in a full shard, which then also drops an eighth of its keys if it is still full).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,10 +103,18 @@ impl Early {
         }
         if map.len() >= self.per_shard && !map.contains_key(&key.0) {
             map.retain(|_, t| t.deadline > now);
-            if map.len() >= self.per_shard {
-                if let Some(soonest) = map.iter().min_by_key(|(_, t)| t.deadline).map(|(k, _)| *k) {
-                    map.remove(&soonest);
-                }
+            // Still full of waiting keys (many clients denied within a period): make room for
+            // an eighth more at once, so the scan is paid once per that many denials and not
+            // on every one. Which keys go does not matter much: their next early retries go
+            // uncounted, and unpenalised.
+            let keep = self.per_shard - self.per_shard.div_ceil(8);
+            let mut excess = map.len().saturating_sub(keep);
+            if excess > 0 {
+                map.retain(|_, _| {
+                    let keep = excess == 0;
+                    excess = excess.saturating_sub(1);
+                    keep
+                });
             }
         }
         map.insert(key.0, Told { deadline, wait_secs });
@@ -175,6 +183,12 @@ mod tests {
             e.remember(KeyHash(i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)), at(1), 60);
         }
         assert!(e.live(at(1)) <= 128, "{}", e.live(at(1)));
+        // A full shard of waiting keys gives up an eighth of them at once, then admits more.
+        let shard = e.shard(KeyHash(0));
+        assert_eq!(lock(shard).len(), 2);
+        e.remember(KeyHash(5), at(1), 60);
+        assert_eq!(lock(shard).len(), 2, "one dropped (an eighth, rounded up), one added");
+        assert!(e.told(KeyHash(5), at(2)).is_some());
         // Once every deadline has passed, a denial starts its shard afresh.
         e.remember(KeyHash(1 << 127), at(100), 1);
         let shard = e.shard(KeyHash(1 << 127));
