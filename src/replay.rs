@@ -13,6 +13,7 @@
 //! reordering, so memory stays flat however long the log.
 
 pub mod chart;
+pub mod early;
 pub mod parse;
 pub mod report;
 
@@ -350,7 +351,7 @@ pub fn compare(current: &Config, candidate: &Config, files: &[PathBuf], o: &Opti
     let headers = logged_headers(&o.format);
     let (a, b) = (Engine::new(current, o.fallback, &headers), Engine::new(candidate, o.fallback, &headers));
     let mut diff = report::Diff::default();
-    let (mut ea, mut eb) = (report::Eager::new(&a), report::Eager::new(&b));
+    let (mut ea, mut eb) = (early::Eager::new(&a), early::Eager::new(&b));
     let stats = read(files, &o.format, |r| {
         let mut who = (String::new(), String::new());
         let va = a.decide(r, |i, ctx, v| {
@@ -363,7 +364,7 @@ pub fn compare(current: &Config, candidate: &Config, files: &[PathBuf], o: &Opti
         });
         diff.count(&va, &vb, who);
     })?;
-    Ok(diff.finish(stats, o.top, report::early_diff((&a, &ea), (&b, &eb))))
+    Ok(diff.finish(stats, o.top, early::diff((&a, &ea), (&b, &eb))))
 }
 
 /// Runs `files` against `config` and returns each request's verdict beside what the log
