@@ -54,8 +54,23 @@ fn request(port: u16, path: &str) -> u16 {
 
 #[test]
 fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
-    let config = Temp::new("live.yaml", LIVE);
-    let log = Temp::new("live.log", "");
+    live_decisions_are_reproduced("live", LIVE);
+}
+
+/// Penalised early retries are decided by the same gate live and in replay, on the same
+/// instants: every decision is reproduced too.
+#[test]
+fn a_live_log_with_early_retry_penalties_gets_every_live_decision() {
+    let penalised = LIVE.replace("key: query:user }", "key: query:user, early_retry: { penalty: double } }");
+    assert_ne!(penalised, LIVE);
+    let report = live_decisions_are_reproduced("live-penalised", &penalised);
+    let early = &report.routes[0].limits[0].early_retries;
+    assert!(early.times > 0, "the clients that keep one user came back early: {}", report.text());
+}
+
+fn live_decisions_are_reproduced(name: &str, yaml: &str) -> replay::Report {
+    let config = Temp::new(&format!("{name}.yaml"), yaml);
+    let log = Temp::new(&format!("{name}.log"), "");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(BIN)
         .arg("-c")
@@ -124,6 +139,7 @@ fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
     let live = report.live.as_ref().unwrap();
     assert_eq!((live.requests, live.reproduced), (240, 240), "{:?}", live.differ);
     assert_eq!(report.routes[0].throttled as usize, throttled);
+    report
 }
 
 fn options(format: Format) -> Options {
