@@ -235,6 +235,13 @@ pub fn describe(limit: &LimitConfig) -> String {
             "; each request is admitted on an estimate of {c} and then charged the number in the response's `{h}` header (more is debited, less refunded; a debt makes the next requests wait)"
         );
     }
+    if limit.early_penalty && limit.mode == Mode::Enforce {
+        let _ = write!(
+            line,
+            "; a client back before its Retry-After is refused and told twice the wait it was last told (up to {} s)",
+            crate::ratelimit::penalty_cap_secs(&limit.algorithm)
+        );
+    }
     if limit.mode == Mode::Shadow {
         line.push_str(" [shadow: counted and logged, never rejects]");
     }
@@ -533,6 +540,16 @@ routes:
             text.contains("per client IP `pc`: bursts of 200, then 100 requests/s (one every 10ms); request 201 of a burst gets 429 with Retry-After: 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn an_early_retry_penalty_in_plain_words() {
+        let text = explained(
+            "      - { name: pc, algorithm: token_bucket, rate: 1/10s, burst: 6, key: client_ip, early_retry: { penalty: double } }\n      - { name: quiet, algorithm: fixed_window, rate: 1/m, mode: shadow, early_retry: { penalty: double } }\n",
+        );
+        let said =
+            "a client back before its Retry-After is refused and told twice the wait it was last told (up to 60 s)";
+        assert_eq!(text.matches(said).count(), 1, "only the enforced limit penalises:\n{text}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 mod adaptive;
 mod cap;
+mod early;
 mod headers;
 mod limit;
 mod ticket;
@@ -210,21 +211,25 @@ impl Gate {
                 continue;
             }
             let key = limit.config.key.hash(ctx);
-            let decision = match limit.decide(tier, key, now).await {
-                Ok(d) => d,
-                Err(e) => {
-                    // Fail closed (`on_error: deny`): nothing stays charged anywhere.
-                    self.refund_admitted(&decided, tier, now).await;
-                    tracing::debug!(route = %self.route, limit = %limit.config.name, error = %e, "limit store unavailable");
-                    let secs = match &e {
-                        StoreError::Unavailable { retry_after, .. } => retry_after.as_secs().max(1),
-                        StoreError::Config(_) => 1,
-                    };
-                    return Err(Error::StoreUnavailable { limit: i, retry_after_secs: secs });
-                }
+            // A key back before its Retry-After is counted; with a penalty, denied unasked.
+            let decision = match limit.early_retry(key, now, tier) {
+                Some(d) => d,
+                None => match limit.decide(tier, key, now).await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        // Fail closed (`on_error: deny`): nothing stays charged anywhere.
+                        self.refund_admitted(&decided, tier, now).await;
+                        tracing::debug!(route = %self.route, limit = %limit.config.name, error = %e, "limit store unavailable");
+                        let secs = match &e {
+                            StoreError::Unavailable { retry_after, .. } => retry_after.as_secs().max(1),
+                            StoreError::Config(_) => 1,
+                        };
+                        return Err(Error::StoreUnavailable { limit: i, retry_after_secs: secs });
+                    }
+                },
             };
             if !decision.is_admitted() {
-                limit.note_denial(key, ctx, now);
+                limit.note_denial(key, ctx, now, &decision);
             }
             denied |= self.counted(limit, &decision, now);
             decided.push(Decided { limit: i, key, decision });
@@ -235,7 +240,9 @@ impl Gate {
             if decided.iter().any(|d| d.decision.is_admitted()) {
                 self.refund_admitted(&decided, tier, now).await;
             }
-            return Err(Error::Throttled(self.denied(&decided, tier)));
+            let denied = self.denied(&decided, tier);
+            self.remember_told(&decided, denied.retry_after_secs, now);
+            return Err(Error::Throttled(denied));
         }
 
         let permit = match &self.cap {
@@ -251,6 +258,19 @@ impl Gate {
         let note = self.note(&decided);
         let product = (self.settles || tier.is_some()).then(|| self.product(&decided, tier));
         Ok(Admission { permit, note, ratelimit: self.ratelimit_admitted(&decided), product })
+    }
+
+    /// Each enforced limit that denied remembers its key and the Retry-After the client gets
+    /// (the longest of theirs): a request of that key sooner is an early retry.
+    #[cold]
+    #[inline(never)]
+    fn remember_told(&self, decided: &[Decided], secs: u64, now: Timestamp) {
+        for d in decided.iter().filter(|d| !d.decision.is_admitted()) {
+            let limit = &self.limits[d.limit];
+            if limit.enforced() {
+                limit.early.remember(d.key, now, secs);
+            }
+        }
     }
 
     /// Counts `limit`'s `decision` (a shadow limit's denial is logged); whether it denies.

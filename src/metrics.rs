@@ -196,6 +196,7 @@ pub struct Metrics {
     upstream_seconds: Family<RouteLabel, Seconds>,
     local_keys: Family<RouteLimit, Gauge>,
     cost_unread: Family<RouteLimit, Counter>,
+    early_retries: Family<RouteLimit, Counter>,
     in_flight: Gauge,
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
@@ -358,6 +359,8 @@ pub struct LimitMetrics {
     pub throttled: Counter,
     pub shadow_throttled: Counter,
     pub keys: Gauge,
+    /// Requests of a key back before the Retry-After it was told (see `gate::early`).
+    pub early_retries: Counter,
 }
 
 impl Default for Metrics {
@@ -388,6 +391,12 @@ impl Metrics {
             "response_cost_unread",
             "Responses of a limit with cost.response_header whose header was missing or not a number (nothing debited)",
             cost_unread.clone(),
+        );
+        let early_retries = Family::<RouteLimit, Counter>::default();
+        registry.register(
+            "early_retries",
+            "Requests of a key this instance denied, back before the Retry-After it was told",
+            early_retries.clone(),
         );
         let in_flight = Gauge::default();
         registry.register("requests_in_flight", "Requests being served", in_flight.clone());
@@ -513,6 +522,7 @@ impl Metrics {
             upstream_seconds,
             local_keys,
             cost_unread,
+            early_retries,
             in_flight,
             concurrency_limit,
             errors,
@@ -571,6 +581,10 @@ impl Metrics {
             shadow_throttled: get(Outcome::shadow_throttled),
             keys: self
                 .local_keys
+                .get_or_create(&RouteLimit { route: Label::new(route), limit: Label::new(limit) })
+                .clone(),
+            early_retries: self
+                .early_retries
                 .get_or_create(&RouteLimit { route: Label::new(route), limit: Label::new(limit) })
                 .clone(),
         }

@@ -256,8 +256,11 @@ impl Proxy {
     /// The store of limit `limit` on route `route`, if it exists with the same definition.
     fn store_of(&self, route: &str, limit: &LimitConfig) -> Option<Arc<Store>> {
         let idx = self.config.routes.iter().position(|r| r.name == route)?;
-        // `show_keys` changes what the admin listener shows, not the state.
-        let same = |l: &&Limit| LimitConfig { show_keys: limit.show_keys, ..l.config.clone() } == *limit;
+        // `show_keys` changes what the admin listener shows, `early_retry` what the gate
+        // remembers of denials: neither changes the store's state.
+        let same = |l: &&Limit| {
+            LimitConfig { show_keys: limit.show_keys, early_penalty: limit.early_penalty, ..l.config.clone() } == *limit
+        };
         self.lanes[idx].gate.limits().iter().find(same).map(|l| l.store.clone())
     }
 
@@ -379,5 +382,32 @@ mod tests {
         // no longer outlived the decision; 1,888 once the phases took their parts by reference
         // (a phase that takes the head or the answer by value keeps another copy of it).
         assert!(size <= 1952, "the request future grew to {size} bytes");
+    }
+}
+
+#[cfg(test)]
+mod reload_tests {
+    use super::*;
+
+    /// `early_retry` changes what the gate remembers of denials, not the store's state: a
+    /// reload that turns the penalty on keeps every client's bucket.
+    #[test]
+    fn a_reload_that_changes_early_retry_keeps_the_limit_state() {
+        let yaml = |extra: &str| {
+            format!(
+                "listen: 127.0.0.1:1\nupstreams:\n  up: {{ respond: {{ status: 200 }} }}\nroutes:\n  - name: r\n    upstream: up\n    limits:\n      - {{ name: b, algorithm: token_bucket, rate: 1/s{extra} }}\n"
+            )
+        };
+        let load = |extra: &str| Config::from_yaml(std::path::Path::new("r.yaml"), &yaml(extra)).unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(crate::limit::SystemClock);
+        let metrics = Arc::new(Metrics::new());
+        let before = Proxy::build(load(""), clock.clone(), metrics.clone(), None);
+        let after =
+            Proxy::build(load(", early_retry: { penalty: double }"), clock.clone(), metrics.clone(), Some(&before));
+        let store = |p: &Proxy| p.lanes[0].gate.limits()[0].store.clone();
+        assert!(Arc::ptr_eq(&store(&before), &store(&after)));
+        assert!(after.lanes[0].gate.limits()[0].config.early_penalty);
+        let changed = Proxy::build(load(", burst: 2"), clock, metrics, Some(&after));
+        assert!(!Arc::ptr_eq(&store(&after), &store(&changed)), "a changed limit starts afresh");
     }
 }

@@ -23,6 +23,16 @@ pub fn retry_after_capped(alg: &Algorithm, wait: Span) -> u64 {
     retry_after_secs(wait).min(retry_after_secs(longest_wait(alg)))
 }
 
+/// The longest wait a penalised early retry is told (`early_retry: { penalty: double }`):
+/// the period `w` of [`policy_numbers`] (a window; the time a token bucket takes to refill
+/// fully), for a leaky bucket the time its queue takes to drain ([`longest_wait`]).
+pub fn penalty_cap_secs(alg: &Algorithm) -> u64 {
+    match alg {
+        Algorithm::LeakyBucket { .. } => retry_after_secs(longest_wait(alg)),
+        _ => policy_numbers(alg).1.max(1),
+    }
+}
+
 /// `q` and `w` of an algorithm's RateLimit-Policy item. A `Decision::Never` (a cost no wait
 /// makes fit) is answered with `w`.
 pub fn policy_numbers(alg: &Algorithm) -> (u64, u64) {

@@ -13,6 +13,7 @@
 //! reordering, so memory stays flat however long the log.
 
 pub mod chart;
+pub mod early;
 pub mod parse;
 pub mod report;
 
@@ -350,13 +351,20 @@ pub fn compare(current: &Config, candidate: &Config, files: &[PathBuf], o: &Opti
     let headers = logged_headers(&o.format);
     let (a, b) = (Engine::new(current, o.fallback, &headers), Engine::new(candidate, o.fallback, &headers));
     let mut diff = report::Diff::default();
+    let (mut ea, mut eb) = (early::Eager::new(&a), early::Eager::new(&b));
     let stats = read(files, &o.format, |r| {
         let mut who = (String::new(), String::new());
-        let va = a.decide(r, |i, ctx, v| who.0 = report::who(&a, i, ctx, v));
-        let vb = b.decide(r, |i, ctx, v| who.1 = report::who(&b, i, ctx, v));
+        let va = a.decide(r, |i, ctx, v| {
+            who.0 = report::who(&a, i, ctx, v);
+            ea.seen(&a, i, ctx);
+        });
+        let vb = b.decide(r, |i, ctx, v| {
+            who.1 = report::who(&b, i, ctx, v);
+            eb.seen(&b, i, ctx);
+        });
         diff.count(&va, &vb, who);
     })?;
-    Ok(diff.finish(stats, o.top))
+    Ok(diff.finish(stats, o.top, early::diff((&a, &ea), (&b, &eb))))
 }
 
 /// Runs `files` against `config` and returns each request's verdict beside what the log

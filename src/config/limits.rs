@@ -40,6 +40,27 @@ pub struct RawLimit {
     /// not as their digests.
     #[serde(default)]
     show_keys: bool,
+    /// `early_retry: { penalty: double }`: a key back before its Retry-After waits longer.
+    #[serde(default)]
+    early_retry: RawEarlyRetry,
+}
+
+/// `early_retry: { penalty: double }`; `{}` or `penalty: none` is the default, off.
+#[derive(Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEarlyRetry {
+    #[serde(default)]
+    penalty: Penalty,
+}
+
+/// What an early retry costs the client.
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+#[serde(rename_all = "snake_case")]
+enum Penalty {
+    #[default]
+    None,
+    /// Denied, and told twice the wait it was last told (capped at the limit's period).
+    Double,
 }
 
 fn route_key() -> KeyList {
@@ -165,6 +186,9 @@ pub struct LimitConfig {
     /// `show_keys: true`: the admin listener shows the most throttled keys as text (kept in
     /// the limit's heavy-hitter summary only, never in the store).
     pub show_keys: bool,
+    /// `early_retry: { penalty: double }`: a key back before the Retry-After it was told is
+    /// denied, and told twice that wait (see `gate::early`). Enforced limits only.
+    pub early_penalty: bool,
 }
 
 /// Requests in flight on a route.
@@ -528,6 +552,7 @@ impl RawLimit {
             lease,
             max_keys,
             show_keys: self.show_keys,
+            early_penalty: self.early_retry.penalty == Penalty::Double,
         })
     }
 }

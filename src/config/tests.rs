@@ -450,3 +450,23 @@ fn plan_mistakes_are_refused_where_they_are_written() {
     let e = err(&yaml(free, "{ name: fast, algorithm: token_bucket, plan: true }").replace("plans:", "plans_:"));
     assert!(e.message.contains("unknown field"), "{e}");
 }
+
+#[test]
+fn early_retry_penalty_is_off_unless_asked_and_checked_where_written() {
+    const UP: &str = "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n";
+    let limit = |extra: &str| format!("{UP}      - {{ algorithm: token_bucket, rate: 10/s{extra} }}\n");
+    for (extra, on) in [
+        ("", false),
+        (", early_retry: {}", false),
+        (", early_retry: { penalty: none }", false),
+        (", early_retry: { penalty: double }", true),
+    ] {
+        let c = Config::from_yaml(Path::new("p.yaml"), &limit(extra)).unwrap();
+        assert_eq!(c.routes[0].limits[0].early_penalty, on, "{extra}");
+    }
+    let e = err(&limit(", early_retry: { penalty: triple }"));
+    assert_eq!((e.line, e.path.as_str()), (5, "routes[0].limits[0].early_retry.penalty"), "{e}");
+    assert!(e.message.contains("unknown variant `triple`"), "{e}");
+    let e = err(&limit(", early_retry: { penality: double }"));
+    assert_eq!(e.path, "routes[0].limits[0].early_retry.penality", "{e}");
+}

@@ -4,6 +4,7 @@ use super::*;
 
 use std::sync::Mutex;
 
+use super::early::{Early, Told};
 use crate::limit::sketch::{push_escaped, Hitter, Sketch, LABEL_BYTES};
 
 /// One configured limit with its state.
@@ -24,6 +25,8 @@ pub struct Limit {
     /// The keys it denied most, recently (for the admin listener). Only denials take this
     /// lock, one limit's only: the pass path never touches it.
     sketch: Mutex<Sketch>,
+    /// The keys it denied and what each was told (see [`super::early`]).
+    pub(super) early: Early,
 }
 
 /// A plan limit in one tier. Local: the limit's one store, decided with these parameters.
@@ -38,6 +41,7 @@ impl Limit {
     pub fn new(config: LimitConfig, store: Arc<Store>, metrics: LimitMetrics) -> Limit {
         let (_, window_secs) = ratelimit::policy_numbers(&config.algorithm);
         let sketch = Mutex::new(Sketch::new(config.show_keys));
+        let early = Early::new(config.max_keys);
         Limit {
             ratelimit_head: ratelimit::member_head(&config.name),
             config,
@@ -48,17 +52,53 @@ impl Limit {
             cost_unread: None,
             tiers: None,
             sketch,
+            early,
         }
     }
 
     /// Counts a denial of `key` (enforced or shadow) in the heavy-hitter summary; with
     /// `show_keys`, a key that takes a counter gets its text from `ctx`. Out of line: only
     /// denials come here.
+    /// A shadow limit remembers the wait it would have told (an enforced limit remembers the
+    /// Retry-After the client gets, see [`Gate::check`]).
     #[cold]
     #[inline(never)]
-    pub(super) fn note_denial(&self, key: KeyHash, ctx: &KeyCtx<'_>, now: Timestamp) {
+    pub(super) fn note_denial(&self, key: KeyHash, ctx: &KeyCtx<'_>, now: Timestamp, decision: &Decision) {
         let parts = self.config.key.parts();
         self.sketch().record(key, now, |out| key_text(parts, ctx, out));
+        if !self.enforced() {
+            let secs = match *decision {
+                Decision::Deny { retry_after, .. } => self.retry_after_secs(retry_after),
+                Decision::Never { .. } | Decision::Allow { .. } | Decision::Delay { .. } => self.period_secs(None),
+            };
+            self.early.remember(key, now, secs);
+        }
+    }
+
+    /// Whether `key` is back at `now` before the Retry-After it was told (counted): with
+    /// `early_retry: { penalty: double }` on an enforced limit, the denial it gets instead of
+    /// a decision. Costs one relaxed load while no key of its shard waits.
+    #[inline]
+    pub(super) fn early_retry(&self, key: KeyHash, now: Timestamp, tier: Option<TierId>) -> Option<Decision> {
+        let told = self.early.told(key, now)?;
+        self.penalised(told, now, tier)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn penalised(&self, told: Told, now: Timestamp, tier: Option<TierId>) -> Option<Decision> {
+        self.metrics.early_retries.inc();
+        if !(self.config.early_penalty && self.enforced()) {
+            return None;
+        }
+        let wait = told.doubled(now, self.penalty_cap_secs(tier));
+        Some(Decision::Deny { retry_after: wait, reset: wait })
+    }
+
+    /// The longest wait a penalty tells ([`ratelimit::penalty_cap_secs`]), in `tier`.
+    pub(super) fn penalty_cap_secs(&self, tier: Option<TierId>) -> u64 {
+        let alg = tier.and_then(|t| self.in_tier(t)).map_or(&self.config.algorithm, |t| &t.alg);
+        ratelimit::penalty_cap_secs(alg)
     }
 
     /// The `n` keys it denied most recently, highest count first (see [`crate::limit::sketch`]).
@@ -92,6 +132,7 @@ impl Limit {
     /// [`StoreError`] when Redis does not answer the `DEL`.
     pub async fn reset(&self, key: KeyHash) -> Result<bool, StoreError> {
         self.sketch().forget(key);
+        self.early.forget(key);
         for t in self.tiers.iter().flatten().flatten() {
             if let Store::Redis(s) = &*t.store {
                 s.forget(key);

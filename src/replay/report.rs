@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use super::early::{Eager, EarlyDiff, EarlyRetries};
 use super::{Engine, KeyCounts, Live, Options, ReadStats, Record, Series, Verdict};
 use crate::gate::Limit;
 use crate::limit::{Algorithm, KeyCtx};
@@ -45,6 +46,7 @@ pub struct Tally {
     live_total: u64,
     live_agree: u64,
     live_differ: Vec<String>,
+    eager: Eager,
 }
 
 impl Tally {
@@ -64,12 +66,14 @@ impl Tally {
             live_total: 0,
             live_agree: 0,
             live_differ: Vec::new(),
+            eager: Eager::new(e),
         }
     }
 
     /// A routed record's verdict, with its key context (keys are read only for denials).
     pub(crate) fn seen(&mut self, e: &Engine, i: usize, ctx: &KeyCtx<'_>, r: &Record, v: &Verdict) {
         let route = e.route(i);
+        self.eager.seen(e, i, ctx);
         let t = &mut self.routes[i];
         t.requests += 1;
         let copy = route.stale_on_limit.filter(|_| r.method == http::Method::GET).map(|age| {
@@ -138,6 +142,7 @@ impl Tally {
 
     pub(crate) fn finish(self, e: &Engine, stats: ReadStats, o: &Options) -> Report {
         let top = self.top;
+        let eager = &self.eager;
         let routes = self
             .routes
             .into_iter()
@@ -169,6 +174,7 @@ impl Tally {
                         keys_affected: lt.keys.len() as u64,
                         top_keys: top_keys(lt.keys, top),
                         key_parts_not_in_log: e.missing[i][j].clone(),
+                        early_retries: eager.report(e, i, j),
                     })
                     .collect(),
             })
@@ -238,7 +244,7 @@ fn top_keys(keys: KeyCounts, n: usize) -> Vec<(String, u64)> {
 
 /// A key's text: `part=value` per part (`-` for a value the request lacks). The report is
 /// the operator's, read from the operator's own log: the values are shown as the log has them.
-fn label(limit: &Limit, ctx: &KeyCtx<'_>) -> String {
+pub(super) fn label(limit: &Limit, ctx: &KeyCtx<'_>) -> String {
     let mut out = String::new();
     let mut buf = [0u8; crate::limit::key::MAX_PART_BYTES];
     for (i, part) in limit.config.key.parts().iter().enumerate() {
@@ -313,6 +319,8 @@ pub struct LimitReport {
     pub keys_affected: u64,
     pub top_keys: Vec<(String, u64)>,
     pub key_parts_not_in_log: Vec<String>,
+    /// Keys back before the Retry-After they were told (the gate's count).
+    pub early_retries: EarlyRetries,
 }
 
 impl Report {
@@ -369,6 +377,9 @@ impl Report {
                 for (k, n) in &lr.top_keys {
                     let _ = writeln!(o, "    {n:>8}  {k}");
                 }
+                if lr.early_retries.times > 0 {
+                    let _ = writeln!(o, "    early retries: {}", lr.early_retries.words);
+                }
                 if !lr.key_parts_not_in_log.is_empty() {
                     let _ = writeln!(
                         o,
@@ -409,7 +420,7 @@ impl Diff {
         }
     }
 
-    pub(crate) fn finish(self, stats: ReadStats, top: usize) -> Compare {
+    pub(crate) fn finish(self, stats: ReadStats, top: usize, early_retries: Vec<EarlyDiff>) -> Compare {
         let rows = |m: HashMap<String, u64>| -> (u64, Vec<Who>) {
             let total = m.values().sum();
             let mut v: Vec<Who> = m
@@ -435,6 +446,7 @@ impl Diff {
             let_through: through_total,
             newly,
             through: let_through,
+            early_retries,
         }
     }
 }
@@ -463,6 +475,8 @@ pub struct Compare {
     pub newly: Vec<Who>,
     /// Top keys let through.
     pub through: Vec<Who>,
+    /// Limits whose keys came back before their Retry-After, under either config.
+    pub early_retries: Vec<EarlyDiff>,
 }
 
 impl Compare {
@@ -486,6 +500,16 @@ impl Compare {
             let _ = writeln!(o, "\n{title}:");
             for w in rows {
                 let _ = writeln!(o, "  {:>8}  route {} limit {}: {}", w.requests, w.route, w.limit, w.key);
+            }
+        }
+        if !self.early_retries.is_empty() {
+            let _ = writeln!(o, "\nearly retries:");
+            for r in &self.early_retries {
+                let _ = writeln!(o, "  route {} limit {}", r.route, r.limit);
+                for (side, seen) in [("current", &r.current), ("candidate", &r.candidate)] {
+                    let words = seen.as_ref().map_or("no such limit", |s| s.words.as_str());
+                    let _ = writeln!(o, "    {side:<9}  {words}");
+                }
             }
         }
         o

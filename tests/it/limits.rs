@@ -234,3 +234,46 @@ async fn retry_after_spread_sends_each_throttled_client_a_different_sufficient_w
     // The minute's window ends 40 s after T0 (20 s into it): never sooner, then 41 … 43 in turn.
     assert_eq!(waits, [40, 41, 42, 43, 40, 41, 42, 43]);
 }
+
+/// `tollgate_early_retries_total` of route `api`, limit `limit`, from the admin listener.
+async fn early_retries(admin: std::net::SocketAddr, limit: &str) -> u64 {
+    let (_, _, body) = get(admin, "/metrics").await;
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let series = format!("tollgate_early_retries_total{{route=\"api\",limit=\"{limit}\"}} ");
+    let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    line[series.len()..].trim().parse().unwrap()
+}
+
+fn retry_after(h: &http::HeaderMap) -> u64 {
+    h["retry-after"].to_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn early_retries_are_counted_and_penalised_and_a_client_that_waits_is_not() {
+    let clock = ManualClock::new(T0);
+    let yaml = respond_yaml(
+        "    limits:\n      - { name: b, algorithm: token_bucket, rate: 1/10s, burst: 6, key: client_ip, early_retry: { penalty: double } }\n",
+    );
+    let tg = Tollgate::start_with_clock(&yaml, clock.clone()).await;
+    let admin = tg.start_admin().await;
+    for _ in 0..6 {
+        assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK);
+    }
+    let (s, h, _) = get(tg.addr, "/").await;
+    assert_eq!((s, retry_after(&h)), (StatusCode::TOO_MANY_REQUESTS, 10));
+    assert_eq!(early_retries(admin, "b").await, 0);
+    // Back after 1 s, then 2 s: refused, told twice the last wait each time.
+    let mut told = Vec::new();
+    for _ in 0..2 {
+        clock.advance(Span::from_secs(1));
+        let (s, h, _) = get(tg.addr, "/").await;
+        assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+        told.push(retry_after(&h));
+    }
+    assert_eq!(told, [20, 40]);
+    assert_eq!(early_retries(admin, "b").await, 2);
+    // Waiting what it was told: admitted, and no early retry.
+    clock.advance(Span::from_secs(40));
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK);
+    assert_eq!(early_retries(admin, "b").await, 2);
+}

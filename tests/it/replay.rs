@@ -54,8 +54,23 @@ fn request(port: u16, path: &str) -> u16 {
 
 #[test]
 fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
-    let config = Temp::new("live.yaml", LIVE);
-    let log = Temp::new("live.log", "");
+    live_decisions_are_reproduced("live", LIVE);
+}
+
+/// Penalised early retries are decided by the same gate live and in replay, on the same
+/// instants: every decision is reproduced too.
+#[test]
+fn a_live_log_with_early_retry_penalties_gets_every_live_decision() {
+    let penalised = LIVE.replace("key: query:user }", "key: query:user, early_retry: { penalty: double } }");
+    assert_ne!(penalised, LIVE);
+    let report = live_decisions_are_reproduced("live-penalised", &penalised);
+    let early = &report.routes[0].limits[0].early_retries;
+    assert!(early.times > 0, "the clients that keep one user came back early: {}", report.text());
+}
+
+fn live_decisions_are_reproduced(name: &str, yaml: &str) -> replay::Report {
+    let config = Temp::new(&format!("{name}.yaml"), yaml);
+    let log = Temp::new(&format!("{name}.log"), "");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(BIN)
         .arg("-c")
@@ -124,6 +139,7 @@ fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
     let live = report.live.as_ref().unwrap();
     assert_eq!((live.requests, live.reproduced), (240, 240), "{:?}", live.differ);
     assert_eq!(report.routes[0].throttled as usize, throttled);
+    report
 }
 
 fn options(format: Format) -> Options {
@@ -267,4 +283,72 @@ fn the_command_writes_text_json_and_the_chart() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("newly throttled 0, let through 0"));
+}
+
+/// Three clients denied by a 1-per-10 s window at 1 s: `.1` comes back at 2, 3 and 4 s and
+/// again at 11 s, `.2` at 5 s, `.3` waits the 9 s it was told (at 10.2 s).
+fn eager_lines() -> String {
+    let at = [
+        ("10.0.0.1", 0),
+        ("10.0.0.2", 100),
+        ("10.0.0.3", 200),
+        ("10.0.0.1", 1000),
+        ("10.0.0.2", 1100),
+        ("10.0.0.3", 1200),
+        ("10.0.0.1", 2000),
+        ("10.0.0.1", 3000),
+        ("10.0.0.1", 4000),
+        ("10.0.0.2", 5000),
+        ("10.0.0.3", 10_200),
+        ("10.0.0.1", 11_000),
+    ];
+    at.iter()
+        .map(|(ip, ms)| {
+            let t = 1_796_547_230_000u64 + ms;
+            format!(
+                "{ip} - - [06/Dec/2026:08:53:50 +0000] \"GET /api/x HTTP/1.1\" 200 2 \"-\" \"-\" {}.{:03}\n",
+                t / 1000,
+                t % 1000
+            )
+        })
+        .collect()
+}
+
+const EAGER: &str = "
+upstreams: { app: { respond: { body: ok } } }
+routes:
+  - name: api
+    upstream: app
+    limits:
+      - { name: per-ip, algorithm: fixed_window, rate: 1/10s, key: client_ip }
+";
+
+#[test]
+fn early_retries_are_told_in_words_in_the_report_its_json_and_compare() {
+    let log = Temp::new("eager.log", &eager_lines());
+    let r = replay::run(&cfg(EAGER), std::slice::from_ref(&log.0), &options(Format::Nginx)).unwrap();
+    let early = &r.routes[0].limits[0].early_retries;
+    assert_eq!((early.times, early.clients), (4, 2), "{}", r.text());
+    assert_eq!(early.most_eager, Some(("client_ip=10.0.0.1".to_owned(), 3)));
+    let words = "2 clients came back before their Retry-After, 4 times; the most eager, client_ip=10.0.0.1, 3 times";
+    assert_eq!(early.words, words);
+    assert!(r.text().contains(&format!("early retries: {words}\n")), "{}", r.text());
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["routes"][0]["limits"][0]["early_retries"]["times"], 4);
+
+    // With the penalty, `.1`'s return at 11 s is still early (told 10 s at 4 s): refused.
+    let penalised = EAGER.replace("key: client_ip }", "key: client_ip, early_retry: { penalty: double } }");
+    let c =
+        replay::compare(&cfg(EAGER), &cfg(&penalised), std::slice::from_ref(&log.0), &options(Format::Nginx)).unwrap();
+    assert_eq!((c.throttled_current, c.throttled_candidate, c.newly_throttled), (7, 8, 1), "{}", c.text());
+    let row = &c.early_retries[0];
+    assert_eq!((row.route.as_str(), row.limit.as_str()), ("api", "per-ip"));
+    assert_eq!(row.current.as_ref().map(|e| e.words.as_str()), Some(words));
+    let candidate = row.candidate.as_ref().map(|e| e.words.as_str()).unwrap_or_default();
+    assert_eq!(
+        candidate,
+        "2 clients came back before their Retry-After, 5 times; the most eager, client_ip=10.0.0.1, 4 times; \
+         each was refused and told twice its last wait (up to 10 s)"
+    );
+    assert!(c.text().contains("early retries:\n  route api limit per-ip\n"), "{}", c.text());
 }

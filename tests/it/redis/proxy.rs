@@ -207,3 +207,40 @@ async fn readyz_flips_when_redis_goes_away_and_back() {
     }
     assert!(text.ends_with("# EOF\n"));
 }
+
+/// `tollgate_early_retries_total` of route `api`, limit `limit`, from the admin listener.
+async fn early_retries(admin: std::net::SocketAddr, limit: &str) -> u64 {
+    let (_, _, body) = get(admin, "/metrics").await;
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let series = format!("tollgate_early_retries_total{{route=\"api\",limit=\"{limit}\"}} ");
+    let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    line[series.len()..].trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_redis_limit_counts_and_penalises_early_retries_of_the_denials_it_gave() {
+    let node = RedisNode::start();
+    let (up, hits) = counting().await;
+    let redis = format!("  url: {}\n  timeout: 500ms\n  on_error: deny\n", node.url());
+    let limit =
+        "name: w, algorithm: fixed_window, rate: 1/m, key: route, store: redis, early_retry: { penalty: double }";
+    let cfg = yaml(&up, &redis, limit);
+    let (one, other) = (Tollgate::start(&cfg).await, Tollgate::start(&cfg).await);
+    let (admin, other_admin) = (one.start_admin().await, other.start_admin().await);
+    let secs = |h: &http::HeaderMap| -> u64 { h["retry-after"].to_str().unwrap().parse().unwrap() };
+    assert_eq!(get(one.addr, "/").await.0, StatusCode::OK);
+    let (s, h, _) = get(one.addr, "/").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    let first = secs(&h);
+    assert!((1..=60).contains(&first), "{first}");
+    // Back at once on the instance that denied it: counted, and told twice as long (up to
+    // the 60 s window).
+    let (s, h, _) = get(one.addr, "/").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(secs(&h), (2 * first).min(60));
+    assert_eq!(early_retries(admin, "w").await, 1);
+    // The other instance gave no denial: its first 429 is no early retry.
+    assert_eq!(get(other.addr, "/").await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(early_retries(other_admin, "w").await, 0);
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+}
