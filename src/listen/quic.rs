@@ -3,7 +3,7 @@
 //! bound on new connections a second from one address), and the [`Peer`] a connection makes.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,9 +64,7 @@ impl Admission {
         if !validated && self.handshakes >= retry_above {
             return Verdict::Retry;
         }
-        let mut h = self.hasher.build_hasher();
-        ip.hash(&mut h);
-        let key = h.finish();
+        let key = self.hasher.hash_one(ip);
         let full = self.per_ip.len() >= MAX_TRACKED;
         match self.per_ip.get_mut(&key) {
             Some(n) if *n >= per_ip => return Verdict::Refuse,

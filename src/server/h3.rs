@@ -66,7 +66,9 @@ pub(super) async fn serve(endpoint: quinn::Endpoint, idx: usize, proxy: Shared, 
             continue;
         };
         let quic = listener.http3.clone().unwrap_or_default();
-        // A reload's certificates and settings apply to the connections that come next.
+        // A reload's certificates and settings apply to the connections that come next (each
+        // is accepted with the config in effect; the endpoint's own, which makes its Retry
+        // tokens, follows).
         if !config.as_ref().is_some_and(|c| Arc::ptr_eq(c, fresh)) {
             endpoint.set_server_config(Some(quinn::ServerConfig::clone(fresh)));
             config = Some(fresh.clone());
@@ -106,12 +108,12 @@ pub(super) async fn serve(endpoint: quinn::Endpoint, idx: usize, proxy: Shared, 
         let handshake_timeout = listener.tls.as_ref().map_or(Duration::from_secs(10), |t| t.handshake_timeout);
         let header_timeout = settings.cfg.header_read_timeout;
         let max_header_bytes = u64::try_from(settings.cfg.max_header_bytes).unwrap_or(u64::MAX);
-        let (proxy, stop, metrics) = (proxy.clone(), stop.clone(), metrics.clone());
+        let (proxy, stop, metrics, fresh) = (proxy.clone(), stop.clone(), metrics.clone(), fresh.clone());
         drop(now);
         tokio::spawn(async move {
             let _open = open;
             let limits = Limits { quic, handshake_timeout, header_timeout, max_header_bytes };
-            connection(incoming, limits, proxy, stop, metrics).await;
+            connection(incoming, fresh, limits, proxy, stop, metrics).await;
         });
     }
     // No new connection; those open get GOAWAY from their own tasks (they hold `stop`).
@@ -129,8 +131,15 @@ struct Limits {
 
 /// One QUIC connection: the handshake, then HTTP/3 until the client leaves, the idle
 /// timeout closes it, or the server stops (GOAWAY, its requests finish, then it closes).
-async fn connection(incoming: quinn::Incoming, limits: Limits, proxy: Shared, stop: Stop, metrics: QuicMetrics) {
-    let connecting = match incoming.accept() {
+async fn connection(
+    incoming: quinn::Incoming,
+    config: Arc<quinn::ServerConfig>,
+    limits: Limits,
+    proxy: Shared,
+    stop: Stop,
+    metrics: QuicMetrics,
+) {
+    let connecting = match incoming.accept_with(config) {
         Ok(c) => c,
         Err(e) => {
             metrics.refused("handshake");
