@@ -269,3 +269,27 @@ async fn aioquic_gets_and_posts() {
     assert_eq!(answers[0]["body_head"], "GET 0 via=3 tollgate ");
     assert!(answers[1]["body_head"].as_str().unwrap().starts_with("POST 70000 via=3 tollgate yyy"), "{answers:?}");
 }
+
+#[tokio::test]
+async fn past_the_handshake_rate_clients_prove_their_address_and_one_address_is_bounded() {
+    let up = echo_upstream(peak()).await;
+    // Every new client is asked for a Retry; two new connections a second from one address.
+    let site = Site::new(up.addr, "    quic: { retry_above: 0, new_connections_per_ip: 2 }\n", "");
+    let tg = site.start().await;
+    let first = H3::connect(tg.addr, &site.ca).await.expect("a client that answers the Retry is served");
+    assert_eq!(first.get("/").await.0, StatusCode::OK);
+    let metrics = tg.shared.load().metrics().connections().edge.quic.clone();
+    assert!(metrics.retries.get() >= 1, "a Retry was sent");
+    // Within the same second (or the next, on a slow machine): a third connection is refused.
+    let mut refused = false;
+    for _ in 0..4 {
+        if H3::connect(tg.addr, &site.ca).await.is_err() {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "more than two new connections a second from one address");
+    let text = tg.shared.load().metrics().encode(None);
+    assert!(text.contains("tollgate_quic_refused_total{reason=\"per_ip\"} "), "{text}");
+    assert!(text.contains("tollgate_http3_requests_total 1"), "{text}");
+}
