@@ -59,6 +59,7 @@ listen:
   - addr: 127.0.0.1:$((bp + 2))
     tls: { certificates: [{ cert: cert.pem, key: key.pem }] }
     http3: true
+    quic: { retry_above: 1000000, new_connections_per_ip: 1000000 }   # Caddy has neither
 server: { workers: 1 }
 upstreams: { up: { url: 'http://127.0.0.1:$bp' } }
 routes: [{ upstream: up }]

@@ -22,15 +22,19 @@ struct Target {
     client: quinn::ClientConfig,
 }
 
-async fn connect(t: &Target) -> Result<(quinn::Endpoint, quinn::Connection, Send), String> {
+fn endpoint(t: &Target) -> Result<quinn::Endpoint, String> {
     let mut endpoint =
         quinn::Endpoint::client("127.0.0.1:0".parse().map_err(|_| "addr")?).map_err(|e| e.to_string())?;
     endpoint.set_default_client_config(t.client.clone());
+    Ok(endpoint)
+}
+
+async fn connect(endpoint: &quinn::Endpoint, t: &Target) -> Result<(quinn::Connection, Send), String> {
     let conn = endpoint.connect(t.addr, &t.sni).map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
     let (mut driver, send) =
         h3::client::new(h3_quinn::Connection::new(conn.clone())).await.map_err(|e| e.to_string())?;
     tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
-    Ok((endpoint, conn, send))
+    Ok((conn, send))
 }
 
 async fn get(send: &mut Send, url: &str) -> Result<(), String> {
@@ -79,14 +83,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..conns {
             let (t, done, failed, next) = (target.clone(), done.clone(), failed.clone(), next.clone());
             tasks.push(tokio::spawn(async move {
+                let Ok(endpoint) = endpoint(&t) else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                };
                 if handshakes {
                     while next.fetch_add(1, Ordering::Relaxed) < n {
-                        match connect(&t).await {
-                            Ok((endpoint, conn, mut send)) => {
+                        match connect(&endpoint, &t).await {
+                            Ok((conn, mut send)) => {
                                 let ok = get(&mut send, &t.url).await.is_ok();
                                 (if ok { &done } else { &failed }).fetch_add(1, Ordering::Relaxed);
                                 conn.close(0u32.into(), b"");
-                                endpoint.wait_idle().await;
                             }
                             Err(_) => {
                                 failed.fetch_add(1, Ordering::Relaxed);
@@ -95,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                     return;
                 }
-                let Ok((_endpoint, conn, send)) = connect(&t).await else {
+                let Ok((conn, send)) = connect(&endpoint, &t).await else {
                     failed.fetch_add(1, Ordering::Relaxed);
                     return;
                 };
