@@ -45,8 +45,12 @@ cat > Caddyfile <<CADDY
 {
   admin off
   auto_https disable_redirects
-  servers { protocols h1 h2 h3 }
-  log { output discard }
+  servers {
+    protocols h1 h2 h3
+  }
+  log {
+    output discard
+  }
 }
 https://bench.test:$((bp + 1)) {
   bind 127.0.0.1
@@ -70,7 +74,13 @@ taskset -c 0 "$bin" -c tollgate.yaml 2>tollgate.log &
 echo $! > tollgate.pid
 declare -A pids=([caddy]=$(cat caddy.pid) [tollgate]=$(cat tollgate.pid)) ports=([caddy]=$((bp + 1)) [tollgate]=$((bp + 2)))
 for who in caddy tollgate; do
-  for _ in $(seq 50); do taskset -c 1 "$load" "127.0.0.1:${ports[$who]}" bench.test ca.pem / 1 1 1 2>/dev/null | grep -q 'requests 1 ' && break; sleep 0.2; done
+  up=
+  for _ in $(seq 20); do
+    kill -0 "${pids[$who]}" 2>/dev/null || break
+    timeout 3 taskset -c 1 "$load" "127.0.0.1:${ports[$who]}" bench.test ca.pem / 1 1 1 2>/dev/null | grep -q 'requests 1 ' && { up=1; break; }
+    sleep 0.2
+  done
+  [[ -n $up ]] || { echo "$who did not answer over HTTP/3:" >&2; tail -5 "$who.log" >&2; exit 1; }
 done
 hz=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
