@@ -101,6 +101,31 @@ impl ResolvesServerCert for Sni {
     }
 }
 
+/// Single-use tickets an HTTP/3 listener with 0-RTT keeps (about 200 bytes each).
+const EARLY_DATA_TICKETS: usize = 65_536;
+
+/// No stateless tickets: sessions are kept in the server's store (see [`quic`]).
+#[derive(Debug)]
+struct NoTickets;
+
+impl rustls::server::ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    fn lifetime(&self) -> u32 {
+        0
+    }
+
+    fn encrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn decrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+}
+
 /// What an HTTP/3 listener's QUIC connections are allowed (its `quic:` settings).
 pub struct QuicLimits {
     pub max_concurrent_streams: u32,
@@ -120,6 +145,13 @@ pub fn quic(tls: &rustls::ServerConfig, limits: &QuicLimits) -> Result<Arc<quinn
     let mut tls = tls.clone();
     tls.alpn_protocols = vec![b"h3".to_vec()];
     tls.max_early_data_size = if limits.early_data { u32::MAX } else { 0 };
+    if limits.early_data {
+        // rustls takes early data only on a stateful ticket, and takes each once: a replay of
+        // the flight finds its ticket gone and gets a full handshake (one process; bounded
+        // store, the oldest tickets go first).
+        tls.ticketer = Arc::new(NoTickets);
+        tls.session_storage = rustls::server::ServerSessionMemoryCache::new(EARLY_DATA_TICKETS);
+    }
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
         .map_err(|e| format!("QUIC setup failed: {e}"))?;
     let mut transport = quinn::TransportConfig::default();

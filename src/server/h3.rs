@@ -153,8 +153,12 @@ async fn connection(
         match connecting.into_0rtt() {
             Ok((conn, accepted)) => {
                 let (tx, rx) = watch::channel(false);
+                let watched = conn.clone();
                 tokio::spawn(async move {
-                    if accepted.await {
+                    // Resolves once the handshake ends (whether the client used 0-RTT or not),
+                    // or the connection closed first: only the first lets requests on.
+                    let _ = accepted.await;
+                    if watched.close_reason().is_none() {
                         let _ = tx.send(true);
                     }
                     // Dropped otherwise: the requests waiting for it are dropped.

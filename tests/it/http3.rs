@@ -293,3 +293,61 @@ async fn past_the_handshake_rate_clients_prove_their_address_and_one_address_is_
     assert!(text.contains("tollgate_quic_refused_total{reason=\"per_ip\"} "), "{text}");
     assert!(text.contains("tollgate_http3_requests_total 1"), "{text}");
 }
+
+/// A client config trusting the site's CA that keeps tickets and offers early data.
+fn early_client(ca: &Ca) -> quinn::ClientConfig {
+    let mut tls = rustls::ClientConfig::clone(&client_config(ca, &[b"h3"], None));
+    tls.enable_early_data = true;
+    quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(Arc::new(tls)).unwrap()))
+}
+
+/// Connects with `endpoint`'s client config, with 0-RTT when the client can: the connection,
+/// its sender, and whether the server accepted early data.
+async fn connect_early(endpoint: &quinn::Endpoint, addr: SocketAddr) -> (quinn::Connection, H3Send, bool) {
+    let connecting = endpoint.connect(addr, "api.test").unwrap();
+    let (conn, accepted) = match connecting.into_0rtt() {
+        Ok((conn, accepted)) => (conn, Some(accepted)),
+        Err(connecting) => (connecting.await.unwrap(), None),
+    };
+    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await.unwrap();
+    tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+    let early = match accepted {
+        Some(a) => a.await,
+        None => false,
+    };
+    (conn, send, early)
+}
+
+type H3Send = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+async fn send_on(send: &H3Send, method: &str, path: &str) -> StatusCode {
+    let mut send = send.clone();
+    let req = Request::builder().method(method).uri(format!("https://api.test{path}")).body(()).unwrap();
+    let mut stream = send.send_request(req).await.unwrap();
+    stream.finish().await.unwrap();
+    let status = stream.recv_response().await.unwrap().status();
+    while stream.recv_data().await.unwrap().is_some() {}
+    status
+}
+
+#[tokio::test]
+async fn early_data_is_off_by_default_and_when_on_every_method_is_still_served() {
+    let up = echo_upstream(peak()).await;
+    for (on, extra) in [(false, ""), (true, "    quic: { early_data: true }\n")] {
+        let site = Site::new(up.addr, extra, "");
+        let tg = site.start().await;
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(early_client(&site.ca));
+        // The first connection gets a ticket (a request lets the server's ticket arrive).
+        let (conn, send, early) = connect_early(&endpoint, tg.addr).await;
+        assert!(!early);
+        assert_eq!(send_on(&send, "POST", "/first").await, StatusCode::OK, "a POST without early data (on: {on})");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        conn.close(0u32.into(), b"");
+        // The second resumes, with 0-RTT if the server takes it.
+        let (_conn, send, early) = connect_early(&endpoint, tg.addr).await;
+        assert_eq!(early, on, "0-RTT accepted only with quic.early_data");
+        assert_eq!(send_on(&send, "GET", "/again").await, StatusCode::OK);
+        assert_eq!(send_on(&send, "POST", "/again").await, StatusCode::OK);
+    }
+}
