@@ -351,3 +351,50 @@ async fn early_data_is_off_by_default_and_when_on_every_method_is_still_served()
         assert_eq!(send_on(&send, "POST", "/again").await, StatusCode::OK);
     }
 }
+
+#[tokio::test]
+async fn an_upstreams_trailers_come_back_over_http3() {
+    // An h2c upstream whose answer ends with trailers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let service = hyper::service::service_fn(|_req: Request<hyper::body::Incoming>| async {
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                let frames = futures_util::stream::iter([
+                    Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(b"answer"))),
+                    Ok(http_body::Frame::trailers(trailers)),
+                ]);
+                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::StreamBody::new(frames)))
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+            );
+        }
+    });
+    let dir = Dir::new();
+    let ca = Ca::new("test CA");
+    ca.issue(&["api.test"]).write(&dir, "api");
+    let file = dir.path("proxy.yaml");
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: api.pem, key: api.key }}] }}\n    http3: true\nupstreams: {{ up: {{ url: 'http://{up}', protocol: h2c }} }}\nroutes: [{{ upstream: up }}]\n"
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let tg = Tollgate::start_config(Config::load(&file).unwrap()).await;
+    let h3 = H3::connect(tg.addr, &ca).await.unwrap();
+    let mut send = h3.send.clone();
+    let req = Request::get("https://api.test/t").header("te", "trailers").body(()).unwrap();
+    let mut stream = send.send_request(req).await.unwrap();
+    stream.finish().await.unwrap();
+    assert_eq!(stream.recv_response().await.unwrap().status(), StatusCode::OK);
+    let mut body = BytesMut::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    assert_eq!(body, "answer");
+    let trailers = stream.recv_trailers().await.unwrap().expect("the upstream's trailers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+}
