@@ -4,6 +4,8 @@
 //!   responder, stale copies) or an upstream's body passed on as it arrives, with an
 //!   idle-read deadline; optionally copied as it streams (a [`Tap`]), giving its upstream
 //!   connection back (a [`Lease`]) and holding a concurrency slot until it ends.
+//! - [`Inbound`]: a client's body as it arrives, from hyper (HTTP/1.1, HTTP/2) or from an
+//!   HTTP/3 stream ([`h3::Recv`]); the request path takes either.
 //! - [`RequestBody`]: a client's body on its way upstream, with an idle-read deadline and
 //!   errors that say they are the client's ([`ClientBodyError`]).
 //!
@@ -14,6 +16,7 @@
 //! ([`h2::Pump`]): one future per request on both sides, no task.
 
 pub mod h2;
+pub mod h3;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -514,18 +517,62 @@ impl ClientBodyError {
     }
 }
 
+/// A client's request body as it arrives: hyper's (HTTP/1.1, HTTP/2), or an HTTP/3 stream's,
+/// boxed so that the common case stays as small as hyper's own body.
+pub enum Inbound {
+    Hyper(Incoming),
+    H3(Box<h3::Recv>),
+}
+
+impl From<Incoming> for Inbound {
+    #[inline(always)]
+    fn from(b: Incoming) -> Inbound {
+        Inbound::Hyper(b)
+    }
+}
+
+impl HttpBody for Inbound {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    #[inline]
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        // Both variants are `Unpin`.
+        match self.get_mut() {
+            Inbound::Hyper(b) => Pin::new(b).poll_frame(cx).map(|p| p.map(|r| r.map_err(|e| ClientBodyError::of(&e)))),
+            Inbound::H3(b) => b.poll_frame(cx),
+        }
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Inbound::Hyper(b) => b.is_end_stream(),
+            Inbound::H3(b) => b.is_end_stream(),
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Inbound::Hyper(b) => b.size_hint(),
+            Inbound::H3(b) => b.size_hint(),
+        }
+    }
+}
+
 pin_project! {
     /// A client's request body on its way upstream.
     pub struct RequestBody {
         #[pin]
-        inner: Option<Incoming>,
+        inner: Option<Inbound>,
         idle: Idle,
     }
 }
 
 impl RequestBody {
     /// `idle_timeout`: the longest the client may leave a started body without data.
-    pub fn new(inner: Incoming, idle_timeout: Duration) -> RequestBody {
+    pub fn new(inner: Inbound, idle_timeout: Duration) -> RequestBody {
         RequestBody { inner: Some(inner), idle: Idle::new(idle_timeout) }
     }
 
@@ -547,16 +594,16 @@ impl HttpBody for RequestBody {
             Poll::Pending => Poll::Pending,
             Poll::Ready(polled) => {
                 this.idle.progress();
-                Poll::Ready(polled.map(|r| r.map_err(|e| ClientBodyError::of(&e))))
+                Poll::Ready(polled)
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
+        self.inner.as_ref().is_none_or(Inbound::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.as_ref().map_or(SizeHint::with_exact(0), Incoming::size_hint)
+        self.inner.as_ref().map_or(SizeHint::with_exact(0), Inbound::size_hint)
     }
 }

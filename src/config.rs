@@ -35,7 +35,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
-pub use edge::{CertFiles, ClientAuth, Listener, ProxyProtocol, TlsListener, UpstreamTls};
+pub use edge::{CertFiles, ClientAuth, Listener, ProxyProtocol, Quic, TlsListener, UpstreamTls};
 pub use gateway::{Conditions, PathRewrite, ValueMatch, MAX_CONDITIONS, MAX_RULES};
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};

@@ -32,7 +32,7 @@ use hyper::body::Incoming;
 use pool::Pool;
 
 use crate::answer::{Cause, Error, UpstreamFailure};
-use crate::body::{Body, ClientBodyError, Lease, RequestBody, UpstreamConn};
+use crate::body::{Body, ClientBodyError, Inbound, Lease, RequestBody, UpstreamConn};
 use crate::config::{HttpUpstream, Responder};
 
 /// Per-request facts the forwarder needs from the downstream side.
@@ -177,7 +177,7 @@ impl HttpForwarder {
     #[inline(always)]
     pub fn forward<'a>(
         &'a self,
-        req: Request<Incoming>,
+        req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
     ) -> impl Future<Output = Result<Response<Body>, Error>> + 'a {
@@ -239,7 +239,7 @@ impl HttpForwarder {
     /// wrong accept, or a `2xx` to it, is a bad response.
     pub async fn upgrade<H: Send + 'static>(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
         allowed: &[HeaderValue],
@@ -319,7 +319,7 @@ impl HttpForwarder {
     /// [`HttpForwarder::auto_leg`].
     pub async fn forward_h2(
         &self,
-        req: Request<Incoming>,
+        req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
     ) -> Result<Response<Body>, Error> {
@@ -500,7 +500,7 @@ impl HttpForwarder {
     #[inline(always)]
     fn prepare(
         &self,
-        req: Request<Incoming>,
+        req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
     ) -> Result<Request<RequestBody>, Error> {
@@ -669,7 +669,7 @@ impl<F: Future> Future for Within<'_, F> {
 /// # Errors
 /// More than `max` bytes: [`Error::TooLarge`]; a body that fails or pauses past `idle`:
 /// [`Error::ClientBody`].
-pub async fn read_to_end(body: Incoming, max: u64, idle: Duration) -> Result<(), Error> {
+pub async fn read_to_end(body: Inbound, max: u64, idle: Duration) -> Result<(), Error> {
     use http_body::Body as _;
     use http_body_util::BodyExt;
     if body.size_hint().lower() > max {

@@ -7,6 +7,7 @@
 //! directly, so plain HTTP pays nothing for this room.
 
 pub mod proxy_protocol;
+pub mod quic;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -303,6 +303,27 @@ pub struct EdgeMetrics {
     pub tls_handshakes: Counter,
     tls_failures: Family<ReasonLabel, Counter>,
     proxy_refused: Family<ReasonLabel, Counter>,
+    /// HTTP/3 listeners' QUIC connections.
+    pub quic: QuicMetrics,
+}
+
+/// What the QUIC endpoints of HTTP/3 listeners do, and the requests they carry (the
+/// protocol's share of `requests`).
+#[derive(Clone, Default)]
+pub struct QuicMetrics {
+    pub handshakes: Counter,
+    pub open: Gauge,
+    /// Retry packets sent: address validation asked of a new client.
+    pub retries: Counter,
+    refused: Family<ReasonLabel, Counter>,
+    pub requests: Counter,
+}
+
+impl QuicMetrics {
+    /// A new connection refused or dropped before HTTP/3, by a fixed reason.
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
 }
 
 impl EdgeMetrics {
@@ -466,6 +487,20 @@ impl Metrics {
             "Client connections closed for their PROXY protocol header, by reason",
             e.proxy_refused.clone(),
         );
+        let q = &e.quic;
+        registry.register("quic_handshakes", "QUIC handshakes completed by HTTP/3 clients", q.handshakes.clone());
+        registry.register("quic_connections_open", "HTTP/3 client connections open", q.open.clone());
+        registry.register(
+            "quic_retries",
+            "QUIC Retry packets sent (address validation of new clients)",
+            q.retries.clone(),
+        );
+        registry.register(
+            "quic_refused",
+            "New QUIC connections refused or failed before HTTP/3, by reason",
+            q.refused.clone(),
+        );
+        registry.register("http3_requests", "Requests received over HTTP/3 (a share of requests)", q.requests.clone());
         let servers = ServerFamilies::default();
         let s = &servers;
         registry.register("upstream_server_requests", "Tries sent to a server of a group", s.requests.clone());

@@ -12,7 +12,7 @@ use http::{HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
 
 use crate::answer::{Error, RouteAnswers, RouteFacts, StaleReason};
-use crate::body::Body;
+use crate::body::{Body, Inbound};
 use crate::cache::Cache;
 use crate::config::{Config, LimitConfig, Route, StoreKind, UpstreamKind};
 use crate::forward::{self, Downstream, HttpForwarder};
@@ -88,6 +88,8 @@ pub struct Proxy {
     redis: Option<Arc<RedisClient>>,
     /// The rustls config of each listener (`None` for a plain one), in the config's order.
     listener_tls: Vec<Option<Arc<rustls::ServerConfig>>>,
+    /// The QUIC config of each `http3` listener, made from its TLS config.
+    listener_quic: Vec<Option<Arc<quinn::ServerConfig>>>,
     /// `tracing:`, with its export task; kept across reloads while the section is unchanged.
     tracer: Option<Arc<crate::trace::Tracer>>,
 }
@@ -194,7 +196,9 @@ impl Proxy {
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
         let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
-        let listener_tls = config.listeners.iter().map(listener_tls).collect();
+        let listener_tls: Vec<_> = config.listeners.iter().map(listener_tls).collect();
+        let listener_quic =
+            config.listeners.iter().zip(&listener_tls).map(|(l, t)| listener_quic(l, t.as_ref())).collect();
         let tracer = config.tracing.as_ref().and_then(|t| {
             let kept = previous.and_then(|p| p.tracer.clone()).filter(|k| k.config == *t);
             kept.or_else(|| crate::trace::Tracer::new(t, metrics.traces()))
@@ -211,6 +215,7 @@ impl Proxy {
             metrics,
             redis,
             listener_tls,
+            listener_quic,
             tracer,
         }
     }
@@ -218,6 +223,11 @@ impl Proxy {
     /// The rustls config of listener `idx` of the config, if it speaks TLS.
     pub fn listener_tls(&self, idx: usize) -> Option<&Arc<rustls::ServerConfig>> {
         self.listener_tls.get(idx).and_then(Option::as_ref)
+    }
+
+    /// The QUIC config of listener `idx` of the config, if it speaks HTTP/3.
+    pub fn listener_quic(&self, idx: usize) -> Option<&Arc<quinn::ServerConfig>> {
+        self.listener_quic.get(idx).and_then(Option::as_ref)
     }
 
     /// The answer of a `redirect_https` listener: 308 to the request's URL over HTTPS on
@@ -349,6 +359,23 @@ fn listener_tls(listener: &crate::config::Listener) -> Option<Arc<rustls::Server
     });
     crate::pki::server::config(&certs, client)
         .map_err(|e| tracing::error!(listener = %listener.addr, "{e}; its TLS handshakes fail"))
+        .ok()
+}
+
+/// The QUIC config of an `http3` listener; `None` without one, or when its TLS config could
+/// not be built (its QUIC handshakes are then refused).
+fn listener_quic(
+    listener: &crate::config::Listener,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+) -> Option<Arc<quinn::ServerConfig>> {
+    let q = listener.http3.as_ref()?;
+    let limits = crate::pki::server::QuicLimits {
+        max_concurrent_streams: q.max_concurrent_streams,
+        idle_timeout: q.idle_timeout,
+        early_data: q.early_data,
+    };
+    crate::pki::server::quic(tls?, &limits)
+        .map_err(|e| tracing::error!(listener = %listener.addr, "{e}; its HTTP/3 handshakes are refused"))
         .ok()
 }
 

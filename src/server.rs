@@ -12,6 +12,7 @@ mod detect;
 mod edge;
 mod h1;
 mod h2;
+mod h3;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -299,6 +300,22 @@ pub async fn serve_all(listeners: Vec<TcpListener>, proxy: Shared, shutdown: imp
     let stop = Stop { waiters: Some(waiters.clone()), _held: Some(stop_rx) };
     // Connections stop when the server does, or when its future is dropped.
     let fire = FireOnDrop(waiters);
+    // HTTP/3 beside each `http3` listener, on the first worker only (see `h3`).
+    if crate::workers::index() == 0 {
+        let now = proxy.load_full();
+        for (idx, l) in listeners.iter().enumerate() {
+            let Some(config) = now.listener_quic(idx) else { continue };
+            let served = l.local_addr().and_then(|addr| h3::endpoint(addr, config.clone()).map(|e| (addr, e)));
+            match served {
+                Ok((addr, endpoint)) => {
+                    tracing::info!(%addr, "HTTP/3 listening (UDP)");
+                    let current = Current::new(&proxy, current.settings.metrics.clone());
+                    tokio::spawn(h3::serve(endpoint, idx, proxy.clone(), stop.clone(), current));
+                }
+                Err(e) => tracing::error!(error = %e, "cannot open the HTTP/3 (UDP) socket of a listener"),
+            }
+        }
+    }
     tokio::pin!(shutdown);
     let accept_any = |cx: &mut Context<'_>| {
         for (i, l) in listeners.iter().enumerate() {

@@ -51,6 +51,20 @@ pub struct RawListener {
     proxy_protocol: Option<RawProxyProtocol>,
     #[serde(default)]
     redirect_https: bool,
+    #[serde(default)]
+    http3: bool,
+    quic: Option<RawQuic>,
+}
+
+/// The QUIC settings of an `http3: true` listener.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawQuic {
+    max_concurrent_streams: Option<u32>,
+    idle_timeout: Option<Dur>,
+    early_data: Option<bool>,
+    retry_above: Option<u32>,
+    new_connections_per_ip: Option<u32>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -101,6 +115,35 @@ pub struct Listener {
     pub proxy_protocol: Option<ProxyProtocol>,
     /// Every request answers 308 to the same URL over HTTPS.
     pub redirect_https: bool,
+    /// HTTP/3 on a UDP socket of the same address (`http3: true`, TLS listeners only).
+    pub http3: Option<Quic>,
+}
+
+/// A listener's HTTP/3: QUIC's defences, each with its default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quic {
+    /// Request streams a connection may have open at once (QUIC's bidirectional streams).
+    pub max_concurrent_streams: u32,
+    /// A connection with no packet for this long is closed (QUIC's idle timeout).
+    pub idle_timeout: std::time::Duration,
+    /// 0-RTT: off by default; when on, only safe methods are served from early data.
+    pub early_data: bool,
+    /// New handshakes a second above which a client must prove its address (a Retry).
+    pub retry_above: u32,
+    /// New connections a second one client address may open.
+    pub new_connections_per_ip: u32,
+}
+
+impl Default for Quic {
+    fn default() -> Quic {
+        Quic {
+            max_concurrent_streams: 100,
+            idle_timeout: std::time::Duration::from_secs(30),
+            early_data: false,
+            retry_above: 200,
+            new_connections_per_ip: 50,
+        }
+    }
 }
 
 impl Listener {
@@ -109,9 +152,9 @@ impl Listener {
         self.tls.is_none() && self.proxy_protocol.is_none() && !self.redirect_https
     }
 
-    /// What a reload cannot change without a restart: the socket and what it speaks.
-    pub fn shape(&self) -> (SocketAddr, bool, Option<ProxyProtocol>, bool) {
-        (self.addr, self.tls.is_some(), self.proxy_protocol, self.redirect_https)
+    /// What a reload cannot change without a restart: the sockets and what they speak.
+    pub fn shape(&self) -> (SocketAddr, bool, Option<ProxyProtocol>, bool, bool) {
+        (self.addr, self.tls.is_some(), self.proxy_protocol, self.redirect_https, self.http3.is_some())
     }
 }
 
@@ -253,7 +296,7 @@ impl RawUpstreamTls {
 pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, Invalid> {
     let list = match raw {
         RawListen::One(addr) => {
-            return Ok(vec![Listener { addr, tls: None, proxy_protocol: None, redirect_https: false }])
+            return Ok(vec![Listener { addr, tls: None, proxy_protocol: None, redirect_https: false, http3: None }])
         }
         RawListen::Many(list) => list,
     };
@@ -280,6 +323,7 @@ pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, 
                     .to_owned(),
             ));
         }
+        let http3 = quic(l.http3, l.quic, l.tls.is_some(), l.proxy_protocol.is_some(), &at)?;
         let tls = match l.tls {
             None => None,
             Some(t) => {
@@ -318,9 +362,56 @@ pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, 
                 RawProxyProtocol::Optional => ProxyProtocol::Optional,
             }),
             redirect_https: l.redirect_https,
+            http3,
         });
     }
     Ok(out)
+}
+
+/// `http3` and `quic` of one listener: HTTP/3 needs TLS (QUIC is TLS 1.3), and a PROXY
+/// header has no place on UDP.
+fn quic(
+    on: bool,
+    raw: Option<RawQuic>,
+    tls: bool,
+    proxy_protocol: bool,
+    at: &dyn Fn(&[&str]) -> Vec<Seg>,
+) -> Result<Option<Quic>, Invalid> {
+    if !on {
+        return match raw {
+            Some(_) => Err((at(&["quic"]), "`quic` has no use without `http3: true`".to_owned())),
+            None => Ok(None),
+        };
+    }
+    if !tls {
+        return Err((at(&["http3"]), "HTTP/3 needs `tls` on the same listener (QUIC runs TLS 1.3)".to_owned()));
+    }
+    if proxy_protocol {
+        return Err((
+            at(&["http3"]),
+            "HTTP/3 cannot sit behind a PROXY header (it is UDP); use a listener without `proxy_protocol`".to_owned(),
+        ));
+    }
+    let raw = raw.unwrap_or_default();
+    let d = Quic::default();
+    let q = Quic {
+        max_concurrent_streams: raw.max_concurrent_streams.unwrap_or(d.max_concurrent_streams),
+        idle_timeout: raw.idle_timeout.map_or(d.idle_timeout, |t| t.0),
+        early_data: raw.early_data.unwrap_or(d.early_data),
+        retry_above: raw.retry_above.unwrap_or(d.retry_above),
+        new_connections_per_ip: raw.new_connections_per_ip.unwrap_or(d.new_connections_per_ip),
+    };
+    if q.max_concurrent_streams == 0 || q.max_concurrent_streams > 10_000 {
+        return Err((at(&["quic", "max_concurrent_streams"]), "expected 1 to 10000".to_owned()));
+    }
+    // QUIC's idle timeout travels as milliseconds below 2^62; a day is plenty.
+    if q.idle_timeout.is_zero() || q.idle_timeout > std::time::Duration::from_secs(86_400) {
+        return Err((at(&["quic", "idle_timeout"]), "expected a duration above 0 and at most 24h".to_owned()));
+    }
+    if q.new_connections_per_ip == 0 {
+        return Err((at(&["quic", "new_connections_per_ip"]), "expected at least 1".to_owned()));
+    }
+    Ok(Some(q))
 }
 
 /// Reads every file the config names (paths relative to the config file's folder), checks

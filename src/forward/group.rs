@@ -25,7 +25,7 @@ mod health;
 
 use super::{Downstream, HttpForwarder};
 use crate::answer::{Cause, Error, UpstreamFailure};
-use crate::body::{Body, RequestBody, UpstreamConn};
+use crate::body::{Body, Inbound, RequestBody, UpstreamConn};
 use crate::config::group::{Balance, GroupConfig};
 use crate::config::HttpUpstream;
 use crate::limit::KeySpec;
@@ -226,7 +226,7 @@ impl Group {
     /// As [`HttpForwarder::forward`]; an unavailable upstream when no server may take it.
     pub async fn forward(
         &self,
-        req: Request<Incoming>,
+        req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
         key: u64,
@@ -373,7 +373,7 @@ impl Group {
     /// one that was sent is not tried again (its stream's request cannot be had back).
     async fn forward_h2(
         &self,
-        req: Request<Incoming>,
+        req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
         key: u64,
@@ -431,7 +431,7 @@ impl Group {
     /// As [`HttpForwarder::upgrade`].
     pub async fn upgrade<H: Send + 'static>(
         &self,
-        req: Request<Incoming>,
+        req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
         allowed: &[HeaderValue],

@@ -156,6 +156,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> Seen {
 pub fn via_value(version: Version) -> HeaderValue {
     HeaderValue::from_static(match version {
         Version::HTTP_2 => "2 tollgate",
+        Version::HTTP_3 => "3 tollgate",
         Version::HTTP_10 => "1.0 tollgate",
         _ => "1.1 tollgate",
     })

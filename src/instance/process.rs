@@ -38,6 +38,12 @@ pub fn run(config: Config, process: Process) -> io::Result<()> {
     let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
     for l in &config.listeners {
         let sockets = bind_per_worker(l.addr, workers).map_err(|e| context(e, &format!("binding {}", l.addr)))?;
+        if l.http3.is_some() {
+            // The first worker binds UDP there (`server::serve_all`); a port taken for UDP
+            // fails the start here rather than in a log line.
+            let bound = sockets.first().map_or(Ok(l.addr), std::net::TcpListener::local_addr)?;
+            drop(std::net::UdpSocket::bind(bound).map_err(|e| context(e, &format!("binding {bound} (UDP, HTTP/3)")))?);
+        }
         for (i, socket) in sockets.into_iter().enumerate() {
             listeners[i].push(socket);
         }

@@ -100,3 +100,67 @@ impl ResolvesServerCert for Sni {
         hello.server_name().and_then(|n| self.find(n)).or(self.default.as_ref()).cloned()
     }
 }
+
+/// Single-use tickets an HTTP/3 listener with 0-RTT keeps (about 200 bytes each).
+const EARLY_DATA_TICKETS: usize = 65_536;
+
+/// No stateless tickets: sessions are kept in the server's store (see [`quic`]).
+#[derive(Debug)]
+struct NoTickets;
+
+impl rustls::server::ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    fn lifetime(&self) -> u32 {
+        0
+    }
+
+    fn encrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn decrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// What an HTTP/3 listener's QUIC connections are allowed (its `quic:` settings).
+pub struct QuicLimits {
+    pub max_concurrent_streams: u32,
+    pub idle_timeout: std::time::Duration,
+    pub early_data: bool,
+}
+
+/// The QUIC config of an HTTP/3 listener, made from its TLS config: the same certificates,
+/// SNI store, client checks and ticketer, ALPN `h3`; 0-RTT only with `early_data` (rustls'
+/// `max_early_data_size` 0 otherwise); the stream bounds and idle timeout of `limits`. A
+/// client may open three unidirectional streams, the control and QPACK streams HTTP/3 needs.
+///
+/// # Errors
+/// A TLS config QUIC cannot run on (none that [`config`] builds), or an idle timeout out of
+/// QUIC's range (refused at load).
+pub fn quic(tls: &rustls::ServerConfig, limits: &QuicLimits) -> Result<Arc<quinn::ServerConfig>, String> {
+    let mut tls = tls.clone();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.max_early_data_size = if limits.early_data { u32::MAX } else { 0 };
+    if limits.early_data {
+        // rustls takes early data only on a stateful ticket, and takes each once: a replay of
+        // the flight finds its ticket gone and gets a full handshake (one process; bounded
+        // store, the oldest tickets go first).
+        tls.ticketer = Arc::new(NoTickets);
+        tls.session_storage = rustls::server::ServerSessionMemoryCache::new(EARLY_DATA_TICKETS);
+    }
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
+        .map_err(|e| format!("QUIC setup failed: {e}"))?;
+    let mut transport = quinn::TransportConfig::default();
+    let idle = quinn::IdleTimeout::try_from(limits.idle_timeout).map_err(|e| format!("quic.idle_timeout: {e}"))?;
+    transport
+        .max_concurrent_bidi_streams(limits.max_concurrent_streams.into())
+        .max_concurrent_uni_streams(3u32.into())
+        .max_idle_timeout(Some(idle));
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(Arc::new(transport));
+    Ok(Arc::new(config))
+}

@@ -3,10 +3,14 @@
 //! HTTPS redirect. Kept apart from the plain path, which never comes here.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use http::HeaderValue;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpStream;
@@ -36,6 +40,8 @@ pub(super) async fn connection(
         crate::listen::edge(stream, socket, listener, tls, trusted, accepted, header_timeout, &settings.metrics.edge);
     let Some((stream, peer)) = edge.await else { return };
     let redirect = listener.redirect_https.then(|| https_port(&now.config));
+    // Rendered once per connection of an HTTP/3 listener, added to each of its answers.
+    let alt_svc = listener.http3.as_ref().map(|_| alt_svc(listener.addr.port(), socket_port(&stream)));
     drop(now);
     let served = match redirect {
         Some(port) => {
@@ -43,13 +49,61 @@ pub(super) async fn connection(
                 service_fn(move |req| std::future::ready(Ok::<_, Infallible>(proxy.load().redirect_https(req, port))));
             serve_stream(stream, accepted, settings, stop, service).await
         }
-        None => {
-            let service = service_fn(move |req| Answer { inner: proxy.load_full().handle_peer(req, peer.clone()) });
-            serve_stream(stream, accepted, settings, stop, service).await
-        }
+        None => match alt_svc {
+            None => {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| Answer {
+                    inner: proxy.load_full().handle_peer(req, peer.clone()),
+                });
+                serve_stream(stream, accepted, settings, stop, service).await
+            }
+            Some(value) => {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| AltSvc {
+                    inner: Answer { inner: proxy.load_full().handle_peer(req, peer.clone()) },
+                    value: value.clone(),
+                });
+                serve_stream(stream, accepted, settings, stop, service).await
+            }
+        },
     };
     if let Err(e) = served {
         tracing::debug!(%socket, error = %e, "connection ended with an error");
+    }
+}
+
+/// `Alt-Svc` naming HTTP/3 on the listener's port (the bound one when the config says 0).
+fn alt_svc(configured: u16, bound: Option<u16>) -> HeaderValue {
+    let port = if configured == 0 { bound.unwrap_or(0) } else { configured };
+    HeaderValue::try_from(format!("h3=\":{port}\"; ma=86400")).unwrap_or(HeaderValue::from_static("clear"))
+}
+
+fn socket_port(stream: &Stream) -> Option<u16> {
+    let tcp = match stream {
+        Stream::Plain(s) => s,
+        Stream::Tls(s) => s.get_ref().0,
+    };
+    tcp.local_addr().ok().map(|a| a.port())
+}
+
+pin_project_lite::pin_project! {
+    /// An answer of an HTTP/3 listener's TCP side, with `Alt-Svc` on.
+    struct AltSvc<F> {
+        #[pin]
+        inner: F,
+        value: HeaderValue,
+    }
+}
+
+impl<F: Future<Output = Result<hyper::Response<B>, Infallible>>, B> Future for AltSvc<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        this.inner.poll(cx).map(|r| {
+            r.map(|mut resp| {
+                resp.headers_mut().insert(http::header::ALT_SVC, this.value.clone());
+                resp
+            })
+        })
     }
 }
 

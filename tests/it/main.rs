@@ -21,6 +21,7 @@ mod h2_abuse;
 mod h2_upstream;
 mod hops;
 mod hostile_config;
+mod http3;
 mod layers;
 mod limits;
 mod listener;
