@@ -178,8 +178,11 @@ async fn retries_never_amplify_past_the_budget() {
     }
     let secs = started.elapsed().as_secs() + 1;
     let upstream = total.load(Ordering::Relaxed);
-    // The budget: 20 % of the requests, plus 3/s (tower's reserve: 3 × its 10 s window).
-    let bound = requests + requests / 5 + 3 * (secs as usize + 10);
+    // The budget: 20 % of the requests, plus 3/s (tower's reserve: 3 × its 10 s window),
+    // plus what the 8 clients can take at once: tower's budget reads its balance and takes
+    // from it in two steps, so requests in flight together may each take the last retry (seen
+    // 7 over the bound on a loaded machine).
+    let bound = requests + requests / 5 + 3 * (secs as usize + 10) + 2 * 8;
     assert!(upstream <= bound, "{upstream} tries for {requests} requests in {secs} s (bound {bound})");
     // Retries happened: without the budget, half the requests would be tried again.
     assert!(upstream > requests + requests / 10, "{upstream} tries: retries never ran");
