@@ -19,6 +19,8 @@
 //! - [`request_id`]: the request id every answer, log line and forwarded request carries.
 //! - [`proxy`]: the compiled config that serves a request end to end, in phases (route, admit,
 //!   forward, settle, finish and log: `proxy/serve.rs`).
+//! - [`jwt`]: bearer tokens (compact JWS) and JSON Web Key Sets, parsed and verified (pure,
+//!   no I/O, the time given).
 //! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
@@ -72,6 +74,7 @@ mod framing;
 #[allow(unused_imports, dead_code)]
 mod fuzzing;
 mod gate;
+mod jwt;
 mod listen;
 mod metrics;
 mod peer;

@@ -19,7 +19,7 @@ const LAYERS: [(&str, &[&str], &str); 6] = [
     ),
     (
         "ground",
-        &["config", "limit", "metrics", "timer", "request_id", "ratelimit", "workers", "pki", "peer"],
+        &["config", "limit", "metrics", "timer", "request_id", "ratelimit", "workers", "pki", "peer", "jwt"],
         "validated data and pure mechanisms, no sockets and no other room's compiled state",
     ),
 ];
