@@ -190,7 +190,14 @@ pub fn check_key(spec: Option<&str>, parts: &Parts, peer: IpAddr) {
         _ => every_part(parts),
     };
     let hash = |p: &Parts| {
-        spec.hash(&KeyCtx { route: "fuzz", client_ip: peer, path: p.uri.path(), parts: p, tls_client: None })
+        spec.hash(&KeyCtx {
+            route: "fuzz",
+            client_ip: peer,
+            path: p.uri.path(),
+            parts: p,
+            tls_client: None,
+            identity: None,
+        })
     };
     let digest = hash(parts);
     assert_eq!(hash(parts), digest, "hashing is deterministic");

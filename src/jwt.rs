@@ -336,7 +336,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// The metric label and access-log reason.
-    pub fn label(self) -> &'static str {
+    pub const fn label(self) -> &'static str {
         match self {
             Refusal::Malformed => "malformed",
             Refusal::Algorithm => "algorithm",
@@ -352,7 +352,7 @@ impl Refusal {
     }
 
     /// What the client is told (RFC 6750's `error_description`: printable ASCII, no quote).
-    pub fn description(self) -> &'static str {
+    pub const fn description(self) -> &'static str {
         match self {
             Refusal::Malformed => "the token is not a well-formed signed JWT",
             Refusal::Algorithm => "the token's algorithm is not accepted",

@@ -21,6 +21,8 @@
 //!   forward, settle, finish and log: `proxy/serve.rs`).
 //! - [`jwt`]: bearer tokens (compact JWS) and JSON Web Key Sets, parsed and verified (pure,
 //!   no I/O, the time given).
+//! - [`auth`]: who a request is: a JWT or an API key verified once, between route and
+//!   admit, yielding the `Identity` that limit keys and plans read.
 //! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
@@ -65,6 +67,7 @@ pub use timer::now_ms as coarse_now_ms;
 
 mod admin;
 mod answer;
+mod auth;
 mod body;
 mod cache;
 mod forward;
