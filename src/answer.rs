@@ -288,7 +288,8 @@ const KINDS: [Kind; 19] = [
     kind(
         "unauthenticated",
         S::UNAUTHORIZED,
-        Source::Downstream,
+        // Not `Downstream`: the connection is fine, and stays open.
+        Source::Policy,
         (None, "unauthenticated", "Credentials missing or not valid"),
         16,
     ),

@@ -71,6 +71,33 @@ async fn cached_429s_follow_the_retry_after() {
     }
 }
 
+const CHALLENGE: crate::answer::Challenge = crate::answer::Challenge {
+    scheme: "Bearer",
+    why: &crate::answer::Why { reason: "expired", description: Some("the token has expired") },
+};
+
+#[tokio::test]
+async fn credentials_are_refused_with_a_challenge() {
+    let (_, a, _) = route("");
+    let (head, doc) =
+        text(a.respond(&Error::Unauthenticated(CHALLENGE), &http::Method::GET, "/", http::Version::HTTP_11)).await;
+    assert_eq!(
+        head.headers[header::WWW_AUTHENTICATE],
+        r#"Bearer realm="r", error="invalid_token", error_description="the token has expired""#
+    );
+    assert!(doc["detail"].as_str().unwrap().contains("expired"));
+    let missing = crate::answer::Challenge {
+        scheme: "ApiKey",
+        why: &crate::answer::Why { reason: "missing", description: None },
+    };
+    let (head, _) =
+        text(a.respond(&Error::Unauthenticated(missing), &http::Method::GET, "/", http::Version::HTTP_11)).await;
+    assert_eq!(head.headers[header::WWW_AUTHENTICATE], r#"ApiKey realm="r""#);
+    let (head, _) =
+        text(a.respond(&Error::WrongAudience(CHALLENGE), &http::Method::GET, "/", http::Version::HTTP_11)).await;
+    assert!(head.headers[header::WWW_AUTHENTICATE].to_str().unwrap().contains(r#"error="insufficient_scope""#));
+}
+
 #[tokio::test]
 async fn two_denying_limits_are_both_named() {
     let (g, a, _) = route(
@@ -157,6 +184,15 @@ async fn every_error_has_one_answer_with_its_source() {
         (Error::Internal("x"), 500, "urn:tollgate:problem:internal", None, Source::Internal),
         (Error::MethodNotAllowed, 405, "urn:tollgate:problem:method-not-allowed", None, Source::Policy),
         (Error::TooLarge(16), 413, "urn:tollgate:problem:content-too-large", None, Source::Downstream),
+        (Error::Unauthenticated(CHALLENGE), 401, "urn:tollgate:problem:unauthenticated", None, Source::Policy),
+        (Error::WrongAudience(CHALLENGE), 403, "urn:tollgate:problem:wrong-audience", None, Source::Policy),
+        (
+            Error::AuthUnavailable,
+            503,
+            "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+            Some("1"),
+            Source::Store,
+        ),
     ];
     for (err, status, kind, retry, source) in cases {
         assert_eq!(err.source(), source, "{err:?}");
