@@ -503,9 +503,12 @@ impl Config {
         }
     }
 
-    /// The files the config reads besides itself (certificates, keys, CAs).
+    /// The files the config reads besides itself (certificates, keys, CAs, key sets, API
+    /// keys files).
     pub fn watched_files(&self) -> Vec<PathBuf> {
-        edge::watched_files(self)
+        let mut files = edge::watched_files(self);
+        files.extend(auth::files(self));
+        files
     }
 }
 

@@ -429,6 +429,28 @@ pub fn load_all(config: &mut super::Config, base: &Path) -> Result<(), Invalid> 
     Ok(())
 }
 
+/// The files the config's `auth` sections read (a change reloads the config).
+pub fn files(config: &super::Config) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let all = config.auth.iter().chain(config.routes.iter().filter_map(|r| r.auth.as_ref()));
+    for auth in all {
+        let path = match &auth.method {
+            Method::Jwt(j) => match &j.keys {
+                Jwks::File { path, .. } | Jwks::Secret { path, .. } => Some(path),
+                Jwks::Url { .. } => None,
+            },
+            Method::ApiKey(k) => match &k.keys {
+                ApiKeys::File { path, .. } => Some(path),
+                ApiKeys::Redis { .. } => None,
+            },
+        };
+        if let Some(p) = path.filter(|p| !out.contains(p)) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
 /// Whether `id` may name a consumer: it is a key part, a metric-free log field and a header
 /// value, so printable and short.
 pub fn check_consumer(id: &str) -> bool {

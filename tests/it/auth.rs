@@ -421,3 +421,58 @@ fn auth_fields_are_refused_with_their_place() {
         assert!(e.line > 0, "{e}");
     }
 }
+
+#[tokio::test]
+async fn claims_key_limits_and_name_plan_tiers() {
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let clients = write(&dir, "clients.yaml", "globex: pro\n");
+    let up = echo().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+auth:
+  jwt: {{ jwks: '{jwks}', audiences: [api] }}
+plans:
+  of: claim:org_id
+  tier_claim: plan
+  clients: '{clients}'
+  default: free
+  tiers:
+    free: {{ per-org: {{ rate: 1/h }} }}
+    pro: {{ per-org: {{ rate: 3/h }} }}
+upstreams:
+  up: {{ url: 'http://{}' }}
+routes:
+  - name: api
+    upstream: up
+    limits:
+      - {{ name: per-org, algorithm: fixed_window, plan: true, key: claim:org_id }}
+",
+        up.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let token = |sub: &str, org: &str, plan: Option<&str>| {
+        let mut c = claims(sub);
+        c["org_id"] = json!(org);
+        if let Some(p) = plan {
+            c["plan"] = json!(p);
+        }
+        ec.sign(&c)
+    };
+    let admitted = |t: String| {
+        let tg = &tg;
+        async move {
+            let mut n = 0;
+            while n < 10 && call(tg, "/", &t).await.0 == StatusCode::OK {
+                n += 1;
+            }
+            n
+        }
+    };
+    // Two users of one organisation share its count; the tier comes from the claim, then the map.
+    assert_eq!(admitted(token("alice", "acme", None)).await, 1);
+    assert_eq!(call(&tg, "/", &token("bob", "acme", None)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(admitted(token("carol", "initech", Some("pro"))).await, 3);
+    assert_eq!(admitted(token("dave", "globex", None)).await, 3);
+}
