@@ -109,8 +109,16 @@ impl Remote {
         self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
-    /// Reads the set (the slot taken), keeping the last good one on failure.
+    /// Reads the set (the slot taken), keeping the last good one on failure. The slot is given
+    /// back however this ends: a request that waits for the reading may be dropped midway.
     async fn read(&self) {
+        struct Slot<'a>(&'a AtomicBool);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _slot = Slot(&self.busy);
         self.tried_ms.store(self.now_ms(), Ordering::Relaxed);
         let interval = self.min_interval;
         match fetch(&self.url).await.and_then(|(body, max_age)| {
@@ -132,7 +140,6 @@ impl Remote {
                 self.stale_ms.store(self.now_ms().saturating_add(interval), Ordering::Relaxed);
             }
         }
-        self.busy.store(false, Ordering::Release);
     }
 }
 
