@@ -36,6 +36,7 @@ enum Verifier {
     Jwt {
         keys: Keys,
         rules: Rules,
+        cache: Option<TokenCache>,
     },
     /// A keys file: digest → consumer.
     KeyFile(Arc<HashMap<KeyDigest, Box<str>>>),
@@ -51,6 +52,33 @@ enum Keys {
     Fixed(Arc<KeySet>),
     Remote(Arc<remote::Remote>),
 }
+
+impl Keys {
+    /// Which key set verifies now (its address): a cached verification made with another set
+    /// is made again.
+    fn generation(&self) -> usize {
+        match self {
+            Keys::Fixed(set) => Arc::as_ptr(set) as usize,
+            Keys::Remote(r) => r.current().as_ref().map_or(0, |set| Arc::as_ptr(set) as usize),
+        }
+    }
+}
+
+/// Verified tokens by their SHA-256 (never the token itself): a token seen again skips the
+/// signature check, which costs hundreds of thousands of instructions. Only tokens that
+/// verified are kept, each until its `exp` (plus leeway) and with the key set that verified it.
+type TokenCache = moka::sync::Cache<KeyDigest, Arc<Cached>, foldhash::fast::RandomState>;
+
+struct Cached {
+    identity: Identity,
+    /// The last second it is good for (`exp` + leeway).
+    until: i64,
+    /// [`Keys::generation`] when it verified.
+    generation: usize,
+}
+
+/// The longest a verified token is remembered, whatever its `exp`.
+const CACHE_TTL: Duration = Duration::from_secs(300);
 
 const fn why(r: Refusal) -> Why {
     Why { reason: r.label(), description: Some(r.description()) }
@@ -130,11 +158,17 @@ impl Auth {
                     }
                 }
                 let rules = Rules { keep, ..j.rules.clone() };
+                let cache = (j.cache > 0).then(|| {
+                    moka::sync::Cache::builder()
+                        .max_capacity(j.cache)
+                        .time_to_live(CACHE_TTL)
+                        .build_with_hasher(foldhash::fast::RandomState::default())
+                });
                 let keys = match &j.keys {
                     Jwks::File { keys, .. } | Jwks::Secret { keys, .. } => Keys::Fixed(keys.clone()),
                     Jwks::Url { url, min_refresh } => Keys::Remote(remote_for(url, *min_refresh)),
                 };
-                Verifier::Jwt { keys, rules }
+                Verifier::Jwt { keys, rules, cache }
             }
             Method::ApiKey(k) => match &k.keys {
                 ApiKeys::File { consumers, .. } => Verifier::KeyFile(consumers.clone()),
@@ -201,27 +235,42 @@ impl Auth {
             parts.headers.remove(name);
         }
         let identity = match &self.verifier {
-            Verifier::Jwt { keys, rules } => {
-                let verified = match credential(&self.from, parts) {
-                    None => None,
-                    Some(token) => Some(match keys {
-                        Keys::Fixed(set) => jwt::verify(token, set, rules, now),
-                        Keys::Remote(r) => match r.verify(token, rules, now) {
-                            Err(Refusal::UnknownKey) => {
-                                // Boxed, copied: a key set read again, at most once an interval.
-                                let token = token.to_vec();
-                                Box::pin(r.clone().verify_fresh(token, rules.clone(), now)).await
+            Verifier::Jwt { keys, rules, cache } => match credential(&self.from, parts) {
+                None => None,
+                Some(token) => {
+                    let seen = cache.as_ref().map(|c| (c, digest(token), keys.generation()));
+                    let hit = seen.as_ref().and_then(|(c, d, generation)| {
+                        c.get(d).filter(|e| e.generation == *generation && now <= e.until)
+                    });
+                    match hit {
+                        Some(e) => Some(e.identity.clone()),
+                        None => {
+                            let verified = match keys {
+                                Keys::Fixed(set) => jwt::verify(token, set, rules, now),
+                                Keys::Remote(r) => match r.verify(token, rules, now) {
+                                    Err(Refusal::UnknownKey) => {
+                                        // Boxed, copied: a key set read again, at most once an
+                                        // interval.
+                                        let token = token.to_vec();
+                                        Box::pin(r.clone().verify_fresh(token, rules.clone(), now)).await
+                                    }
+                                    other => other,
+                                },
+                            };
+                            let v = verified.map_err(|r| self.refuse(token_row(r)))?;
+                            let identity = Identity { consumer: v.consumer, claims: v.claims };
+                            if let Some((c, d, _)) = seen {
+                                // The set that verified it: read again, in case a reading
+                                // replaced it meanwhile.
+                                let generation = keys.generation();
+                                let until = v.expires.saturating_add(rules.leeway_secs);
+                                c.insert(d, Arc::new(Cached { identity: identity.clone(), until, generation }));
                             }
-                            other => other,
-                        },
-                    }),
-                };
-                match verified {
-                    None => None,
-                    Some(Ok(v)) => Some(Identity { consumer: v.consumer, claims: v.claims }),
-                    Some(Err(r)) => return Err(self.refuse(token_row(r))),
+                            Some(identity)
+                        }
+                    }
                 }
-            }
+            },
             Verifier::KeyFile(map) => match credential(&self.from, parts).map(digest) {
                 None => None,
                 Some(d) => match lookup(map, &d) {

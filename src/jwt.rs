@@ -372,6 +372,9 @@ impl Refusal {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verified {
     pub consumer: Box<str>,
+    /// `exp`: the token is good from now to then (plus leeway), what a cache of verified
+    /// tokens may keep it for.
+    pub expires: i64,
     /// `(name, value)` of each kept claim the token has, in [`Rules::keep`]'s order.
     pub claims: Vec<(Box<str>, Box<str>)>,
 }
@@ -448,6 +451,7 @@ pub fn verify(token: &[u8], keys: &KeySet, rules: &Rules, now: i64) -> Result<Ve
             return Err(Refusal::NotYetValid);
         }
     }
+    let expires = exp;
     if !rules.issuers.is_empty() {
         let iss = claims.get("iss").and_then(Value::as_str);
         if !iss.is_some_and(|i| rules.issuers.iter().any(|r| r == i)) {
@@ -473,7 +477,7 @@ pub fn verify(token: &[u8], keys: &KeySet, rules: &Rules, now: i64) -> Result<Ve
         .iter()
         .filter_map(|name| claims.get(name).and_then(text).map(|v| (name.as_str().into(), v)))
         .collect();
-    Ok(Verified { consumer, claims: kept })
+    Ok(Verified { consumer, expires, claims: kept })
 }
 
 /// A NumericDate (seconds, maybe with a fraction) as whole seconds.

@@ -71,9 +71,9 @@ impl Remote {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Verifies with the current set; a stale set is read again in the background (on the
-    /// current runtime) while this request uses it. No set yet: [`Refusal::UnknownKey`].
-    pub fn verify(self: &Arc<Self>, token: &[u8], rules: &Rules, now: i64) -> Result<Verified, Refusal> {
+    /// The current set, if one was read; a stale one is read again in the background (on the
+    /// current runtime) while it is used.
+    pub fn current(self: &Arc<Self>) -> arc_swap::Guard<Option<Arc<KeySet>>> {
         let keys = self.keys.load();
         if keys.is_some() && self.now_ms() >= self.stale_ms.load(Ordering::Relaxed) && self.may_read() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -83,7 +83,13 @@ impl Remote {
                 self.busy.store(false, Ordering::Release);
             }
         }
-        match &*keys {
+        keys
+    }
+
+    /// Verifies with the current set (see [`Remote::current`]). No set yet:
+    /// [`Refusal::UnknownKey`].
+    pub fn verify(self: &Arc<Self>, token: &[u8], rules: &Rules, now: i64) -> Result<Verified, Refusal> {
+        match &*self.current() {
             Some(set) => jwt::verify(token, set, rules, now),
             None => Err(Refusal::UnknownKey),
         }

@@ -48,6 +48,8 @@ pub enum Method {
 
 #[derive(Debug, Clone)]
 pub struct JwtConfig {
+    /// Verified tokens remembered by their SHA-256 (`cache`, entries; 0: none).
+    pub cache: u64,
     pub keys: Jwks,
     /// `keep` is empty here: each route's compiled form sets what it keeps.
     pub rules: Rules,
@@ -152,7 +154,12 @@ struct RawJwt {
     min_refresh: Option<Dur>,
     from: Option<String>,
     consumer_claim: Option<String>,
+    cache: Option<u64>,
 }
+
+/// Verified tokens kept by default, and at most (`jwt.cache`).
+pub const DEFAULT_CACHE: u64 = 10_000;
+pub const MAX_CACHE: u64 = 10_000_000;
 
 /// `min_refresh`'s bounds and default.
 pub const MIN_REFRESH: (Duration, Duration, Duration) =
@@ -319,7 +326,11 @@ impl RawJwt {
             consumer_claim,
             keep: Vec::new(),
         };
-        Ok(JwtConfig { keys, rules, from })
+        let cache = self.cache.unwrap_or(DEFAULT_CACHE);
+        if cache > MAX_CACHE {
+            return Err((at("cache"), format!("at most {MAX_CACHE} tokens")));
+        }
+        Ok(JwtConfig { cache, keys, rules, from })
     }
 }
 

@@ -476,3 +476,30 @@ routes:
     assert_eq!(admitted(token("carol", "initech", Some("pro"))).await, 3);
     assert_eq!(admitted(token("dave", "globex", None)).await, 3);
 }
+
+#[tokio::test]
+async fn a_remembered_token_still_expires() {
+    // The limits' clock is the one tokens are checked against: moved by hand here.
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = echo().await;
+    let start = 1_900_000_000u64;
+    let clock = tollgate::limit::ManualClock::new(tollgate::limit::Timestamp::from_micros(start * 1_000_000));
+    let yaml = jwt_yaml(up.addr, &jwks, "");
+    let tg = Tollgate::start_with_clock(&yaml, clock.clone()).await;
+    let mut c = claims("alice");
+    c["exp"] = json!(start + 60);
+    c["iat"] = json!(start);
+    let token = ec.sign(&c);
+    for _ in 0..3 {
+        assert_eq!(call(&tg, "/", &token).await.0, StatusCode::OK);
+    }
+    // Within the leeway (5 s) past `exp`: still good; past it, refused although remembered.
+    clock.advance(tollgate::limit::Span::from_secs(64));
+    assert_eq!(call(&tg, "/", &token).await.0, StatusCode::OK);
+    clock.advance(tollgate::limit::Span::from_secs(2));
+    let (status, headers, _) = call(&tg, "/", &token).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(headers["www-authenticate"].to_str().unwrap().contains("expired"));
+}
