@@ -375,11 +375,33 @@ fn cookie<'v>(field: &'v [u8], name: &str) -> Option<&'v [u8]> {
     })
 }
 
-/// `strip_credentials`: the credential's field goes (a cookie or query parameter stays: the
-/// upstream may need the rest of the field, and the parameter is part of the path it sees).
+/// `strip_credentials`: the credential's field goes, or its cookie from `Cookie` (the other
+/// cookies stay). A query parameter stays: it is part of the path the upstream sees.
 fn strip(from: &Credential, headers: &mut HeaderMap) {
-    if let Credential::Header(name) = from {
-        headers.remove(name);
+    match from {
+        Credential::Header(name) => {
+            headers.remove(name);
+        }
+        Credential::Cookie(name) => {
+            let kept: Vec<HeaderValue> = headers
+                .get_all(COOKIE)
+                .iter()
+                .filter_map(|v| {
+                    let rest: Vec<&[u8]> = v
+                        .as_bytes()
+                        .split(|&b| b == b';')
+                        .map(trim)
+                        .filter(|pair| !pair.is_empty() && cookie(pair, name).is_none())
+                        .collect();
+                    HeaderValue::from_bytes(&rest.join(&b"; "[..])).ok().filter(|v| !v.is_empty())
+                })
+                .collect();
+            headers.remove(COOKIE);
+            for v in kept {
+                headers.append(COOKIE, v);
+            }
+        }
+        Credential::Query(_) => {}
     }
 }
 
@@ -445,6 +467,17 @@ mod tests {
         let c = Credential::Cookie("session".into());
         let p = parts("/", &[("cookie", "a=1; session=tok"), ("cookie", "b=2")]);
         assert_eq!(credential(&c, &p), Some(&b"tok"[..]));
+    }
+
+    #[test]
+    fn stripping_a_cookie_keeps_the_others() {
+        let mut p = parts("/", &[("cookie", "a=1; session=tok; b=2"), ("cookie", "session=x")]);
+        strip(&Credential::Cookie("session".into()), &mut p.headers);
+        let left: Vec<&str> = p.headers.get_all(COOKIE).iter().map(|v| v.to_str().unwrap()).collect();
+        assert_eq!(left, ["a=1; b=2"]);
+        let mut p = parts("/", &[("authorization", "Bearer t"), ("x-other", "1")]);
+        strip(&Credential::Header(AUTHORIZATION), &mut p.headers);
+        assert!(p.headers.get(AUTHORIZATION).is_none() && p.headers.get("x-other").is_some());
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub struct AuthConfig {
     pub optional: bool,
     /// Verified claims (or `consumer`) forwarded as these fields; a client's own copies go first.
     pub claims_to_headers: Vec<(String, HeaderName)>,
-    /// The credential is removed from the forwarded request.
+    /// The credential (its header, or its cookie) is removed from the forwarded request.
     pub strip_credentials: bool,
 }
 
