@@ -38,10 +38,6 @@ pub struct Remote {
     /// A reading is under way (one at a time).
     busy: AtomicBool,
     epoch: Instant,
-    /// Readings that failed (the last good set stayed).
-    pub failures: AtomicU64,
-    /// Readings that replaced the set.
-    pub reads: AtomicU64,
 }
 
 impl Remote {
@@ -54,8 +50,6 @@ impl Remote {
             stale_ms: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             epoch: Instant::now(),
-            failures: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
         })
     }
 
@@ -134,12 +128,10 @@ impl Remote {
             Ok((set, max_age)) => {
                 let age = max_age.unwrap_or(DEFAULT_MAX_AGE).clamp(interval, MAX_MAX_AGE.max(interval));
                 self.keys.store(Some(Arc::new(set)));
-                self.reads.fetch_add(1, Ordering::Relaxed);
                 let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
                 self.stale_ms.store(self.now_ms().saturating_add(age), Ordering::Relaxed);
             }
             Err(e) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(url = %self.url, "the key set could not be read: {e}; the last good one is kept");
                 // Tried again after the interval, not on every request.
                 let interval = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
