@@ -503,3 +503,25 @@ async fn a_remembered_token_still_expires() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(headers["www-authenticate"].to_str().unwrap().contains("expired"));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_access_log_names_the_consumer_never_the_token() {
+    let (logs, _guard) = crate::operate::Captured::json_logs();
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = echo().await;
+    let yaml =
+        jwt_yaml(up.addr, &jwks, "").replace("listen: 127.0.0.1:0\n", "listen: 127.0.0.1:0\nlog: { access: true }\n");
+    let tg = Tollgate::start(&yaml).await;
+    let token = ec.sign(&claims("alice"));
+    assert_eq!(call(&tg, "/", &token).await.0, StatusCode::OK);
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::UNAUTHORIZED);
+    let (lines, text) = logs.access_lines();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines[0]["fields"]["consumer"], "alice", "{text}");
+    assert_eq!(lines[1]["fields"]["error"], "unauthenticated", "{text}");
+    assert!(lines[1]["fields"].get("consumer").is_none(), "{text}");
+    let signature = token.rsplit('.').next().unwrap();
+    assert!(!text.contains(signature), "the token reached the log");
+}
