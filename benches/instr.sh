@@ -11,6 +11,8 @@
 #   PORT_VAR=PLAN_PORT benches/instr.sh target/release/tollgate       # a plan limit (tier lookup)
 #   HEADER='x-api-key: bench-key' benches/instr.sh target/release/tollgate   # pass, same request
 #   TLS=1 benches/instr.sh target/release/tollgate      # pass over TLS 1.3 (ECDSA P-256, HTTP/1.1)
+#   AUTH=es256 benches/instr.sh target/release/tollgate  # pass with `auth:` (es256, rs256, eddsa, api_key),
+#                                                        # each request sending the bench's credential
 #
 # Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
 # 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
@@ -36,8 +38,16 @@ if [[ -n ${TLS:-} ]]; then
     -addext subjectAltName=DNS:bench.test -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
   scheme=https tls_env=(BENCH_TLS_CERT="$work/cert.pem" BENCH_TLS_KEY="$work/key.pem")
 fi
+auth_env=()
+if [[ -n ${AUTH:-} ]]; then
+  auth_env=(BENCH_AUTH="$AUTH" BENCH_AUTH_DIR="$work/auth")
+  if [[ $AUTH == rs256 ]]; then
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -outform DER -out "$work/rsa.der" 2>/dev/null
+    auth_env+=(BENCH_AUTH_KEY="$work/rsa.der")
+  fi
+fi
 for bin in "$@"; do
-  env=(UPSTREAM_ADDR=127.0.0.1:$bp LISTEN_ADDR=127.0.0.1:$((bp + 1)) "${tls_env[@]}")
+  env=(UPSTREAM_ADDR=127.0.0.1:$bp LISTEN_ADDR=127.0.0.1:$((bp + 1)) "${tls_env[@]}" "${auth_env[@]}")
   url=$scheme://127.0.0.1:$((bp + 1))$path
   # The 429 path: a limit of 1/s admits next to nothing, however slowly valgrind runs.
   if [[ $port_var == REJECT_PORT ]]; then env+=(REJECT_PORT=$((bp + 2)) REJECT_RATE=1 REJECT_BURST=1); url=http://127.0.0.1:$((bp + 2))$path; fi
@@ -47,6 +57,8 @@ for bin in "$@"; do
   env "${env[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "$bin" bench \
     2>"$work/vg.log" &
   for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.2; done
+  # The bench wrote the credential its route takes (a fresh key per run).
+  if [[ -n ${AUTH:-} ]]; then hdr=(-H "$(cat "$work/auth/credential")"); fi
   pgrep -f "valgrind.bin.*$work/cg.out" > "$work/tg.pid"
   h2load "${proto[@]}" "${hdr[@]}" -n 2000 -c 50 "$url" >/dev/null
   callgrind_control -i on "$(cat "$work/tg.pid")" >/dev/null 2>&1

@@ -160,6 +160,32 @@ pub enum Error {
     Upstream(UpstreamFailure),
     /// tollgate itself failed: 500.
     Internal(&'static str),
+    /// The route's `auth` takes no request without good credentials, and this one had none
+    /// or bad ones: 401 with a `WWW-Authenticate` challenge.
+    Unauthenticated(Challenge),
+    /// A verified token for another audience: 403 (RFC 6750's `insufficient_scope`).
+    WrongAudience(Challenge),
+    /// The store of API keys cannot answer: 503.
+    AuthUnavailable,
+}
+
+/// What a refused client is told about its credentials (RFC 6750 §3 for bearer tokens).
+/// Two words, so that every `Error` stays as small as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    /// `Bearer` for tokens, `ApiKey` for API keys.
+    pub scheme: &'static str,
+    pub why: &'static Why,
+}
+
+/// Why credentials were refused.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Why {
+    /// The metric label (`missing`, `expired`, `bad_signature`...).
+    pub reason: &'static str,
+    /// A sentence for the client (printable ASCII without quotes); `None` when no
+    /// credential was sent (RFC 6750 §3.1: no error code then).
+    pub description: Option<&'static str>,
 }
 
 /// What one kind of answer is: the one row a new kind adds (status, whose fault, metric
@@ -188,7 +214,7 @@ const fn kind(
 use StatusCode as S;
 
 /// Every kind, in [`Error::kind_index`]'s order; metric handles are resolved once per route.
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 19] = [
     kind("bad_request", S::BAD_REQUEST, Source::Downstream, (None, "bad-request", "Bad request"), 13),
     kind("client_body", S::BAD_REQUEST, Source::Downstream, (None, "bad-request-body", "Bad request body"), 13),
     kind("no_route", S::NOT_FOUND, Source::Policy, (None, "no-route", "No route matches this request"), 12),
@@ -259,6 +285,22 @@ const KINDS: [Kind; 16] = [
         (None, "content-too-large", "Content too large"),
         8,
     ),
+    kind(
+        "unauthenticated",
+        S::UNAUTHORIZED,
+        // Not `Downstream`: the connection is fine, and stays open.
+        Source::Policy,
+        (None, "unauthenticated", "Credentials missing or not valid"),
+        16,
+    ),
+    kind("wrong_audience", S::FORBIDDEN, Source::Policy, (None, "wrong-audience", "Token for another audience"), 7),
+    kind(
+        "auth_unavailable",
+        S::SERVICE_UNAVAILABLE,
+        Source::Store,
+        (Some(IANA_BASE), "temporary-reduced-capacity", "Credentials cannot be checked now"),
+        14,
+    ),
 ];
 
 impl Error {
@@ -280,6 +322,9 @@ impl Error {
             Error::Upstream(UpstreamFailure::Unavailable { .. }) => 13,
             Error::MethodNotAllowed => 14,
             Error::TooLarge(_) => 15,
+            Error::Unauthenticated(_) => 16,
+            Error::WrongAudience(_) => 17,
+            Error::AuthUnavailable => 18,
         }
     }
 
@@ -314,6 +359,7 @@ impl Error {
             Error::Throttled(d) => Some(d.retry_after_secs),
             Error::OverCapacity => Some(1),
             Error::StoreUnavailable { retry_after_secs, .. } => Some(*retry_after_secs),
+            Error::AuthUnavailable => Some(1),
             Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs }) => Some(u64::from(*retry_after_secs)),
             _ => None,
         }
@@ -463,6 +509,7 @@ impl RouteAnswers {
                 );
                 self.render(err, &detail).into_response()
             }
+            Error::Unauthenticated(c) | Error::WrongAudience(c) => self.refuse_credentials(err, c),
             // Its Retry-After changes: rendered each time (rare, and never on the pass path).
             Error::Upstream(UpstreamFailure::Unavailable { .. }) => self.render(err, &self.detail(err)).into_response(),
             _ => self.fixed[err.kind_index()].get_or_init(|| self.render(err, &self.detail(err))).response(),
@@ -576,8 +623,27 @@ impl RouteAnswers {
             Error::BadRequest(why) => (*why).to_owned(),
             Error::MethodNotAllowed => format!("route `{}` does not take this method", self.name),
             Error::TooLarge(max) => format!("route `{}` reads request bodies of at most {max} bytes", self.name),
+            Error::AuthUnavailable => format!("route `{}`: credentials cannot be checked right now", self.name),
+            Error::Unauthenticated(c) | Error::WrongAudience(c) => {
+                format!("route `{}`: {}", self.name, c.why.description.unwrap_or("credentials are required"))
+            }
             Error::NoRoute | Error::Throttled(_) | Error::StoreUnavailable { .. } => String::new(),
         }
+    }
+
+    /// A 401 or 403 for the route's credentials, with its `WWW-Authenticate` challenge (the
+    /// realm is the route's name).
+    fn refuse_credentials(&self, err: &Error, c: &Challenge) -> Response<Body> {
+        let mut rendered = self.render(err, &self.detail(err));
+        let mut v = format!("{} realm=\"{}\"", c.scheme, self.name);
+        if let Some(description) = c.why.description {
+            let code = if matches!(err, Error::WrongAudience(_)) { "insufficient_scope" } else { "invalid_token" };
+            v.push_str(&format!(", error=\"{code}\", error_description=\"{description}\""));
+        }
+        if let Ok(v) = HeaderValue::try_from(v) {
+            rendered.headers.insert(header::WWW_AUTHENTICATE, v);
+        }
+        rendered.into_response()
     }
 
     fn render(&self, err: &Error, detail: &str) -> Rendered {

@@ -28,6 +28,10 @@
 //!   `BENCH_TRACE_ENDPOINT` (default `http://127.0.0.1:1`, a dead collector: every span is
 //!   dropped after a refused connection) over `BENCH_TRACE_PROTOCOL` (`grpc`, the default, or
 //!   `http`): the cost of traces.
+//! - `BENCH_AUTH=es256|rs256|eddsa|api_key` (optional): the bench route has `auth:` (a JWT
+//!   verified against a key set file, or an API key from a keys file), made in `BENCH_AUTH_DIR`
+//!   (default: the temp dir) with the request's credential in `credential` there, as a
+//!   header line; `rs256` signs with the RSA key in `BENCH_AUTH_KEY` (DER, PKCS#8 or #1).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,6 +41,8 @@ use arc_swap::ArcSwap;
 
 use crate::config::Config;
 use crate::proxy::Proxy;
+
+mod auth;
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -59,6 +65,8 @@ pub struct BenchStore {
     pub group: usize,
     /// `tracing:` as (sample, endpoint, protocol) (`BENCH_TRACE_SAMPLE`).
     pub trace: Option<(String, String, String)>,
+    /// The route's `auth:` section, indented for the route (`BENCH_AUTH`).
+    pub auth: Option<String>,
 }
 
 const GATEWAY: &str = r#"    match:
@@ -83,6 +91,7 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
         format!("trusted_proxies: [{}]\n", quoted.join(", "))
     };
     let gateway = if store.gateway { GATEWAY } else { "" };
+    let auth = store.auth.as_deref().unwrap_or_default();
     let ids = if store.no_request_id { "request_id: { enabled: false }\n" } else { "" };
     let tracing = match &store.trace {
         None => String::new(),
@@ -117,7 +126,7 @@ pub fn bench_yaml(listen: &str, upstream: &str, rate: &str, burst: u64, store: &
 {target}routes:
   - name: bench
     upstream: up
-{gateway}    limits:
+{auth}{gateway}    limits:
       - {{ name: per-client, algorithm: token_bucket, rate: {rate}, burst: {burst}, key: client_ip{store} }}
 "
     )
@@ -169,6 +178,13 @@ pub fn run_from_env() -> anyhow::Result<()> {
             let endpoint = env("BENCH_TRACE_ENDPOINT").unwrap_or_else(|| "http://127.0.0.1:1".into());
             (sample, endpoint, env("BENCH_TRACE_PROTOCOL").unwrap_or_else(|| "grpc".into()))
         }),
+        auth: match env("BENCH_AUTH") {
+            None => None,
+            Some(kind) => {
+                let dir = env("BENCH_AUTH_DIR").map_or_else(std::env::temp_dir, Into::into);
+                Some(auth::prepare(&kind, &dir, env("BENCH_AUTH_KEY").as_deref())?)
+            }
+        },
     };
     let rate = env("BENCH_RATE").unwrap_or_else(|| "1000000/s".into());
     let burst = env("BENCH_BURST").map(|b| b.parse()).transpose().context("BENCH_BURST")?.unwrap_or(100_000_000);

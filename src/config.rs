@@ -12,6 +12,7 @@
 //! One concept, though over 600 lines: the validated config's types.
 
 pub mod admin;
+pub mod auth;
 pub mod edge;
 pub mod gateway;
 pub mod group;
@@ -98,6 +99,8 @@ pub struct Config {
     pub request_id: Option<HeaderName>,
     /// `tracing:`: OpenTelemetry spans of sampled requests; `None` (the default) traces nothing.
     pub tracing: Option<TracingConfig>,
+    /// `auth:` at the top level: the routes without their own use it (files read).
+    pub auth: Option<Arc<auth::AuthConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.
     pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
     /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).
@@ -323,6 +326,10 @@ pub struct Route {
     /// `Upgrade` protocols passed on to the upstream (lower case, `h2c` never); empty: none.
     pub upgrades: Vec<http::HeaderValue>,
     pub tunnels: Tunnels,
+    /// `auth:`, the route's own or the top-level default (`None`: no credentials asked).
+    pub auth: Option<Arc<auth::AuthConfig>>,
+    /// Whether `auth` is the route's own (its files are read at its own path).
+    pub auth_own: bool,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).
@@ -445,6 +452,10 @@ impl Config {
             let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
             ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
         })?;
+        auth::load_all(&mut config, base).map_err(|(segs, message)| {
+            let (line, column) = locate::locate(text, &segs).map_or((1, 1), |(l, c)| inside(text, l, c));
+            ConfigError { file: file.to_owned(), line, column, path: locate::render(&segs), message: redact(&message) }
+        })?;
         if let Some(plans) = config.plans.as_mut() {
             let plans = std::sync::Arc::make_mut(plans);
             let warnings = plans::load_clients(plans, file).map_err(|message| {
@@ -492,9 +503,12 @@ impl Config {
         }
     }
 
-    /// The files the config reads besides itself (certificates, keys, CAs).
+    /// The files the config reads besides itself (certificates, keys, CAs, key sets, API
+    /// keys files).
     pub fn watched_files(&self) -> Vec<PathBuf> {
-        edge::watched_files(self)
+        let mut files = edge::watched_files(self);
+        files.extend(auth::files(self));
+        files
     }
 }
 

@@ -30,6 +30,8 @@ fn who(limit: &LimitConfig) -> String {
             KeyPart::Header(h) => format!("header {h}"),
             KeyPart::Query(q) => format!("query parameter {q}"),
             KeyPart::TlsClient => "TLS client certificate".to_owned(),
+            KeyPart::Consumer => "verified consumer".to_owned(),
+            KeyPart::Claim(c) => format!("verified claim {c}"),
         })
         .collect();
     if parts.len() == 1 && parts[0] == "the whole route" {

@@ -190,7 +190,14 @@ pub fn check_key(spec: Option<&str>, parts: &Parts, peer: IpAddr) {
         _ => every_part(parts),
     };
     let hash = |p: &Parts| {
-        spec.hash(&KeyCtx { route: "fuzz", client_ip: peer, path: p.uri.path(), parts: p, tls_client: None })
+        spec.hash(&KeyCtx {
+            route: "fuzz",
+            client_ip: peer,
+            path: p.uri.path(),
+            parts: p,
+            tls_client: None,
+            identity: None,
+        })
     };
     let digest = hash(parts);
     assert_eq!(hash(parts), digest, "hashing is deterministic");
@@ -236,6 +243,30 @@ fn every_part(parts: &Parts) -> KeySpec {
 
 // ---------------------------------------------------------------------------------------------
 // Client IP
+
+/// A bearer token: the compact JWS parser and the verifier never panic, a parsed token's
+/// signed bytes are the input's first two parts, and nothing unsigned verifies.
+pub fn jwt(data: &[u8]) {
+    use crate::jwt::{self, Alg, Algs, KeySet, Refusal, Rules};
+    if let Ok(parsed) = jwt::parse(data) {
+        assert!(data.starts_with(parsed.signed), "the signed bytes are not the token's prefix");
+        assert_eq!(parsed.signed.iter().filter(|&&b| b == b'.').count(), 1, "signed bytes are two parts");
+    }
+    let rules = Rules {
+        algorithms: Alg::ALL.into_iter().fold(Algs::default(), Algs::with),
+        issuers: Vec::new(),
+        audiences: vec!["api".into()],
+        leeway_secs: 30,
+        consumer_claim: "sub".into(),
+        keep: vec!["org_id".into()],
+    };
+    // A secret no input can know: whatever the bytes, none verifies, and none panics.
+    let keys = KeySet::hmac(b"fuzzing: a secret no input holds, 32+ bytes");
+    let verified = jwt::verify(data, &keys, &rules, 1_800_000_000);
+    assert!(verified.is_err(), "an input verified against a secret it cannot know");
+    assert_ne!(verified, Err(Refusal::Audience), "an unsigned input reached the audience check");
+    let _ = KeySet::from_jwks(data);
+}
 
 /// `X-Forwarded-For` / `Forwarded` fields, `@peer` and `@trusted` (comma-separated CIDRs).
 pub fn client_ip(data: &[u8]) {

@@ -151,7 +151,13 @@ impl Gate {
     /// from Redis otherwise (no buffer is held across an await).
     fn lookup_tier(directory: &Directory, ctx: &KeyCtx<'_>) -> Lookup {
         use crate::limit::key::MAX_PART_BYTES;
-        match &directory.plans().of {
+        let plans = directory.plans();
+        if let (Some(claim), Some(id)) = (&plans.tier_claim, ctx.identity) {
+            if let Some(t) = id.claim(claim).and_then(|name| plans.tier(name)) {
+                return Lookup::Tier(t);
+            }
+        }
+        match &plans.of {
             // The common case reads the header in place: no buffer to clear.
             KeyPart::Header(name) => {
                 directory.lookup(ctx.parts.headers.get(name).map(|v| &v.as_bytes()[..v.len().min(MAX_PART_BYTES)]))
@@ -349,8 +355,14 @@ mod tests {
     /// The gate's decision at `now` µs.
     async fn check(gate: &Gate, now: u64) -> Result<Admission, Error> {
         let parts = http::Request::new(()).into_parts().0;
-        let ctx =
-            KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts, tls_client: None };
+        let ctx = KeyCtx {
+            route: "r",
+            client_ip: "10.0.0.1".parse().unwrap(),
+            path: "/",
+            parts: &parts,
+            tls_client: None,
+            identity: None,
+        };
         gate.check(&ctx, Timestamp::from_micros(now)).await
     }
 

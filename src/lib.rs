@@ -19,6 +19,10 @@
 //! - [`request_id`]: the request id every answer, log line and forwarded request carries.
 //! - [`proxy`]: the compiled config that serves a request end to end, in phases (route, admit,
 //!   forward, settle, finish and log: `proxy/serve.rs`).
+//! - [`jwt`]: bearer tokens (compact JWS) and JSON Web Key Sets, parsed and verified (pure,
+//!   no I/O, the time given).
+//! - [`auth`]: who a request is: a JWT or an API key verified once, between route and
+//!   admit, yielding the `Identity` that limit keys and plans read.
 //! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
@@ -63,6 +67,7 @@ pub use timer::now_ms as coarse_now_ms;
 
 mod admin;
 mod answer;
+mod auth;
 mod body;
 mod cache;
 mod forward;
@@ -72,6 +77,7 @@ mod framing;
 #[allow(unused_imports, dead_code)]
 mod fuzzing;
 mod gate;
+mod jwt;
 mod listen;
 mod metrics;
 mod peer;

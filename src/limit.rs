@@ -25,7 +25,7 @@ pub mod time;
 pub use algo::{debit, decide, longest_wait, max_cost, refund, Algorithm, State};
 pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use key::{KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
+pub use key::{Identity, KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
 pub use store::{LocalStore, RedisClient, RedisConfig, RedisStore, Store, StoreError};
 pub use time::{NonZeroSpan, Span, Timestamp};
 

@@ -119,6 +119,9 @@ enum Command {
     /// Run access logs through the config's routes and limits on the logs' own clock and
     /// report whom its limits would throttle (nothing is sent anywhere).
     Replay(Box<ReplayArgs>),
+    /// Print the SHA-256 (hex) of the API key read from standard input (one line), as a keys
+    /// file (`HASH CONSUMER`) or a Redis hash of `auth.api_key` holds it.
+    HashKey,
 }
 
 #[derive(clap::Args)]
@@ -243,6 +246,17 @@ fn main() -> ExitCode {
     if let Some(Command::Replay(args)) = cli.command {
         return replay(&cli.config, *args);
     }
+    if matches!(cli.command, Some(Command::HashKey)) {
+        let mut key = String::new();
+        if let Err(e) = std::io::stdin().read_line(&mut key) {
+            return fail(&format!("reading the key from standard input: {e}"), ExitCode::from(2));
+        }
+        let key = key.trim_end_matches(['\n', '\r']);
+        if key.is_empty() {
+            return fail("no key on standard input (e.g. `printf %s \"$KEY\" | tollgate hash-key`)", ExitCode::from(2));
+        }
+        return output(&format!("{}\n", tollgate::config::auth::hash_key(key.as_bytes())));
+    }
     if matches!(cli.command, Some(Command::Bench)) {
         return match tollgate::bench::run_from_env() {
             Ok(()) => ExitCode::SUCCESS,
@@ -267,7 +281,7 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),
-        Command::Bench | Command::Calibrate(_) | Command::Replay(_) => ExitCode::FAILURE,
+        Command::Bench | Command::Calibrate(_) | Command::Replay(_) | Command::HashKey => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),

@@ -77,6 +77,13 @@ struct RouteLimit {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthLabel {
+    route: Label,
+    result: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabel {
     route: String,
     source: &'static str,
@@ -200,6 +207,7 @@ pub struct Metrics {
     in_flight: Gauge,
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
+    auth: Family<AuthLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
     tunnels_open: Family<RouteLabel, Gauge>,
     tunnel_bytes: Family<RouteDirection, Counter>,
@@ -433,6 +441,12 @@ impl Metrics {
             "Answers tollgate made itself, by route (- before routing), source and kind",
             errors.clone(),
         );
+        let auth = Family::<AuthLabel, Counter>::default();
+        registry.register(
+            "auth",
+            "Requests of routes with `auth`, by route, result (authenticated, anonymous, refused) and reason",
+            auth.clone(),
+        );
         let upstream_read_timeouts = Family::<UpstreamLabel, Counter>::default();
         registry.register(
             "upstream_read_timeouts",
@@ -561,6 +575,7 @@ impl Metrics {
             in_flight,
             concurrency_limit,
             errors,
+            auth,
             upstream_read_timeouts,
             tunnels_open,
             tunnel_bytes,
@@ -632,6 +647,12 @@ impl Metrics {
     }
 
     /// The counter of answers of `kind` (from `source`) on `route`.
+    /// The count of route `route`'s `auth` results: `authenticated` and `anonymous` with
+    /// reason `-`, `refused` with why.
+    pub fn auth(&self, route: &str, result: &'static str, reason: &'static str) -> Counter {
+        self.auth.get_or_create(&AuthLabel { route: Label::new(route), result, reason }).clone()
+    }
+
     pub fn error(&self, route: &str, source: &'static str, kind: &'static str) -> Counter {
         self.errors.get_or_create(&ErrorLabel { route: route.to_owned(), source, kind }).clone()
     }

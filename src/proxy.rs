@@ -19,7 +19,9 @@ use crate::forward::{self, Downstream, HttpForwarder};
 use crate::gate::{Admission, Gate, Limit, Note};
 use crate::limit::plan::Directory;
 use crate::limit::store::redis::fallback_algorithm;
-use crate::limit::{Clock, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies};
+use crate::limit::{
+    Clock, Identity, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies,
+};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::peer::Peer;
 use crate::request_id::RequestId;
@@ -70,6 +72,8 @@ struct Lane {
     response_headers: Option<Arc<forward::rules::HeaderRules>>,
     /// The upstream's name (a traced request's `tollgate.upstream`).
     upstream: String,
+    /// `auth:`, compiled; boxed, as routes without it are the common case.
+    auth: Option<Box<crate::auth::Auth>>,
 }
 
 pub struct Proxy {
@@ -141,6 +145,19 @@ impl Proxy {
         let type_base: Arc<str> = Arc::from(config.problem_type_base.as_str());
         let directory = config.plans.as_ref().map(|p| Arc::new(Directory::new(p.clone(), redis.clone())));
         let mut conditions = Vec::with_capacity(config.routes.len());
+        // Remote key sets by URL: one per URL, kept across reloads.
+        let mut remotes: Vec<Arc<crate::auth::remote::Remote>> = Vec::new();
+        let mut remote_for = |url: &http::Uri, every: Duration| {
+            let same = |r: &&Arc<crate::auth::remote::Remote>| r.url() == url && r.min_interval() == every;
+            if let Some(r) = remotes.iter().find(same) {
+                return r.clone();
+            }
+            let lanes = previous.map(|p| p.lanes.as_slice()).unwrap_or_default();
+            let kept = lanes.iter().filter_map(|l| l.auth.as_ref()?.remote()).find(same).cloned();
+            let r = kept.unwrap_or_else(|| crate::auth::remote::Remote::new(url.clone(), every));
+            remotes.push(r.clone());
+            r
+        };
         let lanes = config
             .routes
             .iter()
@@ -187,6 +204,10 @@ impl Proxy {
                     request_headers: rules(&r.request_headers),
                     response_headers: rules(&r.response_headers),
                     upstream: upstream.name.clone(),
+                    auth: r.auth.as_deref().map(|a| {
+                        let plans = config.plans.as_deref();
+                        Box::new(crate::auth::Auth::new(a, r, plans, redis.as_ref(), &metrics, &mut remote_for))
+                    }),
                 }
             })
             .collect();
@@ -293,6 +314,11 @@ impl Proxy {
 
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    /// The limits' clock in whole seconds since the epoch (a token's `exp` and `nbf`).
+    fn wall_secs(&self) -> i64 {
+        i64::try_from(self.clock.now().as_micros() / 1_000_000).unwrap_or(i64::MAX)
     }
 
     fn wall_now(&self) -> SystemTime {

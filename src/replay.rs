@@ -133,7 +133,8 @@ impl Engine {
                             .iter()
                             .filter(|p| match p {
                                 KeyPart::Header(h) => !logged_headers.contains(h),
-                                KeyPart::TlsClient => true,
+                                // Not in a log line: the identity is verified, not logged.
+                                KeyPart::TlsClient | KeyPart::Consumer | KeyPart::Claim(_) => true,
                                 _ => false,
                             })
                             .map(ToString::to_string)
@@ -180,6 +181,7 @@ impl Engine {
             path,
             parts: &parts,
             tls_client: None,
+            identity: None,
         };
         let now = Timestamp::from_micros(r.at_us);
         let verdict = match ready(self.gates[i].check(&ctx, now)) {

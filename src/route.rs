@@ -96,6 +96,8 @@ mod tests {
             response_headers: None,
             upgrades: vec![],
             tunnels: crate::config::Tunnels { idle_timeout: std::time::Duration::from_secs(1), max: 1 },
+            auth: None,
+            auth_own: false,
         }
     }
 

@@ -25,7 +25,14 @@ fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
 
 async fn denied(gate: &Gate, now: u64) -> Error {
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts, tls_client: None };
+    let ctx = KeyCtx {
+        route: "r",
+        client_ip: "10.0.0.1".parse().unwrap(),
+        path: "/",
+        parts: &parts,
+        tls_client: None,
+        identity: None,
+    };
     gate.check(&ctx, Timestamp::from_micros(now)).await.err().unwrap_or_else(|| panic!("admitted at {now}"))
 }
 
@@ -41,7 +48,14 @@ async fn cached_429s_follow_the_retry_after() {
     let (g, a, _) = route("      - { name: slow, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n");
     let get = http::Method::GET;
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts, tls_client: None };
+    let ctx = KeyCtx {
+        route: "r",
+        client_ip: "10.0.0.1".parse().unwrap(),
+        path: "/",
+        parts: &parts,
+        tls_client: None,
+        identity: None,
+    };
     assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     for round in 0..2 {
         for (now, secs) in [(1, 10), (4_500_000, 6), (9_200_000, 1)] {
@@ -57,13 +71,47 @@ async fn cached_429s_follow_the_retry_after() {
     }
 }
 
+const CHALLENGE: crate::answer::Challenge = crate::answer::Challenge {
+    scheme: "Bearer",
+    why: &crate::answer::Why { reason: "expired", description: Some("the token has expired") },
+};
+
+#[tokio::test]
+async fn credentials_are_refused_with_a_challenge() {
+    let (_, a, _) = route("");
+    let (head, doc) =
+        text(a.respond(&Error::Unauthenticated(CHALLENGE), &http::Method::GET, "/", http::Version::HTTP_11)).await;
+    assert_eq!(
+        head.headers[header::WWW_AUTHENTICATE],
+        r#"Bearer realm="r", error="invalid_token", error_description="the token has expired""#
+    );
+    assert!(doc["detail"].as_str().unwrap().contains("expired"));
+    let missing = crate::answer::Challenge {
+        scheme: "ApiKey",
+        why: &crate::answer::Why { reason: "missing", description: None },
+    };
+    let (head, _) =
+        text(a.respond(&Error::Unauthenticated(missing), &http::Method::GET, "/", http::Version::HTTP_11)).await;
+    assert_eq!(head.headers[header::WWW_AUTHENTICATE], r#"ApiKey realm="r""#);
+    let (head, _) =
+        text(a.respond(&Error::WrongAudience(CHALLENGE), &http::Method::GET, "/", http::Version::HTTP_11)).await;
+    assert!(head.headers[header::WWW_AUTHENTICATE].to_str().unwrap().contains(r#"error="insufficient_scope""#));
+}
+
 #[tokio::test]
 async fn two_denying_limits_are_both_named() {
     let (g, a, _) = route(
         "      - { name: a, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n      - { name: b, algorithm: fixed_window, rate: 1/m }\n",
     );
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts, tls_client: None };
+    let ctx = KeyCtx {
+        route: "r",
+        client_ip: "10.0.0.1".parse().unwrap(),
+        path: "/",
+        parts: &parts,
+        tls_client: None,
+        identity: None,
+    };
     assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     let (head, doc) = text(a.respond(&denied(&g, 1).await, &http::Method::GET, "/", http::Version::HTTP_11)).await;
     assert_eq!(head.headers[ratelimit::RATELIMIT], "\"a\";r=0;t=10, \"b\";r=0;t=60");
@@ -136,6 +184,15 @@ async fn every_error_has_one_answer_with_its_source() {
         (Error::Internal("x"), 500, "urn:tollgate:problem:internal", None, Source::Internal),
         (Error::MethodNotAllowed, 405, "urn:tollgate:problem:method-not-allowed", None, Source::Policy),
         (Error::TooLarge(16), 413, "urn:tollgate:problem:content-too-large", None, Source::Downstream),
+        (Error::Unauthenticated(CHALLENGE), 401, "urn:tollgate:problem:unauthenticated", None, Source::Policy),
+        (Error::WrongAudience(CHALLENGE), 403, "urn:tollgate:problem:wrong-audience", None, Source::Policy),
+        (
+            Error::AuthUnavailable,
+            503,
+            "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+            Some("1"),
+            Source::Store,
+        ),
     ];
     for (err, status, kind, retry, source) in cases {
         assert_eq!(err.source(), source, "{err:?}");
@@ -184,7 +241,14 @@ fn no_route_names_the_request_without_echoing_it_whole() {
 async fn grpc_calls_get_a_grpc_status_and_pushback_where_a_wait_is_known() {
     let (g, a, _) = route("      - { name: slow, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n");
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts, tls_client: None };
+    let ctx = KeyCtx {
+        route: "r",
+        client_ip: "10.0.0.1".parse().unwrap(),
+        path: "/",
+        parts: &parts,
+        tls_client: None,
+        identity: None,
+    };
     assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     let cases = [
         (denied(&g, 1).await, "8", Some("10000")),

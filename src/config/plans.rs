@@ -31,6 +31,7 @@ pub struct RawPlans {
     clients: RawClients,
     default: String,
     tiers: BTreeMap<String, RawTier>,
+    tier_claim: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -140,7 +141,11 @@ impl RawPlans {
                 Clients::Redis { hash: r.redis_hash, cache: r.cache.0 }
             }
         };
-        Ok(Validated { plans: Plans { of, tiers, default, clients }, entries, used: Vec::new() })
+        if self.tier_claim.as_deref().is_some_and(str::is_empty) {
+            return Err((at("tier_claim"), "expected a claim name".to_owned()));
+        }
+        let tier_claim = self.tier_claim;
+        Ok(Validated { plans: Plans { of, tiers, default, clients, tier_claim }, entries, used: Vec::new() })
     }
 }
 

@@ -44,6 +44,7 @@ pub struct Config {
     #[serde(default)]
     request_id: super::gateway::RawRequestId,
     plans: Option<super::plans::RawPlans>,
+    auth: Option<super::auth::RawAuth>,
     tracing: Option<super::otel::RawTracing>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
@@ -406,6 +407,7 @@ struct Route {
     upgrades: Option<Vec<String>>,
     #[serde(default)]
     tunnels: Tunnels,
+    auth: Option<super::auth::RawRouteAuth>,
 }
 
 #[derive(Deserialize, Default)]
@@ -455,6 +457,8 @@ impl Config {
         let request_id = self.request_id.validate()?;
         let tracing = self.tracing.map(super::otel::RawTracing::validate).transpose()?;
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
+        let default_auth =
+            self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -606,6 +610,19 @@ impl Config {
                     None => super::Tunnels::MAX,
                 },
             };
+            let (auth, auth_own) = match route.auth {
+                None => (default_auth.clone(), false),
+                Some(a) => (a.validate(&at(&["auth"]), redis.is_some())?.map(std::sync::Arc::new), true),
+            };
+            for (j, l) in limits.iter().enumerate() {
+                let identity = l.key.parts().iter().find(|p| p.needs_identity());
+                if let (Some(part), None) = (identity, &auth) {
+                    return Err((
+                        limit_path(i, j, "key"),
+                        format!("`{part}` keys on a verified identity, and this route has no `auth`"),
+                    ));
+                }
+            }
             routes.push(super::Route {
                 name,
                 host,
@@ -625,6 +642,8 @@ impl Config {
                 response_headers,
                 upgrades,
                 tunnels,
+                auth,
+                auth_own,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -673,6 +692,7 @@ impl Config {
             redis,
             request_id,
             tracing,
+            auth: default_auth,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,
             upstreams,

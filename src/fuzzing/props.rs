@@ -390,3 +390,29 @@ proptest! {
         target(&data);
     }
 }
+
+// --- jwt -------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// Tokens shaped like real ones (three base64url parts of JSON), then bent.
+    #[test]
+    fn jwt_holds_on_dotted_json(
+        header in select(vec![r#"{"alg":"ES256","kid":"a"}"#, r#"{"alg":"none"}"#, r#"{"alg":"HS256"}"#, r#"{"alg":"RS256","crit":[]}"#]),
+        claims in select(vec![r#"{"sub":"a","exp":1800000060,"aud":"api"}"#, r#"{"exp":1e300}"#, "[]", "{}"]),
+        sig in proptest::collection::vec(any::<u8>(), 0..80),
+        cut in 0usize..200,
+    ) {
+        use base64::Engine as _;
+        let b = |x: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(x);
+        let token = format!("{}.{}.{}", b(header.as_bytes()), b(claims.as_bytes()), b(&sig));
+        jwt(token.as_bytes());
+        jwt(&token.as_bytes()[..cut.min(token.len())]);
+    }
+
+    #[test]
+    fn jwt_holds_on_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+        jwt(&data);
+    }
+}

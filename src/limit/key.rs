@@ -16,7 +16,9 @@
 //! route `0x01 len:u32le bytes`; client IP `0x02` then `0x04 + 4 bytes` or `0x06 + 16 bytes`
 //! (IPv4-mapped IPv6 is folded to IPv4); header `0x03 len name`, then `0x00` if missing, else
 //! `0x01 (len value)* 0xFFFFFFFF` over all values in order; query `0x04 len name`, then `0x00`
-//! if missing, else `0x01 len value` (first occurrence, percent-decoded); path `0x05 len bytes`.
+//! if missing, else `0x01 len value` (first occurrence, percent-decoded); path `0x05 len bytes`;
+//! TLS client `0x06`, consumer `0x07`, then `0x00` if none, else `0x01 len bytes`; claim
+//! `0x08 len name`, then `0x00` if missing, else `0x01 len value`.
 //! Lengths are after capping: at most [`MAX_PART_BYTES`] of each part's values are hashed.
 
 use std::fmt;
@@ -50,6 +52,33 @@ pub enum KeyPart {
     /// The verified TLS client certificate's identity (its first SAN, else its CN); clients
     /// without one share one "missing" key.
     TlsClient,
+    /// The consumer the route's `auth` verified (a token's subject, an API key's consumer,
+    /// `anonymous`); never read from an unverified field.
+    Consumer,
+    /// A verified token's claim, as text; a token without it shares one "missing" key.
+    Claim(String),
+}
+
+impl KeyPart {
+    /// Whether this part reads the identity `auth` verified.
+    pub fn needs_identity(&self) -> bool {
+        matches!(self, KeyPart::Consumer | KeyPart::Claim(_))
+    }
+}
+
+/// Who a request is, as the route's `auth` verified it: what `consumer` and `claim:NAME`
+/// keys, plans and upstream fields read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub consumer: Box<str>,
+    /// `(name, value)` of the claims the route reads, capped.
+    pub claims: Vec<(Box<str>, Box<str>)>,
+}
+
+impl Identity {
+    pub fn claim(&self, name: &str) -> Option<&str> {
+        self.claims.iter().find(|(n, _)| &**n == name).map(|(_, v)| &**v)
+    }
 }
 
 /// Errors from [`KeySpec::parse`].
@@ -57,12 +86,17 @@ pub enum KeyPart {
 pub enum KeyError {
     #[error("empty key: expected e.g. \"client_ip\" or \"route, header:x-api-key\"")]
     Empty,
-    #[error("unknown key part {0:?}: expected route, client_ip, path, tls_client, header:NAME or query:NAME")]
+    #[error(
+        "unknown key part {0:?}: expected route, client_ip, path, tls_client, consumer, header:NAME, query:NAME or \
+         claim:NAME"
+    )]
     Unknown(String),
     #[error("invalid header name {0:?}")]
     Header(String),
     #[error("empty query parameter name")]
     Query,
+    #[error("empty claim name")]
+    Claim,
 }
 
 impl FromStr for KeyPart {
@@ -83,7 +117,15 @@ impl FromStr for KeyPart {
             }
             return Ok(KeyPart::Query(name.to_owned()));
         }
+        if let Some(name) = s.strip_prefix("claim:") {
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(KeyError::Claim);
+            }
+            return Ok(KeyPart::Claim(name.to_owned()));
+        }
         match s {
+            "consumer" => Ok(KeyPart::Consumer),
             "route" => Ok(KeyPart::Route),
             "client_ip" => Ok(KeyPart::ClientIp),
             "path" => Ok(KeyPart::Path),
@@ -102,6 +144,8 @@ impl fmt::Display for KeyPart {
             KeyPart::Query(q) => write!(f, "query:{q}"),
             KeyPart::Path => f.write_str("path"),
             KeyPart::TlsClient => f.write_str("tls_client"),
+            KeyPart::Consumer => f.write_str("consumer"),
+            KeyPart::Claim(c) => write!(f, "claim:{c}"),
         }
     }
 }
@@ -124,6 +168,8 @@ pub struct KeyCtx<'a> {
     pub parts: &'a http::request::Parts,
     /// The client certificate's identity on an mTLS connection (see [`crate::peer::Peer`]).
     pub tls_client: Option<&'a str>,
+    /// Who the route's `auth` verified the request is (`None`: the route has no `auth`).
+    pub identity: Option<&'a Identity>,
 }
 
 impl KeySpec {
@@ -219,6 +265,27 @@ impl KeySpec {
                         }
                     }
                 }
+                KeyPart::Consumer => {
+                    h.update(&[0x07]);
+                    match ctx.identity {
+                        None => h.update(&[0x00]),
+                        Some(id) => {
+                            h.update(&[0x01]);
+                            bytes(&mut h, id.consumer.as_bytes());
+                        }
+                    }
+                }
+                KeyPart::Claim(name) => {
+                    h.update(&[0x08]);
+                    bytes(&mut h, name.as_bytes());
+                    match ctx.identity.and_then(|id| id.claim(name)) {
+                        None => h.update(&[0x00]),
+                        Some(v) => {
+                            h.update(&[0x01]);
+                            bytes(&mut h, v.as_bytes());
+                        }
+                    }
+                }
             }
         }
         KeyHash(h.digest())
@@ -295,6 +362,8 @@ impl KeyPart {
                 Some(&buf[..n])
             }
             KeyPart::TlsClient => ctx.tls_client.map(|id| capped(id.as_bytes())),
+            KeyPart::Consumer => ctx.identity.map(|id| capped(id.consumer.as_bytes())),
+            KeyPart::Claim(name) => ctx.identity.and_then(|id| id.claim(name)).map(|v| capped(v.as_bytes())),
             KeyPart::ClientIp => {
                 use std::io::Write;
                 let mut w = &mut buf[..];
@@ -459,7 +528,14 @@ mod tests {
     }
 
     fn hash(spec: &str, route: &str, ip: &str, p: &http::request::Parts) -> KeyHash {
-        let ctx = KeyCtx { route, client_ip: ip.parse().expect("ip"), path: p.uri.path(), parts: p, tls_client: None };
+        let ctx = KeyCtx {
+            route,
+            client_ip: ip.parse().expect("ip"),
+            path: p.uri.path(),
+            parts: p,
+            tls_client: None,
+            identity: None,
+        };
         KeySpec::parse(spec).expect("spec").hash(&ctx)
     }
 

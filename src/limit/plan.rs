@@ -40,6 +40,9 @@ pub struct Plans {
     /// The tier of a client not in the map, and of a request without the value.
     pub default: TierId,
     pub clients: Clients,
+    /// `tier_claim`: a verified token's claim that names the tier itself (a tier it does not
+    /// name falls back to the map).
+    pub tier_claim: Option<String>,
 }
 
 impl Plans {

@@ -50,6 +50,8 @@ pub(super) struct Extra {
     at_us: Option<u64>,
     /// `log.access_keys`: per limit `name|key spec|digest`, `;`-separated.
     keys: Option<String>,
+    /// The consumer the route's `auth` verified (never the credential).
+    consumer: Option<Box<str>>,
 }
 
 impl Extra {
@@ -72,6 +74,17 @@ impl Extra {
 }
 
 impl<'a> Access<'a> {
+    /// Notes the consumer `auth` verified, for the log line and the span (never the
+    /// credential).
+    pub(super) fn identified(&mut self, consumer: &str) {
+        if let Some(extra) = self.extra.as_deref_mut() {
+            extra.consumer = Some(consumer.into());
+        }
+        if let Some(span) = self.trace.as_mut() {
+            span.attributes.push(trace::text("enduser.id", consumer));
+        }
+    }
+
     /// `logging`: the access log is on, so the path is worth copying (the span's too).
     pub(super) fn new(
         lane: &'a Lane,
@@ -136,6 +149,7 @@ impl<'a> Access<'a> {
             request_id = self.request_id.map(RequestId::as_str),
             at_us = extra.and_then(|x| x.at_us),
             keys = extra.and_then(|x| x.keys.as_deref()),
+            consumer = extra.and_then(|x| x.consumer.as_deref()),
         );
     }
 }

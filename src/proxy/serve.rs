@@ -91,6 +91,12 @@ impl Proxy {
             let response_values = this.values(&lane.response_headers, route, &parts, &target, &ctx);
             let version = parts.version;
             let mut resp = 'answer: {
+                // *Auth*: only on routes with `auth`; its future is boxed, out of the others'.
+                if let Some(auth) = &lane.auth {
+                    if let Err(e) = this.authenticate(auth, &mut parts, &mut log).await {
+                        break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
+                    }
+                }
                 let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
                     Ok(a) => a,
                     Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
@@ -320,6 +326,24 @@ impl Proxy {
         Ok(Some(admission))
     }
 
+    /// *Auth*: the route's `auth` verifies the request's credential; the identity goes in the
+    /// head's extensions (no slot in the request's future; keys read the head), its consumer
+    /// in the log line and the span.
+    fn authenticate<'a>(
+        &'a self,
+        auth: &'a crate::auth::Auth,
+        parts: &'a mut Parts,
+        log: &'a mut Access<'_>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>> {
+        let now = self.wall_secs();
+        Box::pin(async move {
+            let id = auth.check(parts, now).await?;
+            log.identified(&id.consumer);
+            parts.extensions.insert(id);
+            Ok(())
+        })
+    }
+
     /// What limit keys (and a `hash` group's balancing) read of the request.
     #[inline(always)]
     fn key_ctx<'k>(&'k self, route: &'k Route, parts: &'k Parts, target: &'k Target, peer: &'k Peer) -> KeyCtx<'k> {
@@ -329,6 +353,7 @@ impl Proxy {
             path: target.path(parts),
             parts,
             tls_client: peer.tls_client(),
+            identity: identity(parts),
         }
     }
 
@@ -529,6 +554,13 @@ impl<'a> Ctx<'a> {
             served: &self.served,
         }
     }
+}
+
+/// The identity *auth* verified, kept in the head's extensions (`None` on routes without
+/// `auth`: their head has no extensions map, so this is one comparison).
+#[inline(always)]
+fn identity(parts: &Parts) -> Option<&Identity> {
+    parts.extensions.get::<Box<Identity>>().map(|id| &**id)
 }
 
 /// Whether `route` takes `TRACE`: only when its `methods:` list it.

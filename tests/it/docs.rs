@@ -149,6 +149,10 @@ struct Named {
     /// `admin.token_file`: a token is written there.
     tokens: Vec<String>,
     clients: Option<String>,
+    /// `auth`: key set files (not URLs), HS256 secret files, API keys files.
+    jwks: Vec<String>,
+    secrets: Vec<String>,
+    keys: Vec<String>,
 }
 
 fn named_files(v: &serde_yaml::Value, out: &mut Named) {
@@ -161,6 +165,11 @@ fn named_files(v: &serde_yaml::Value, out: &mut Named) {
             out.cas.extend(s("ca_file"));
             out.tokens.extend(s("token_file"));
             out.cas.extend(s("client_ca"));
+            out.jwks.extend(s("jwks").filter(|j| !j.starts_with("http://") && !j.starts_with("https://")));
+            out.secrets.extend(s("secret_file"));
+            if m.get("keys").is_some_and(serde_yaml::Value::is_string) {
+                out.keys.extend(s("keys"));
+            }
             for (_, v) in m {
                 named_files(v, out);
             }
@@ -205,6 +214,17 @@ fn check_config(text: &str) -> Result<Config, String> {
     }
     for token in &named.tokens {
         provide(&dir, token, || "docs-example-admin-token-0123456789\n".to_owned())?;
+    }
+    for jwks in &named.jwks {
+        provide(&dir, jwks, || {
+            r#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#.to_owned()
+        })?;
+    }
+    for secret in &named.secrets {
+        provide(&dir, secret, || "docs-example-hs256-secret-0123456789abcdef\n".to_owned())?;
+    }
+    for keys in &named.keys {
+        provide(&dir, keys, || "# none\n".to_owned())?;
     }
     if let Some(clients) = &named.clients {
         provide(&dir, clients, || "{}\n".to_owned())?;

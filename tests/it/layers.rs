@@ -14,22 +14,23 @@ const LAYERS: [(&str, &[&str], &str); 6] = [
     ("request", &["proxy", "explain"], "the compiled config serving a request, and its description"),
     (
         "parts",
-        &["route", "gate", "forward", "cache", "target", "framing", "answer", "body", "trace"],
+        &["route", "auth", "gate", "forward", "cache", "target", "framing", "answer", "body", "trace"],
         "the steps of one request, compiled from the config at `Proxy::build`",
     ),
     (
         "ground",
-        &["config", "limit", "metrics", "timer", "request_id", "ratelimit", "workers", "pki", "peer"],
+        &["config", "limit", "metrics", "timer", "request_id", "ratelimit", "workers", "pki", "peer", "jwt"],
         "validated data and pure mechanisms, no sockets and no other room's compiled state",
     ),
 ];
 
 /// Edges inside one layer, each with why; they must stay acyclic.
-const SAME_LAYER: [(&str, &str, &str); 20] = [
+const SAME_LAYER: [(&str, &str, &str); 22] = [
     ("instance", "reload", "a running tollgate runs its reloader"),
     ("admin", "server", "the admin listener is served by the server's connection loop"),
     ("server", "listen", "a listener that is not plain runs listen's edge steps before HTTP"),
     ("gate", "answer", "a refusal is an answer"),
+    ("auth", "answer", "refused credentials are an answer (401, 403, with their challenge)"),
     ("gate", "body", "a granted slot is held by the answer's body"),
     ("cache", "answer", "a stale copy is served as an answer"),
     ("cache", "body", "copies are captured from and served as bodies"),
@@ -43,6 +44,7 @@ const SAME_LAYER: [(&str, &str, &str); 20] = [
     ("config", "limit", "limits are validated into the limit room's algorithm parameters"),
     ("config", "request_id", "the default request id field and the fields it may not be"),
     ("config", "pki", "the files a config names are read and checked when it loads"),
+    ("config", "jwt", "key sets and secrets are parsed and checked when the config loads"),
     ("limit", "pki", "a `rediss://` client's TLS runs on the process's crypto provider"),
     ("metrics", "limit", "limit decisions are counted by label"),
     ("ratelimit", "limit", "the RateLimit fields are written from limit decisions"),

@@ -6,6 +6,7 @@ mod support;
 
 mod adaptive;
 mod admin_limits;
+mod auth;
 mod calibrate;
 mod cli;
 mod dashboard;

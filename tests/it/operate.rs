@@ -157,7 +157,7 @@ async fn a_reload_that_changes_one_limit_keeps_the_others_state() {
 
 /// A writer the test can read back.
 #[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -171,7 +171,7 @@ impl Write for Captured {
 
 impl Captured {
     /// JSON log lines of this thread captured until the guard is dropped.
-    fn json_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+    pub(crate) fn json_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
         let logs = Captured::default();
         let writer = logs.clone();
         let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
@@ -179,7 +179,7 @@ impl Captured {
     }
 
     /// The access log lines captured so far, and all the text.
-    fn access_lines(&self) -> (Vec<serde_json::Value>, String) {
+    pub(crate) fn access_lines(&self) -> (Vec<serde_json::Value>, String) {
         let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
         let lines = text
             .lines()

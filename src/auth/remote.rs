@@ -1,0 +1,226 @@
+//! A key set read from a URL: parsed when it is read, never per request. Read again in the
+//! background once its `Cache-Control: max-age` (bounded) has passed, and at once when a
+//! token names a key it does not have, at most once per `min_interval`; a reading that fails
+//! (the URL down, a set that does not parse) keeps the last good set.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use http::header::{ACCEPT, CACHE_CONTROL, HOST};
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+
+use crate::jwt::{self, KeySet, Refusal, Rules, Verified};
+
+/// A key set document larger than this is refused.
+pub const MAX_JWKS_BYTES: usize = 1 << 20;
+
+/// How long a set is used without reading it again when its answer says nothing.
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(300);
+
+/// The longest `max-age` honoured: keys are read again at least daily.
+pub const MAX_MAX_AGE: Duration = Duration::from_secs(86_400);
+
+/// One URL's key set, shared by the routes that name it.
+pub struct Remote {
+    url: Uri,
+    /// Readings at most this often (and `max-age` never shorter).
+    min_interval: Duration,
+    keys: ArcSwapOption<KeySet>,
+    /// When the set was last read (or tried), in ms since `epoch`; `u64::MAX`: never.
+    tried_ms: AtomicU64,
+    /// When the set goes stale, in ms since `epoch`.
+    stale_ms: AtomicU64,
+    /// A reading is under way (one at a time).
+    busy: AtomicBool,
+    epoch: Instant,
+}
+
+impl Remote {
+    pub fn new(url: Uri, min_interval: Duration) -> Arc<Remote> {
+        Arc::new(Remote {
+            url,
+            min_interval,
+            keys: ArcSwapOption::empty(),
+            tried_ms: AtomicU64::new(u64::MAX),
+            stale_ms: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            epoch: Instant::now(),
+        })
+    }
+
+    pub fn url(&self) -> &Uri {
+        &self.url
+    }
+
+    pub fn min_interval(&self) -> Duration {
+        self.min_interval
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The current set, if one was read; a stale one is read again in the background (on the
+    /// current runtime) while it is used.
+    pub fn current(self: &Arc<Self>) -> arc_swap::Guard<Option<Arc<KeySet>>> {
+        let keys = self.keys.load();
+        if keys.is_some() && self.now_ms() >= self.stale_ms.load(Ordering::Relaxed) && self.may_read() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let this = self.clone();
+                rt.spawn(async move { this.read().await });
+            } else {
+                self.busy.store(false, Ordering::Release);
+            }
+        }
+        keys
+    }
+
+    /// Verifies with the current set (see [`Remote::current`]). No set yet:
+    /// [`Refusal::UnknownKey`].
+    pub fn verify(self: &Arc<Self>, token: &[u8], rules: &Rules, now: i64) -> Result<Verified, Refusal> {
+        match &*self.current() {
+            Some(set) => jwt::verify(token, set, rules, now),
+            None => Err(Refusal::UnknownKey),
+        }
+    }
+
+    /// After [`Refusal::UnknownKey`]: reads the set again if the last reading is at least
+    /// `min_interval` old and none is under way, then verifies with what is there.
+    pub async fn verify_fresh(self: Arc<Self>, token: Vec<u8>, rules: Rules, now: i64) -> Result<Verified, Refusal> {
+        let tried = self.tried_ms.load(Ordering::Relaxed);
+        let interval = u64::try_from(self.min_interval.as_millis()).unwrap_or(u64::MAX);
+        let due = tried == u64::MAX || self.now_ms().saturating_sub(tried) >= interval;
+        if due && self.may_read() {
+            self.read().await;
+        }
+        match &*self.keys.load() {
+            Some(set) => jwt::verify(&token, set, &rules, now),
+            None => Err(Refusal::UnknownKey),
+        }
+    }
+
+    /// Takes the one reading slot.
+    fn may_read(&self) -> bool {
+        self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// Reads the set (the slot taken), keeping the last good one on failure. The slot is given
+    /// back however this ends: a request that waits for the reading may be dropped midway.
+    async fn read(&self) {
+        struct Slot<'a>(&'a AtomicBool);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _slot = Slot(&self.busy);
+        self.tried_ms.store(self.now_ms(), Ordering::Relaxed);
+        let interval = self.min_interval;
+        match fetch(&self.url).await.and_then(|(body, max_age)| {
+            let set = KeySet::from_jwks(&body).map_err(|e| e.to_string())?;
+            Ok((set, max_age))
+        }) {
+            Ok((set, max_age)) => {
+                let age = max_age.unwrap_or(DEFAULT_MAX_AGE).clamp(interval, MAX_MAX_AGE.max(interval));
+                self.keys.store(Some(Arc::new(set)));
+                let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+                self.stale_ms.store(self.now_ms().saturating_add(age), Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(url = %self.url, "the key set could not be read: {e}; the last good one is kept");
+                // Tried again after the interval, not on every request.
+                let interval = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+                self.stale_ms.store(self.now_ms().saturating_add(interval), Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// `GET url` over HTTP/1.1 (TLS for `https://`, on the web's roots): the body of a `200`,
+/// bounded, and its `max-age`.
+async fn fetch(url: &Uri) -> Result<(Bytes, Option<Duration>), String> {
+    let https = url.scheme_str() == Some("https");
+    let host = url.host().ok_or("no host")?;
+    let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let authority = url.authority().map_or(host, |a| a.as_str());
+    let path = url.path_and_query().map_or("/", |p| p.as_str());
+    let req = Request::get(path)
+        .header(HOST, authority)
+        .header(ACCEPT, "application/jwk-set+json, application/json")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let call = async {
+        let tcp = tokio::net::TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        if https {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            let config = rustls::ClientConfig::builder_with_provider(crate::pki::provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
+            let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+                .connect(name, tcp)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            exchange(tls, req).await
+        } else {
+            exchange(tcp, req).await
+        }
+    };
+    tokio::time::timeout(super::FETCH_TIMEOUT, call).await.map_err(|_| "timed out".to_owned())?
+}
+
+async fn exchange<I>(io: I, req: Request<Empty<Bytes>>) -> Result<(Bytes, Option<Duration>), String>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    if resp.status() != StatusCode::OK {
+        return Err(format!("status {}", resp.status()));
+    }
+    let max_age = resp.headers().get_all(CACHE_CONTROL).iter().find_map(|v| max_age(v.as_bytes()));
+    let body = Limited::new(resp.into_body(), MAX_JWKS_BYTES).collect().await.map_err(|e| e.to_string())?;
+    Ok((body.to_bytes(), max_age))
+}
+
+/// `max-age=N` of a `Cache-Control` field (`no-store`/`no-cache` read as 0: the interval).
+fn max_age(field: &[u8]) -> Option<Duration> {
+    let text = std::str::from_utf8(field).ok()?;
+    let mut found = None;
+    for d in text.split(',') {
+        let d = d.trim();
+        if d.eq_ignore_ascii_case("no-store") || d.eq_ignore_ascii_case("no-cache") {
+            return Some(Duration::ZERO);
+        }
+        if let Some((k, v)) = d.split_once('=') {
+            if k.trim().eq_ignore_ascii_case("max-age") {
+                found = v.trim().trim_matches('"').parse::<u64>().ok().map(Duration::from_secs);
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_age_is_read_from_cache_control() {
+        assert_eq!(max_age(b"public, max-age=600"), Some(Duration::from_secs(600)));
+        assert_eq!(max_age(b"no-store"), Some(Duration::ZERO));
+        assert_eq!(max_age(b"public"), None);
+        assert_eq!(max_age(b"max-age=x"), None);
+    }
+}

@@ -1,0 +1,527 @@
+//! `auth:` (issue 37): JWTs verified against key sets made in the test (RSA, EC P-256,
+//! Ed25519), a key set served by a real HTTP server that rotates and goes down, API keys from
+//! a file and from a real redis-server, and limits keyed on the verified consumer.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::support::jwt::{self, Signer};
+use crate::support::redis::RedisNode;
+use crate::support::{full, get, get_with, Tollgate, Upstream};
+
+/// A fresh folder under the temp dir for one test's files.
+fn folder() -> PathBuf {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tollgate-auth-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// An upstream that answers with the fields tollgate forwarded that the tests look at.
+async fn echo() -> Upstream {
+    Upstream::start(|req| async move {
+        let h = |n: &str| req.headers().get(n).map_or("-".to_owned(), |v| v.to_str().unwrap().to_owned());
+        let body = format!("consumer={} org={} authorization={}", h("x-consumer"), h("x-org"), h("authorization"));
+        http::Response::new(full(body))
+    })
+    .await
+}
+
+fn claims(sub: &str) -> Value {
+    json!({"sub": sub, "iss": "https://id.example.com/", "aud": "api", "exp": jwt::now() + 300, "org_id": "acme"})
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+async fn call(tg: &Tollgate, path: &str, token: &str) -> (StatusCode, http::HeaderMap, String) {
+    let auth = bearer(token);
+    let (s, h, b) = get_with(tg.addr, path, &[("authorization", auth.as_str())]).await;
+    (s, h, String::from_utf8_lossy(&b).into_owned())
+}
+
+fn jwt_yaml(upstream: std::net::SocketAddr, jwks: &str, extra: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0
+upstreams:
+  up: {{ url: 'http://{upstream}' }}
+routes:
+  - name: api
+    upstream: up
+    auth:
+      jwt:
+        jwks: '{jwks}'
+        issuers: ['https://id.example.com/']
+        audiences: [api]
+        leeway: 5s
+      claims_to_headers: {{ consumer: x-consumer, org_id: x-org }}
+      strip_credentials: true
+{extra}"
+    )
+}
+
+#[tokio::test]
+async fn tokens_are_verified_with_every_key_type_and_refused_for_each_reason() {
+    let (rsa, ec, ed) = (Signer::rsa("r1"), Signer::ec("e1"), Signer::ed25519("d1"));
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&rsa, &ec, &ed]));
+    let up = echo().await;
+    let tg = Tollgate::start(&jwt_yaml(up.addr, &jwks, "")).await;
+
+    for (signer, alg) in [(&rsa, "RS256"), (&rsa, "PS256"), (&ec, "ES256"), (&ed, "EdDSA")] {
+        let (status, _, body) = call(&tg, "/", &signer.sign_as(alg, &claims("alice"))).await;
+        assert_eq!(status, StatusCode::OK, "{alg}: {body}");
+        // The verified claims go upstream; the token does not (strip_credentials).
+        assert_eq!(body, "consumer=alice org=acme authorization=-", "{alg}");
+    }
+
+    let now = jwt::now();
+    let with = |k: &str, v: Value| {
+        let mut c = claims("alice");
+        c[k] = v;
+        ec.sign(&c)
+    };
+    let refused: Vec<(&str, String, StatusCode, &str)> = vec![
+        ("expired", with("exp", json!(now - 60)), StatusCode::UNAUTHORIZED, "the token has expired"),
+        ("not yet valid", with("nbf", json!(now + 600)), StatusCode::UNAUTHORIZED, "not valid yet"),
+        ("wrong issuer", with("iss", json!("https://evil.example/")), StatusCode::UNAUTHORIZED, "issuer"),
+        ("wrong audience", with("aud", json!("billing")), StatusCode::FORBIDDEN, "another audience"),
+        ("bad signature", Signer::ec("e1").sign(&claims("alice")), StatusCode::UNAUTHORIZED, "signature"),
+        ("alg none", jwt::unsigned(&claims("alice")), StatusCode::UNAUTHORIZED, "algorithm"),
+        (
+            // Algorithm confusion: HS256 keyed by the RSA key's public JWK.
+            "HS256 with an RSA key",
+            jwt::hs256_token(rsa.jwk().to_string().as_bytes(), "r1", &claims("alice")),
+            StatusCode::UNAUTHORIZED,
+            "algorithm",
+        ),
+        ("garbage", "not.a.token".to_owned(), StatusCode::UNAUTHORIZED, "well-formed"),
+    ];
+    for (what, token, status, says) in refused {
+        let (got, headers, body) = call(&tg, "/", &token).await;
+        assert_eq!(got, status, "{what}: {body}");
+        assert_eq!(headers["content-type"], "application/problem+json", "{what}");
+        let challenge = headers["www-authenticate"].to_str().unwrap();
+        assert!(challenge.starts_with("Bearer realm=\"api\", error="), "{what}: {challenge}");
+        assert!(challenge.contains(says), "{what}: {challenge}");
+        assert!(body.contains(says), "{what}: {body}");
+    }
+
+    // No token: a challenge without an error code (RFC 6750 §3.1).
+    let (status, headers, _) = get(tg.addr, "/").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers["www-authenticate"], "Bearer realm=\"api\"");
+}
+
+#[tokio::test]
+async fn a_limit_keyed_on_the_consumer_cannot_be_escaped_by_changing_headers() {
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = echo().await;
+    let limits = "    limits:\n      - { name: per-consumer, algorithm: fixed_window, rate: 3/h, key: consumer }\n";
+    let tg = Tollgate::start(&jwt_yaml(up.addr, &jwks, limits)).await;
+    let alice = bearer(&ec.sign(&claims("alice")));
+    let mut admitted = 0;
+    for i in 0..6 {
+        // A fresh API key, a spoofed consumer field and a new token id each time: the same
+        // verified subject.
+        let key = format!("key-{i}");
+        let mut c = claims("alice");
+        c["jti"] = json!(i);
+        let token = if i % 2 == 0 { alice.clone() } else { bearer(&ec.sign(&c)) };
+        let headers = [
+            ("authorization", token.as_str()),
+            ("x-api-key", key.as_str()),
+            ("x-consumer", "mallory"),
+            ("x-forwarded-for", "198.51.100.7"),
+        ];
+        let (status, _, body) = get_with(tg.addr, "/", &headers).await;
+        if status == StatusCode::OK {
+            admitted += 1;
+            // The client's own x-consumer never reaches the upstream.
+            assert_eq!(String::from_utf8_lossy(&body), "consumer=alice org=acme authorization=-");
+        } else {
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        }
+    }
+    assert_eq!(admitted, 3);
+    // Another consumer has its own count.
+    assert_eq!(call(&tg, "/", &ec.sign(&claims("bob"))).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn optional_routes_let_anonymous_requests_through_as_one_consumer() {
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = echo().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+upstreams:
+  up: {{ url: 'http://{}' }}
+routes:
+  - name: api
+    upstream: up
+    auth:
+      jwt: {{ jwks: '{jwks}', audiences: [api] }}
+      optional: true
+      claims_to_headers: {{ consumer: x-consumer }}
+    limits:
+      - {{ name: per-consumer, algorithm: fixed_window, rate: 2/h, key: consumer }}
+",
+        up.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let (status, _, body) = get_with(tg.addr, "/", &[("x-consumer", "admin")]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&body), "consumer=anonymous org=- authorization=-");
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK);
+    // Anonymous requests share one count, wherever they come from.
+    assert_eq!(get_with(tg.addr, "/", &[("x-forwarded-for", "203.0.113.1")]).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // A bad token is still refused; a good one has its own count.
+    let mut expired = claims("alice");
+    expired["exp"] = json!(jwt::now() - 600);
+    assert_eq!(call(&tg, "/", &ec.sign(&expired)).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(call(&tg, "/", &ec.sign(&claims("alice"))).await.0, StatusCode::OK);
+}
+
+/// A key set served over HTTP: its document can change, its readings are counted, and it
+/// can fail (answer 503) like a server that is down.
+struct KeyServer {
+    doc: Arc<Mutex<String>>,
+    hits: Arc<AtomicUsize>,
+    down: Arc<AtomicBool>,
+    server: Upstream,
+}
+
+impl KeyServer {
+    async fn start(doc: String) -> KeyServer {
+        let (doc, hits, down) =
+            (Arc::new(Mutex::new(doc)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let (d, h, x) = (doc.clone(), hits.clone(), down.clone());
+        let server = Upstream::start(move |_req| {
+            let (d, h, x) = (d.clone(), h.clone(), x.clone());
+            async move {
+                h.fetch_add(1, Ordering::SeqCst);
+                if x.load(Ordering::SeqCst) {
+                    let mut r = http::Response::new(full("down"));
+                    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    return r;
+                }
+                let body = d.lock().unwrap().clone();
+                let mut r = http::Response::new(full(body));
+                r.headers_mut().insert("cache-control", "max-age=3600".parse().unwrap());
+                r
+            }
+        })
+        .await;
+        KeyServer { doc, hits, down, server }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/.well-known/jwks.json", self.server.addr)
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn a_key_set_url_is_read_again_for_an_unknown_kid_at_most_once_an_interval_and_kept_when_down() {
+    let (old, new) = (Signer::ec("old"), Signer::ed25519("new"));
+    let keys = KeyServer::start(jwt::jwks(&[&old])).await;
+    let up = echo().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+upstreams:
+  up: {{ url: 'http://{}' }}
+routes:
+  - name: api
+    upstream: up
+    auth:
+      jwt: {{ jwks: '{}', audiences: [api], min_refresh: 1s }}
+",
+        up.addr,
+        keys.url()
+    );
+    let tg = Tollgate::start(&yaml).await;
+    // Nothing is read before the first token.
+    assert_eq!(keys.hits(), 0);
+    assert_eq!(call(&tg, "/", &old.sign(&claims("alice"))).await.0, StatusCode::OK);
+    assert_eq!(keys.hits(), 1);
+    assert_eq!(call(&tg, "/", &old.sign(&claims("alice"))).await.0, StatusCode::OK);
+    assert_eq!(keys.hits(), 1, "max-age=3600: the set is not read per request");
+
+    // The issuer rotates to a new key. A token naming it, past the interval, reads the set again.
+    *keys.doc.lock().unwrap() = jwt::jwks(&[&old, &new]);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(call(&tg, "/", &new.sign(&claims("alice"))).await.0, StatusCode::OK);
+    assert_eq!(keys.hits(), 2);
+
+    // Tokens naming a key nobody has: one reading at most per interval, however many come.
+    let stranger = Signer::ec("stranger");
+    for _ in 0..5 {
+        assert_eq!(call(&tg, "/", &stranger.sign(&claims("alice"))).await.0, StatusCode::UNAUTHORIZED);
+    }
+    assert!(keys.hits() <= 3, "{} readings for 5 unknown kids within the interval", keys.hits());
+
+    // The server goes down: a reading fails, and the last good set still verifies.
+    keys.down.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = keys.hits();
+    assert_eq!(call(&tg, "/", &stranger.sign(&claims("alice"))).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(keys.hits(), before + 1, "the failed reading was tried");
+    assert_eq!(call(&tg, "/", &old.sign(&claims("alice"))).await.0, StatusCode::OK);
+    assert_eq!(call(&tg, "/", &new.sign(&claims("alice"))).await.0, StatusCode::OK);
+}
+
+fn api_key_yaml(upstream: std::net::SocketAddr, keys: &str, redis: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0
+{redis}upstreams:
+  up: {{ url: 'http://{upstream}' }}
+routes:
+  - name: api
+    upstream: up
+    auth:
+      api_key: {{ from: 'header:x-api-key', keys: {keys} }}
+      claims_to_headers: {{ consumer: x-consumer }}
+    limits:
+      - {{ name: per-consumer, algorithm: fixed_window, rate: 2/h, key: consumer }}
+"
+    )
+}
+
+async fn api_keys_work(tg: &Tollgate) {
+    let (status, headers, body) = get_with(tg.addr, "/", &[("x-api-key", "sk-acme-1")]).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    assert_eq!(String::from_utf8_lossy(&body), "consumer=acme org=- authorization=-");
+    assert!(headers.get("www-authenticate").is_none());
+    // Another key of the same consumer shares its count.
+    assert_eq!(get_with(tg.addr, "/", &[("x-api-key", "sk-acme-2")]).await.0, StatusCode::OK);
+    assert_eq!(get_with(tg.addr, "/", &[("x-api-key", "sk-acme-1")]).await.0, StatusCode::TOO_MANY_REQUESTS);
+    let (status, headers, _) = get_with(tg.addr, "/", &[("x-api-key", "sk-made-up")]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(headers["www-authenticate"].to_str().unwrap().starts_with("ApiKey realm=\"api\""));
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn api_keys_from_a_file_of_digests() {
+    let dir = folder();
+    let hash = |k: &str| tollgate::config::auth::hash_key(k.as_bytes());
+    let file = format!(
+        "# digest consumer\n{} acme\n{} acme\n{} globex\n",
+        hash("sk-acme-1"),
+        hash("sk-acme-2"),
+        hash("sk-globex")
+    );
+    let keys = write(&dir, "keys.txt", &file);
+    let up = echo().await;
+    let tg = Tollgate::start(&api_key_yaml(up.addr, &format!("'{keys}'"), "")).await;
+    api_keys_work(&tg).await;
+    assert_eq!(get_with(tg.addr, "/", &[("x-api-key", "sk-globex")]).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn api_keys_from_a_redis_hash() {
+    let node = RedisNode::start();
+    let hash = |k: &str| tollgate::config::auth::hash_key(k.as_bytes());
+    node.cli(&["HSET", "tollgate:keys", &hash("sk-acme-1"), "acme", &hash("sk-acme-2"), "acme"]);
+    let up = echo().await;
+    let redis = format!("redis: {{ url: '{}' }}\n", node.url());
+    let tg = Tollgate::start(&api_key_yaml(up.addr, "{ redis_hash: 'tollgate:keys', cache: 1s }", &redis)).await;
+    api_keys_work(&tg).await;
+}
+
+#[tokio::test]
+async fn refusals_and_results_are_counted_per_route() {
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = echo().await;
+    let tg = Tollgate::start(&jwt_yaml(up.addr, &jwks, "")).await;
+    let admin = tg.start_admin().await;
+    let mut expired = claims("alice");
+    expired["exp"] = json!(jwt::now() - 600);
+    assert_eq!(call(&tg, "/", &ec.sign(&claims("alice"))).await.0, StatusCode::OK);
+    assert_eq!(call(&tg, "/", &ec.sign(&expired)).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::UNAUTHORIZED);
+    let (_, _, body) = get(admin, "/metrics").await;
+    let text = String::from_utf8_lossy(&body);
+    for line in [
+        r#"tollgate_auth_total{route="api",result="authenticated",reason="-"} 1"#,
+        r#"tollgate_auth_total{route="api",result="refused",reason="expired"} 1"#,
+        r#"tollgate_auth_total{route="api",result="refused",reason="missing"} 1"#,
+    ] {
+        assert!(text.contains(line), "no `{line}` in\n{text}");
+    }
+}
+
+#[test]
+fn auth_fields_are_refused_with_their_place() {
+    let dir = folder();
+    let ec = Signer::ec("e1");
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let short = write(&dir, "short.key", "too short");
+    let bad = write(&dir, "bad.json", r#"{"keys": [{"kty": "EC", "crv": "P-256", "x": "AA", "y": "AA"}]}"#);
+    let route = |auth: &str, limits: &str| {
+        format!(
+            "upstreams:\n  up: {{ url: 'http://127.0.0.1:1' }}\nroutes:\n  - name: api\n    upstream: up\n    auth: {auth}\n{limits}"
+        )
+    };
+    let cases = [
+        (
+            route(&format!("{{ jwt: {{ jwks: '{jwks}', algorithms: [ES256, ES512] }} }}"), ""),
+            "routes[0].auth.jwt.algorithms[1]",
+            "unknown algorithm `ES512`",
+        ),
+        (
+            route(&format!("{{ jwt: {{ jwks: '{jwks}', algorithms: [HS256] }} }}"), ""),
+            "routes[0].auth.jwt.algorithms",
+            "secret_file",
+        ),
+        (route(&format!("{{ jwt: {{ secret_file: '{short}' }} }}"), ""), "routes[0].auth.jwt.algorithms", "HS256"),
+        (
+            route(&format!("{{ jwt: {{ secret_file: '{short}', algorithms: [HS256] }} }}"), ""),
+            "routes[0].auth.jwt.secret_file",
+            "at least 32",
+        ),
+        (route("{ jwt: { jwks: '/nonexistent/jwks.json' } }", ""), "routes[0].auth.jwt.jwks", "cannot read"),
+        (route(&format!("{{ jwt: {{ jwks: '{bad}' }} }}"), ""), "routes[0].auth.jwt.jwks", "key 0"),
+        (route("{ api_key: { keys: { redis_hash: k } } }", ""), "routes[0].auth.api_key.keys", "redis:"),
+        (route("{ jwt: { jwks: 'x' }, api_key: { keys: y } }", ""), "routes[0].auth.api_key", "not both"),
+        (route("off", ""), "routes[0].auth", "`none`"),
+        (
+            route("none", "    limits: [{ name: l, algorithm: fixed_window, rate: 1/s, key: consumer }]\n"),
+            "routes[0].limits[0].key",
+            "no `auth`",
+        ),
+    ];
+    for (yaml, path, says) in cases {
+        let e = tollgate::config::Config::from_yaml(Path::new("t.yaml"), &yaml).expect_err(&yaml);
+        assert_eq!(e.path, path, "{e}");
+        assert!(e.message.contains(says), "{e}");
+        assert!(e.line > 0, "{e}");
+    }
+}
+
+#[tokio::test]
+async fn claims_key_limits_and_name_plan_tiers() {
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let clients = write(&dir, "clients.yaml", "globex: pro\n");
+    let up = echo().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+auth:
+  jwt: {{ jwks: '{jwks}', audiences: [api] }}
+plans:
+  of: claim:org_id
+  tier_claim: plan
+  clients: '{clients}'
+  default: free
+  tiers:
+    free: {{ per-org: {{ rate: 1/h }} }}
+    pro: {{ per-org: {{ rate: 3/h }} }}
+upstreams:
+  up: {{ url: 'http://{}' }}
+routes:
+  - name: api
+    upstream: up
+    limits:
+      - {{ name: per-org, algorithm: fixed_window, plan: true, key: claim:org_id }}
+",
+        up.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let token = |sub: &str, org: &str, plan: Option<&str>| {
+        let mut c = claims(sub);
+        c["org_id"] = json!(org);
+        if let Some(p) = plan {
+            c["plan"] = json!(p);
+        }
+        ec.sign(&c)
+    };
+    let admitted = |t: String| {
+        let tg = &tg;
+        async move {
+            let mut n = 0;
+            while n < 10 && call(tg, "/", &t).await.0 == StatusCode::OK {
+                n += 1;
+            }
+            n
+        }
+    };
+    // Two users of one organisation share its count; the tier comes from the claim, then the map.
+    assert_eq!(admitted(token("alice", "acme", None)).await, 1);
+    assert_eq!(call(&tg, "/", &token("bob", "acme", None)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(admitted(token("carol", "initech", Some("pro"))).await, 3);
+    assert_eq!(admitted(token("dave", "globex", None)).await, 3);
+}
+
+#[tokio::test]
+async fn a_remembered_token_still_expires() {
+    // The limits' clock is the one tokens are checked against: moved by hand here.
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = echo().await;
+    let start = 1_900_000_000u64;
+    let clock = tollgate::limit::ManualClock::new(tollgate::limit::Timestamp::from_micros(start * 1_000_000));
+    let yaml = jwt_yaml(up.addr, &jwks, "");
+    let tg = Tollgate::start_with_clock(&yaml, clock.clone()).await;
+    let mut c = claims("alice");
+    c["exp"] = json!(start + 60);
+    c["iat"] = json!(start);
+    let token = ec.sign(&c);
+    for _ in 0..3 {
+        assert_eq!(call(&tg, "/", &token).await.0, StatusCode::OK);
+    }
+    // Within the leeway (5 s) past `exp`: still good; past it, refused although remembered.
+    clock.advance(tollgate::limit::Span::from_secs(64));
+    assert_eq!(call(&tg, "/", &token).await.0, StatusCode::OK);
+    clock.advance(tollgate::limit::Span::from_secs(2));
+    let (status, headers, _) = call(&tg, "/", &token).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(headers["www-authenticate"].to_str().unwrap().contains("expired"));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_access_log_names_the_consumer_never_the_token() {
+    let (logs, _guard) = crate::operate::Captured::json_logs();
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = echo().await;
+    let yaml =
+        jwt_yaml(up.addr, &jwks, "").replace("listen: 127.0.0.1:0\n", "listen: 127.0.0.1:0\nlog: { access: true }\n");
+    let tg = Tollgate::start(&yaml).await;
+    let token = ec.sign(&claims("alice"));
+    assert_eq!(call(&tg, "/", &token).await.0, StatusCode::OK);
+    assert_eq!(get(tg.addr, "/").await.0, StatusCode::UNAUTHORIZED);
+    let (lines, text) = logs.access_lines();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines[0]["fields"]["consumer"], "alice", "{text}");
+    assert_eq!(lines[1]["fields"]["error"], "unauthenticated", "{text}");
+    assert!(lines[1]["fields"].get("consumer").is_none(), "{text}");
+    let signature = token.rsplit('.').next().unwrap();
+    assert!(!text.contains(signature), "the token reached the log");
+}
