@@ -22,7 +22,16 @@ fi
 # The HTTP/3 test with a client written elsewhere (tests/h3/aioquic_client.py) needs aioquic.
 if need python3 && ! python3 -c 'import aioquic' 2>/dev/null; then
   echo "==> installing aioquic (pip)"
-  python3 -m pip install -q aioquic || echo "warning: aioquic not installed; its HTTP/3 test will say it was skipped"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    sudo_cmd=()
+    [[ $(id -u) == 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq python3-pip >/dev/null || true
+  fi
+  # A distribution's own Python refuses pip's installs (PEP 668) unless told otherwise.
+  python3 -m pip install -q aioquic 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages aioquic ||
+    echo "warning: aioquic not installed; its HTTP/3 test will say it was skipped"
 fi
 if need rustup; then
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
