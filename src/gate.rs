@@ -355,14 +355,7 @@ mod tests {
     /// The gate's decision at `now` µs.
     async fn check(gate: &Gate, now: u64) -> Result<Admission, Error> {
         let parts = http::Request::new(()).into_parts().0;
-        let ctx = KeyCtx {
-            route: "r",
-            client_ip: "10.0.0.1".parse().unwrap(),
-            path: "/",
-            parts: &parts,
-            tls_client: None,
-            identity: None,
-        };
+        let ctx = KeyCtx::test(&parts);
         gate.check(&ctx, Timestamp::from_micros(now)).await
     }
 

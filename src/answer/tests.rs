@@ -25,14 +25,7 @@ fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
 
 async fn denied(gate: &Gate, now: u64) -> Error {
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx {
-        route: "r",
-        client_ip: "10.0.0.1".parse().unwrap(),
-        path: "/",
-        parts: &parts,
-        tls_client: None,
-        identity: None,
-    };
+    let ctx = KeyCtx::test(&parts);
     gate.check(&ctx, Timestamp::from_micros(now)).await.err().unwrap_or_else(|| panic!("admitted at {now}"))
 }
 
@@ -48,14 +41,7 @@ async fn cached_429s_follow_the_retry_after() {
     let (g, a, _) = route("      - { name: slow, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n");
     let get = http::Method::GET;
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx {
-        route: "r",
-        client_ip: "10.0.0.1".parse().unwrap(),
-        path: "/",
-        parts: &parts,
-        tls_client: None,
-        identity: None,
-    };
+    let ctx = KeyCtx::test(&parts);
     assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     for round in 0..2 {
         for (now, secs) in [(1, 10), (4_500_000, 6), (9_200_000, 1)] {
@@ -104,14 +90,7 @@ async fn two_denying_limits_are_both_named() {
         "      - { name: a, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n      - { name: b, algorithm: fixed_window, rate: 1/m }\n",
     );
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx {
-        route: "r",
-        client_ip: "10.0.0.1".parse().unwrap(),
-        path: "/",
-        parts: &parts,
-        tls_client: None,
-        identity: None,
-    };
+    let ctx = KeyCtx::test(&parts);
     assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     let (head, doc) = text(a.respond(&denied(&g, 1).await, &http::Method::GET, "/", http::Version::HTTP_11)).await;
     assert_eq!(head.headers[ratelimit::RATELIMIT], "\"a\";r=0;t=10, \"b\";r=0;t=60");
@@ -241,14 +220,7 @@ fn no_route_names_the_request_without_echoing_it_whole() {
 async fn grpc_calls_get_a_grpc_status_and_pushback_where_a_wait_is_known() {
     let (g, a, _) = route("      - { name: slow, algorithm: token_bucket, rate: 1/10s, burst: 1 }\n");
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx {
-        route: "r",
-        client_ip: "10.0.0.1".parse().unwrap(),
-        path: "/",
-        parts: &parts,
-        tls_client: None,
-        identity: None,
-    };
+    let ctx = KeyCtx::test(&parts);
     assert!(g.check(&ctx, Timestamp::ZERO).await.is_ok());
     let cases = [
         (denied(&g, 1).await, "8", Some("10000")),

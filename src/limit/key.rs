@@ -172,6 +172,21 @@ pub struct KeyCtx<'a> {
     pub identity: Option<&'a Identity>,
 }
 
+#[cfg(test)]
+impl<'a> KeyCtx<'a> {
+    /// The context of the gate's tests: route `r`, client `10.0.0.1`, path `/`, `parts`.
+    pub fn test(parts: &'a http::request::Parts) -> KeyCtx<'a> {
+        KeyCtx {
+            route: "r",
+            client_ip: IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)),
+            path: "/",
+            parts,
+            tls_client: None,
+            identity: None,
+        }
+    }
+}
+
 impl KeySpec {
     /// Parses `"client_ip"` or a comma-separated list like `"route, header:x-api-key"`.
     ///

@@ -21,7 +21,7 @@ fn gate(spread: &str, limits: &[&str]) -> Gate {
 /// The Retry-After of a 429 at `now` µs, `None` when admitted.
 async fn ask(g: &Gate, now: u64) -> Option<u64> {
     let parts = http::Request::new(()).into_parts().0;
-    let ctx = KeyCtx { route: "r", client_ip: "10.0.0.1".parse().unwrap(), path: "/", parts: &parts, tls_client: None, identity: None };
+    let ctx = KeyCtx::test(&parts);
     match g.check(&ctx, Timestamp::from_micros(now)).await {
         Ok(_) => None,
         Err(Error::Throttled(d)) => Some(d.retry_after_secs),
