@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, COOKIE};
 use http::request::Parts;
+use http::uri::{PathAndQuery, Uri};
 use prometheus_client::metrics::counter::Counter;
 
 use crate::answer::{Challenge, Error, Why};
@@ -323,7 +324,7 @@ impl Auth {
             None => return Err(self.refuse(MISSING)),
         };
         if self.strip {
-            strip(&self.from, &mut parts.headers);
+            strip(&self.from, parts);
         }
         for (claim, name) in &self.to_headers {
             let value = if &**claim == "consumer" { Some(&*identity.consumer) } else { identity.claim(claim) };
@@ -375,9 +376,11 @@ fn cookie<'v>(field: &'v [u8], name: &str) -> Option<&'v [u8]> {
     })
 }
 
-/// `strip_credentials`: the credential's field goes, or its cookie from `Cookie` (the other
-/// cookies stay). A query parameter stays: it is part of the path the upstream sees.
-fn strip(from: &Credential, headers: &mut HeaderMap) {
+/// `strip_credentials`: the credential's field goes, its cookie from `Cookie` (the other
+/// cookies stay), or its parameter from the query (every copy of it; the others stay, in
+/// their order), as Kong's `hide_credentials` does.
+fn strip(from: &Credential, parts: &mut Parts) {
+    let headers = &mut parts.headers;
     match from {
         Credential::Header(name) => {
             headers.remove(name);
@@ -401,8 +404,27 @@ fn strip(from: &Credential, headers: &mut HeaderMap) {
                 headers.append(COOKIE, v);
             }
         }
-        Credential::Query(_) => {}
+        Credential::Query(name) => {
+            if let Some(uri) = without_param(&parts.uri, name) {
+                parts.uri = uri;
+            }
+        }
     }
+}
+
+/// `uri` less every `name=…` parameter of its query; `None` when it has none.
+fn without_param(uri: &Uri, name: &str) -> Option<Uri> {
+    let query = uri.query()?;
+    let named = |pair: &&str| pair.split_once('=').map_or(*pair, |(k, _)| k) == name;
+    if !query.split('&').any(|p| named(&p)) {
+        return None;
+    }
+    let kept: Vec<&str> = query.split('&').filter(|p| !named(p)).collect();
+    let path = uri.path();
+    let pq = if kept.is_empty() { path.to_owned() } else { format!("{path}?{}", kept.join("&")) };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(PathAndQuery::try_from(pq).ok()?);
+    Uri::from_parts(parts).ok()
 }
 
 fn digest(key: &[u8]) -> KeyDigest {
@@ -472,12 +494,29 @@ mod tests {
     #[test]
     fn stripping_a_cookie_keeps_the_others() {
         let mut p = parts("/", &[("cookie", "a=1; session=tok; b=2"), ("cookie", "session=x")]);
-        strip(&Credential::Cookie("session".into()), &mut p.headers);
+        strip(&Credential::Cookie("session".into()), &mut p);
         let left: Vec<&str> = p.headers.get_all(COOKIE).iter().map(|v| v.to_str().unwrap()).collect();
         assert_eq!(left, ["a=1; b=2"]);
         let mut p = parts("/", &[("authorization", "Bearer t"), ("x-other", "1")]);
-        strip(&Credential::Header(AUTHORIZATION), &mut p.headers);
+        strip(&Credential::Header(AUTHORIZATION), &mut p);
         assert!(p.headers.get(AUTHORIZATION).is_none() && p.headers.get("x-other").is_some());
+    }
+
+    #[test]
+    fn stripping_a_query_credential_keeps_the_other_parameters() {
+        let q = Credential::Query("token".into());
+        for (before, after) in [
+            ("/a?x=1&token=t&y=2", "/a?x=1&y=2"),
+            ("/a?token=t", "/a"),
+            ("/a?token=t&token=u&tokens=v", "/a?tokens=v"),
+            ("/a?token", "/a"),
+            ("/a?x=1", "/a?x=1"),
+            ("/a", "/a"),
+        ] {
+            let mut p = parts(before, &[]);
+            strip(&q, &mut p);
+            assert_eq!(p.uri.to_string(), after, "{before}");
+        }
     }
 
     #[test]

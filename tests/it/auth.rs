@@ -525,3 +525,34 @@ async fn the_access_log_names_the_consumer_never_the_token() {
     let signature = token.rsplit('.').next().unwrap();
     assert!(!text.contains(signature), "the token reached the log");
 }
+
+#[tokio::test]
+async fn a_stripped_query_credential_never_reaches_the_upstream() {
+    let dir = folder();
+    let keys = write(&dir, "keys.txt", &format!("{} acme\n", tollgate::config::auth::hash_key(b"sk-acme-1")));
+    let up = Upstream::start(|req| async move {
+        http::Response::new(full(req.uri().path_and_query().map_or("-".to_owned(), |pq| pq.to_string())))
+    })
+    .await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0
+upstreams:
+  up: {{ url: 'http://{}' }}
+routes:
+  - name: api
+    upstream: up
+    auth:
+      api_key: {{ from: 'query:api_key', keys: '{keys}' }}
+      strip_credentials: true
+",
+        up.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let (status, _, body) = get(tg.addr, "/items?page=2&api_key=sk-acme-1&sort=asc").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&body), "/items?page=2&sort=asc");
+    let (status, _, body) = get(tg.addr, "/items?api_key=sk-acme-1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&body), "/items");
+    assert_eq!(get(tg.addr, "/items?api_key=sk-other").await.0, StatusCode::UNAUTHORIZED);
+}
