@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, COOKIE};
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION, COOKIE};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use prometheus_client::metrics::counter::Counter;
