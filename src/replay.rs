@@ -85,8 +85,11 @@ pub struct Engine {
     conditions: Vec<Option<Box<Conditions>>>,
     gates: Vec<Gate>,
     trusted: TrustedProxies,
-    /// Per route, per limit: which of its key parts the log cannot give (header, tls_client).
+    /// Per route, per limit: which of its key parts the log cannot give (header, tls_client,
+    /// claim, consumer when not logged).
     pub(crate) missing: Vec<Vec<Vec<String>>>,
+    /// Whether the log names consumers (a route with `auth` refused those without one).
+    consumers: bool,
     /// Redis limits replayed with the local math (route, limit).
     pub(crate) redis: Vec<(String, String)>,
     pub(crate) fallback: Option<u64>,
@@ -94,7 +97,7 @@ pub struct Engine {
 
 impl Engine {
     /// Compiles `config`'s routes and limits for replay.
-    pub fn new(config: &Config, fallback: bool, logged_headers: &[http::HeaderName]) -> Engine {
+    pub fn new(config: &Config, fallback: bool, logged: &Logged) -> Engine {
         let metrics = Metrics::new();
         let instances = config.redis.as_ref().map_or(1, |r| r.instances.get());
         let mut redis = Vec::new();
@@ -132,9 +135,10 @@ impl Engine {
                             .parts()
                             .iter()
                             .filter(|p| match p {
-                                KeyPart::Header(h) => !logged_headers.contains(h),
-                                // Not in a log line: the identity is verified, not logged.
-                                KeyPart::TlsClient | KeyPart::Consumer | KeyPart::Claim(_) => true,
+                                KeyPart::Header(h) => !logged.headers.contains(h),
+                                KeyPart::Consumer => !logged.consumers,
+                                // Not in a log line: a client certificate, a token's claims.
+                                KeyPart::TlsClient | KeyPart::Claim(_) => true,
                                 _ => false,
                             })
                             .map(ToString::to_string)
@@ -149,6 +153,7 @@ impl Engine {
             gates,
             trusted: TrustedProxies::new(config.trusted_proxies.clone()),
             missing,
+            consumers: logged.consumers,
             redis,
             fallback: fallback.then_some(instances),
         }
@@ -175,13 +180,17 @@ impl Engine {
         let path = target.path(&parts);
         let found = route::find(&self.routes, &self.conditions, &parts.method, &parts.headers, path, parts.uri.query());
         let Some(i) = found else { return Verdict::NoRoute };
+        if self.routes[i].auth.as_ref().is_some_and(|a| !a.optional) && r.identity.is_none() && self.consumers {
+            // No consumer logged on a route that asks for credentials: refused live (401).
+            return Verdict::Refused;
+        }
         let ctx = KeyCtx {
             route: &self.routes[i].name,
             client_ip: self.trusted.client_ip(r.ip, &parts.headers),
             path,
             parts: &parts,
             tls_client: None,
-            identity: None,
+            identity: r.identity.as_ref(),
         };
         let now = Timestamp::from_micros(r.at_us);
         let verdict = match ready(self.gates[i].check(&ctx, now)) {
@@ -336,7 +345,7 @@ pub struct ReadStats {
 /// # Errors
 /// A log file that cannot be read.
 pub fn run(candidate: &Config, files: &[PathBuf], o: &Options) -> Result<Report, String> {
-    let engine = Engine::new(candidate, o.fallback, &logged_headers(&o.format));
+    let engine = Engine::new(candidate, o.fallback, &logged(&o.format));
     let mut acc = report::Tally::new(&engine, o.top);
     let stats = read(files, &o.format, |r| {
         let v = engine.decide(r, |i, ctx, v| acc.seen(&engine, i, ctx, r, v));
@@ -350,8 +359,8 @@ pub fn run(candidate: &Config, files: &[PathBuf], o: &Options) -> Result<Report,
 /// # Errors
 /// A log file that cannot be read.
 pub fn compare(current: &Config, candidate: &Config, files: &[PathBuf], o: &Options) -> Result<Compare, String> {
-    let headers = logged_headers(&o.format);
-    let (a, b) = (Engine::new(current, o.fallback, &headers), Engine::new(candidate, o.fallback, &headers));
+    let logged = logged(&o.format);
+    let (a, b) = (Engine::new(current, o.fallback, &logged), Engine::new(candidate, o.fallback, &logged));
     let mut diff = report::Diff::default();
     let (mut ea, mut eb) = (early::Eager::new(&a), early::Eager::new(&b));
     let stats = read(files, &o.format, |r| {
@@ -375,17 +384,27 @@ pub fn compare(current: &Config, candidate: &Config, files: &[PathBuf], o: &Opti
 /// # Errors
 /// A log file that cannot be read.
 pub fn verdicts(config: &Config, files: &[PathBuf]) -> Result<Vec<Checked>, String> {
-    let engine = Engine::new(config, false, &[]);
+    let engine = Engine::new(config, false, &logged(&Format::Tollgate));
     let mut out = Vec::new();
     read(files, &Format::Tollgate, |r| out.push((r.id.clone(), r.live, engine.decide(r, |_, _, _| {}))))?;
     Ok(out)
 }
 
 /// The headers the log carries (named columns only).
-fn logged_headers(f: &Format) -> Vec<http::HeaderName> {
+/// What a log format carries that limit keys may read, beside the request line and peer.
+pub struct Logged {
+    headers: Vec<http::HeaderName>,
+    /// The consumer `auth` verified: tollgate's own log has it, named columns when asked.
+    consumers: bool,
+}
+
+fn logged(f: &Format) -> Logged {
     match f {
-        Format::Json(c) | Format::Csv(c) => c.headers.iter().map(|h| h.0.clone()).collect(),
-        Format::Tollgate | Format::Nginx => Vec::new(),
+        Format::Json(c) | Format::Csv(c) => {
+            Logged { headers: c.headers.iter().map(|h| h.0.clone()).collect(), consumers: c.consumer.is_some() }
+        }
+        Format::Tollgate => Logged { headers: Vec::new(), consumers: true },
+        Format::Nginx => Logged { headers: Vec::new(), consumers: false },
     }
 }
 

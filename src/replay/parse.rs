@@ -9,6 +9,8 @@ use std::net::IpAddr;
 use http::{HeaderName, Method};
 use serde::Deserialize;
 
+use crate::limit::Identity;
+
 /// What one logged request says, as far as limits read it.
 #[derive(Debug, Clone)]
 pub struct Record {
@@ -23,6 +25,9 @@ pub struct Record {
     pub headers: Vec<(HeaderName, String)>,
     pub status: Option<u16>,
     pub id: Option<String>,
+    /// The consumer the route's `auth` verified, as the log names it (its claims are not
+    /// logged): what `key: consumer` reads in replay.
+    pub identity: Option<Identity>,
     /// What tollgate decided live (its own log only).
     pub live: Option<Live>,
 }
@@ -59,6 +64,7 @@ pub struct Columns {
     pub query: Option<String>,
     pub status: Option<String>,
     pub id: Option<String>,
+    pub consumer: Option<String>,
     pub headers: Vec<(HeaderName, String)>,
 }
 
@@ -79,6 +85,7 @@ impl Columns {
             query: None,
             status: None,
             id: None,
+            consumer: None,
             headers: Vec::new(),
         };
         for pair in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -94,6 +101,7 @@ impl Columns {
                 "query" => c.query = Some(source),
                 "status" => c.status = Some(source),
                 "id" => c.id = Some(source),
+                "consumer" => c.consumer = Some(source),
                 other => match other.strip_prefix("header:") {
                     Some(h) => c.headers.push((
                         HeaderName::from_bytes(h.trim().as_bytes()).map_err(|_| format!("bad header name {h:?}"))?,
@@ -101,7 +109,7 @@ impl Columns {
                     )),
                     None => {
                         return Err(format!(
-                            "unknown column {other:?}: expected ts, ip, method, path, host, query, status, id or header:NAME"
+                            "unknown column {other:?}: expected ts, ip, method, path, host, query, status, id, consumer or header:NAME"
                         ))
                     }
                 },
@@ -148,6 +156,8 @@ struct Fields<'a> {
     delayed_ms: Option<f64>,
     #[serde(borrow)]
     request_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    consumer: Option<Cow<'a, str>>,
     at_us: Option<u64>,
 }
 
@@ -197,6 +207,7 @@ fn tollgate(text: &str) -> Result<Parsed, String> {
         headers: Vec::new(),
         status: f.status,
         id: f.request_id.map(Cow::into_owned),
+        identity: f.consumer.as_deref().map(identity),
         live,
     })))
 }
@@ -228,7 +239,19 @@ fn nginx(text: &str) -> Result<Record, String> {
         }
     };
     let (path, query) = split_target(target);
-    Ok(Record { at_us, ip, method, host: None, path, query, headers: Vec::new(), status, id: None, live: None })
+    Ok(Record {
+        at_us,
+        ip,
+        method,
+        host: None,
+        path,
+        query,
+        headers: Vec::new(),
+        status,
+        id: None,
+        identity: None,
+        live: None,
+    })
 }
 
 fn json(c: &Columns, text: &str) -> Result<Record, String> {
@@ -278,6 +301,11 @@ pub fn csv_cells(text: &str) -> Vec<String> {
 }
 
 /// A record from named fields (JSON lines, CSV).
+/// A logged consumer as the identity keys read (no claims: the log has none).
+fn identity(consumer: &str) -> Identity {
+    Identity { consumer: consumer.into(), claims: Vec::new() }
+}
+
 fn columns(c: &Columns, get: &dyn Fn(&str) -> Option<String>) -> Result<Record, String> {
     let need = |name: &str| get(name).ok_or_else(|| format!("no {name:?}"));
     let ts = need(&c.ts)?;
@@ -307,6 +335,7 @@ fn columns(c: &Columns, get: &dyn Fn(&str) -> Option<String>) -> Result<Record, 
         headers,
         status: c.status.as_deref().and_then(get).and_then(|s| s.parse().ok()),
         id: c.id.as_deref().and_then(get),
+        identity: c.consumer.as_deref().and_then(get).as_deref().map(identity),
         live: None,
     })
 }
@@ -378,6 +407,10 @@ mod tests {
         let j = r#"{"time":"2026-12-06T09:53:55.5Z","remote":"::1","verb":"POST","uri":"/x","key":"k2"}"#;
         let r = one(&Format::Json(c), j);
         assert_eq!((r.method, r.ip.to_string(), r.headers[0].1.as_str()), (Method::POST, "::1".into(), "k2"));
+        assert!(r.identity.is_none(), "no consumer column named");
+        let c = Columns::parse("ts=time,ip=remote,method=verb,path=uri,consumer=user").unwrap();
+        let r = one(&Format::Json(c), r#"{"time":1796547235,"remote":"::1","verb":"GET","uri":"/","user":"acme"}"#);
+        assert_eq!(r.identity.map(|i| i.consumer), Some("acme".into()));
     }
 
     #[test]

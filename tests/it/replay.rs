@@ -54,7 +54,33 @@ fn request(port: u16, path: &str) -> u16 {
 
 #[test]
 fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
-    live_decisions_are_reproduced("live", LIVE);
+    let (report, text) = live_decisions_are_reproduced("live", LIVE);
+    assert_eq!(report.live.as_ref().unwrap().requests, 240);
+    // The log carries each limit's digest, never the key's material.
+    let line = text.lines().find(|l| l.contains("tollgate::access")).unwrap();
+    assert!(line.contains("per-user|query:user|") && line.contains("\"at_us\":"), "{line}");
+    assert!(!line.contains("|u0") && !line.contains("|u1"), "{line}");
+}
+
+/// Limits keyed on the consumer `auth` verified replay from the log's `consumer` field, and
+/// requests refused for their credential (the clients with a fresh user each) stay refused.
+#[test]
+fn a_live_log_with_consumer_keys_gets_every_live_decision() {
+    let digest = |k: &str| tollgate::config::auth::hash_key(k.as_bytes());
+    let keys = Temp::new("live-consumers.keys", &format!("{} alice\n{} bob\n", digest("u0"), digest("u1")));
+    // Two consumers take few of the route's window: a small one throttles too.
+    let yaml = LIVE.replace("key: query:user }", "key: consumer }").replace("rate: 100/m", "rate: 7/m").replace(
+        "    upstream: app\n",
+        &format!(
+            "    upstream: app\n    auth: {{ api_key: {{ from: 'query:user', keys: '{}' }} }}\n",
+            keys.0.display()
+        ),
+    );
+    assert!(yaml.contains("key: consumer") && yaml.contains("api_key"), "{yaml}");
+    let (report, text) = live_decisions_are_reproduced("live-consumers", &yaml);
+    assert_eq!(report.live.as_ref().unwrap().requests, 120, "the two clients with a key");
+    assert!(text.contains("\"consumer\":\"alice\""), "the log names the consumer");
+    assert!(report.routes[0].limits[0].key_parts_not_in_log.is_empty(), "{}", report.text());
 }
 
 /// Penalised early retries are decided by the same gate live and in replay, on the same
@@ -63,12 +89,12 @@ fn a_live_log_replayed_with_its_config_gets_every_live_decision() {
 fn a_live_log_with_early_retry_penalties_gets_every_live_decision() {
     let penalised = LIVE.replace("key: query:user }", "key: query:user, early_retry: { penalty: double } }");
     assert_ne!(penalised, LIVE);
-    let report = live_decisions_are_reproduced("live-penalised", &penalised);
+    let (report, _) = live_decisions_are_reproduced("live-penalised", &penalised);
     let early = &report.routes[0].limits[0].early_retries;
     assert!(early.times > 0, "the clients that keep one user came back early: {}", report.text());
 }
 
-fn live_decisions_are_reproduced(name: &str, yaml: &str) -> replay::Report {
+fn live_decisions_are_reproduced(name: &str, yaml: &str) -> (replay::Report, String) {
     let config = Temp::new(&format!("{name}.yaml"), yaml);
     let log = Temp::new(&format!("{name}.log"), "");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -128,18 +154,14 @@ fn live_decisions_are_reproduced(name: &str, yaml: &str) -> replay::Report {
     let throttled = verdicts.iter().filter(|v| v.1 == Some(Live::Throttled)).count();
     assert_eq!(throttled, statuses.iter().filter(|s| **s == 429).count());
 
-    // The log carries each limit's digest, never the key's material.
-    let text = std::fs::read_to_string(&log.0).unwrap();
-    let line = text.lines().find(|l| l.contains("tollgate::access")).unwrap();
-    assert!(line.contains("per-user|query:user|") && line.contains("\"at_us\":"), "{line}");
-    assert!(!line.contains("|u0") && !line.contains("|u1"), "{line}");
-
     // The report says the same, by route and limit.
     let report = replay::run(&cfg, std::slice::from_ref(&log.0), &options(Format::Tollgate)).unwrap();
     let live = report.live.as_ref().unwrap();
-    assert_eq!((live.requests, live.reproduced), (240, 240), "{:?}", live.differ);
+    // Every request the limits decided live (a 401 never reached them).
+    let decided = statuses.iter().filter(|s| matches!(**s, 200 | 429)).count() as u64;
+    assert_eq!((live.requests, live.reproduced), (decided, decided), "{:?}", live.differ);
     assert_eq!(report.routes[0].throttled as usize, throttled);
-    report
+    (report, std::fs::read_to_string(&log.0).unwrap())
 }
 
 fn options(format: Format) -> Options {
