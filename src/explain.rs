@@ -8,8 +8,10 @@ pub use gateway::describe as describe_gateway;
 use std::fmt::Write;
 use std::time::Duration;
 
+use crate::config::auth::{ApiKeys, AuthConfig, Credential, Jwks, Method};
 use crate::config::units::Dur;
 use crate::config::{Config, LimitConfig, Mode, StoreKind};
+use crate::jwt::Alg;
 use crate::limit::algo::{fixed, gcra, leaky, log, sliding};
 use crate::limit::{self, Algorithm, Decision, KeyPart, NonZeroSpan, Span, State, Timestamp};
 use crate::ratelimit::retry_after_secs;
@@ -281,6 +283,18 @@ pub fn listeners(config: &Config) -> String {
                 }
             }
         }
+        if let Some(q) = &l.http3 {
+            let early = if q.early_data { "on, safe methods only" } else { "off" };
+            let _ = write!(
+                out,
+                "; HTTP/3 on UDP {} (Alt-Svc on TCP answers): at most {} streams a connection, idle {}, 0-RTT {early}, a Retry past {} handshakes/s, {} new connections/s an address",
+                l.addr.port(),
+                q.max_concurrent_streams,
+                Dur(q.idle_timeout),
+                q.retry_above,
+                q.new_connections_per_ip
+            );
+        }
         match l.proxy_protocol {
             None => {}
             Some(p) => {
@@ -326,6 +340,60 @@ pub fn listeners(config: &Config) -> String {
     out
 }
 
+/// A route's `auth` in words: what is verified, where it is read, what a client without it gets.
+fn describe_auth(a: &AuthConfig) -> String {
+    let from = |c: &Credential| match c {
+        Credential::Header(h) if *h == http::header::AUTHORIZATION => "a bearer token in Authorization".to_owned(),
+        Credential::Header(h) => format!("header {h}"),
+        Credential::Query(q) => format!("query parameter {q}"),
+        Credential::Cookie(c) => format!("cookie {c}"),
+    };
+    let mut out = match &a.method {
+        Method::Jwt(j) => {
+            let algs: Vec<&str> =
+                Alg::ALL.into_iter().filter(|x| j.rules.algorithms.contains(*x)).map(Alg::as_str).collect();
+            let keys = match &j.keys {
+                Jwks::File { path, .. } => format!("the key set {}", path.display()),
+                Jwks::Url { url, .. } => format!("the key set at {url} (read again in the background)"),
+                Jwks::Secret { path, .. } => format!("the HS256 secret in {}", path.display()),
+            };
+            let mut s = format!("auth: a JWT ({}) from {}, verified with {keys}", algs.join(", "), from(&j.from));
+            if !j.rules.issuers.is_empty() {
+                let _ = write!(s, ", issued by {}", j.rules.issuers.join(" or "));
+            }
+            if !j.rules.audiences.is_empty() {
+                let _ = write!(s, ", for {}", j.rules.audiences.join(" or "));
+            }
+            let _ = write!(
+                s,
+                "; exp and nbf with {}s of leeway; the consumer is claim `{}`",
+                j.rules.leeway_secs, j.rules.consumer_claim
+            );
+            s
+        }
+        Method::ApiKey(k) => {
+            let store = match &k.keys {
+                ApiKeys::File { path, consumers } => format!("{} ({} keys)", path.display(), consumers.len()),
+                ApiKeys::Redis { hash, .. } => format!("the Redis hash {hash}"),
+            };
+            format!("auth: an API key from {}, found by its SHA-256 in {store}", from(&k.from))
+        }
+    };
+    out.push_str(if a.optional {
+        "; a request without one passes as consumer `anonymous`, a bad one gets 401"
+    } else {
+        "; a request without a valid one gets 401 (403 for a token meant for another audience)"
+    });
+    if !a.claims_to_headers.is_empty() {
+        let names: Vec<String> = a.claims_to_headers.iter().map(|(c, h)| format!("{c} as {h}")).collect();
+        let _ = write!(out, "; forwards {} (a client's own copies removed)", names.join(", "));
+    }
+    if a.strip_credentials {
+        out.push_str("; the credential is not forwarded");
+    }
+    out
+}
+
 pub fn explain(config: &Config) -> String {
     let mut out = String::new();
     if let Some(p) = &config.plans {
@@ -348,6 +416,9 @@ pub fn explain(config: &Config) -> String {
                     let _ = writeln!(out, "  {line}");
                 }
             }
+        }
+        if let Some(a) = &r.auth {
+            let _ = writeln!(out, "  {}", describe_auth(a));
         }
         for line in gateway::describe(r) {
             let _ = writeln!(out, "  {line}");
@@ -433,6 +504,33 @@ routes:
         assert!(text.contains("up to 3 tries in all"), "{text}");
         assert!(text.contains("on connect_failure, 502; retries at most 10 % of requests plus 3/s"), "{text}");
         assert!(text.contains("health check GET /healthz every 5s"), "{text}");
+    }
+
+    #[test]
+    fn auth_and_http3_in_plain_words() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let text = explain(&Config::load(&root.join("limits-per-customer.yaml")).unwrap());
+        assert!(
+            text.contains("auth: a JWT (ES256) from a bearer token in Authorization, verified with the key set"),
+            "{text}"
+        );
+        assert!(text.contains("the consumer is claim `sub`; a request without a valid one gets 401"), "{text}");
+        assert!(text.contains("auth: an API key from header x-api-key, found by its SHA-256 in"), "{text}");
+        assert!(text.contains("(2 keys)") && text.contains("the credential is not forwarded"), "{text}");
+
+        let (cert, key) = (root.join("certs/demo-localhost.pem"), root.join("certs/demo-localhost.key"));
+        let yaml = format!(
+            "listen: [{{ addr: '127.0.0.1:8443', tls: {{ certificates: [{{ cert: '{}', key: '{}' }}] }}, http3: true, quic: {{ idle_timeout: 10s }} }}]\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n",
+            cert.display(),
+            key.display()
+        );
+        let text = explain(&Config::from_yaml(Path::new("t.yaml"), &yaml).unwrap());
+        assert!(
+            text.contains(
+                "; HTTP/3 on UDP 8443 (Alt-Svc on TCP answers): at most 100 streams a connection, idle 10s, 0-RTT off"
+            ),
+            "{text}"
+        );
     }
 
     fn explained(limits: &str) -> String {

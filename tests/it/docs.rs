@@ -314,7 +314,9 @@ fn example_configs() -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml") && !p.ends_with("clients.yaml"))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml") && !p.ends_with("clients.yaml") && !p.ends_with("orgs.yaml")
+        })
         .collect();
     out.sort();
     out
