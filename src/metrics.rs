@@ -84,6 +84,12 @@ struct AuthLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KeySetLabel {
+    url: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabel {
     route: String,
     source: &'static str,
@@ -208,6 +214,7 @@ pub struct Metrics {
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
     auth: Family<AuthLabel, Counter>,
+    key_set_reads: Family<KeySetLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
     tunnels_open: Family<RouteLabel, Gauge>,
     tunnel_bytes: Family<RouteDirection, Counter>,
@@ -447,6 +454,12 @@ impl Metrics {
             "Requests of routes with `auth`, by route, result (authenticated, anonymous, refused) and reason",
             auth.clone(),
         );
+        let key_set_reads = Family::<KeySetLabel, Counter>::default();
+        registry.register(
+            "auth_key_set_reads",
+            "Readings of a JWT key set URL, by URL (without its query) and result (ok, failed: the last good set kept)",
+            key_set_reads.clone(),
+        );
         let upstream_read_timeouts = Family::<UpstreamLabel, Counter>::default();
         registry.register(
             "upstream_read_timeouts",
@@ -576,6 +589,7 @@ impl Metrics {
             concurrency_limit,
             errors,
             auth,
+            key_set_reads,
             upstream_read_timeouts,
             tunnels_open,
             tunnel_bytes,
@@ -651,6 +665,12 @@ impl Metrics {
     /// reason `-`, `refused` with why.
     pub fn auth(&self, route: &str, result: &'static str, reason: &'static str) -> Counter {
         self.auth.get_or_create(&AuthLabel { route: Label::new(route), result, reason }).clone()
+    }
+
+    /// The counts of a key set URL's readings: those that gave a set, those that failed.
+    pub fn key_set_reads(&self, url: &str) -> (Counter, Counter) {
+        let count = |result| self.key_set_reads.get_or_create(&KeySetLabel { url: url.to_owned(), result }).clone();
+        (count("ok"), count("failed"))
     }
 
     pub fn error(&self, route: &str, source: &'static str, kind: &'static str) -> Counter {

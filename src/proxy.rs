@@ -154,7 +154,12 @@ impl Proxy {
             }
             let lanes = previous.map(|p| p.lanes.as_slice()).unwrap_or_default();
             let kept = lanes.iter().filter_map(|l| l.auth.as_ref()?.remote()).find(same).cloned();
-            let r = kept.unwrap_or_else(|| crate::auth::remote::Remote::new(url.clone(), every));
+            let r = kept.unwrap_or_else(|| {
+                // The URL's query may carry a secret: never a label.
+                let label = format!("{}{}", url.authority().map_or("", |a| a.as_str()), url.path());
+                let label = format!("{}://{label}", url.scheme_str().unwrap_or("https"));
+                crate::auth::remote::Remote::new(url.clone(), every, metrics.key_set_reads(&label))
+            });
             remotes.push(r.clone());
             r
         };

@@ -13,6 +13,7 @@ use http::header::{ACCEPT, CACHE_CONTROL, HOST};
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 
 use crate::jwt::{self, KeySet, Refusal, Rules, Verified};
 
@@ -38,11 +39,15 @@ pub struct Remote {
     /// A reading is under way (one at a time).
     busy: AtomicBool,
     epoch: Instant,
+    /// `tollgate_auth_key_set_reads_total{result="ok"}` and `{result="failed"}`.
+    reads: (Counter, Counter),
 }
 
 impl Remote {
-    pub fn new(url: Uri, min_interval: Duration) -> Arc<Remote> {
+    /// `reads`: the counts of readings that gave a set and that failed.
+    pub fn new(url: Uri, min_interval: Duration, reads: (Counter, Counter)) -> Arc<Remote> {
         Arc::new(Remote {
+            reads,
             url,
             min_interval,
             keys: ArcSwapOption::empty(),
@@ -128,10 +133,12 @@ impl Remote {
             Ok((set, max_age)) => {
                 let age = max_age.unwrap_or(DEFAULT_MAX_AGE).clamp(interval, MAX_MAX_AGE.max(interval));
                 self.keys.store(Some(Arc::new(set)));
+                self.reads.0.inc();
                 let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
                 self.stale_ms.store(self.now_ms().saturating_add(age), Ordering::Relaxed);
             }
             Err(e) => {
+                self.reads.1.inc();
                 tracing::warn!(url = %self.url, "the key set could not be read: {e}; the last good one is kept");
                 // Tried again after the interval, not on every request.
                 let interval = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);

@@ -289,6 +289,19 @@ routes:
     assert_eq!(keys.hits(), before + 1, "the failed reading was tried");
     assert_eq!(call(&tg, "/", &old.sign(&claims("alice"))).await.0, StatusCode::OK);
     assert_eq!(call(&tg, "/", &new.sign(&claims("alice"))).await.0, StatusCode::OK);
+
+    // Each reading is counted by its result, the URL without its query as the label.
+    let admin = tg.start_admin().await;
+    let (_, _, body) = get(admin, "/metrics").await;
+    let text = String::from_utf8_lossy(&body);
+    let url = keys.url();
+    let count = |result: &str| -> usize {
+        let head = format!("tollgate_auth_key_set_reads_total{{url=\"{url}\",result=\"{result}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no {head} in\n{text}"));
+        line[head.len()..].parse().unwrap()
+    };
+    assert_eq!(count("failed"), 1);
+    assert_eq!(count("ok") + count("failed"), keys.hits());
 }
 
 fn api_key_yaml(upstream: std::net::SocketAddr, keys: &str, redis: &str) -> String {
