@@ -19,7 +19,6 @@ pub mod report;
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::future::Future;
-use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -282,23 +281,23 @@ pub fn read(files: &[PathBuf], format: &Format, mut each: impl FnMut(&Record)) -
     let mut seq = 0u64;
     for file in files {
         let f = std::fs::File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let mut reader = std::io::BufReader::with_capacity(1 << 16, f);
+        let mut reader = Lines::new(f);
         let mut header: Vec<String> = Vec::new();
-        let mut text = String::new();
         let mut n = 0u64;
         loop {
-            text.clear();
-            let got = reader.read_line(&mut text).map_err(|e| format!("{}: line {}: {e}", file.display(), n + 1))?;
-            if got == 0 {
-                break;
-            }
+            let got = reader.next().map_err(|e| format!("{}: line {}: {e}", file.display(), n + 1))?;
+            let Some(bytes) = got else { break };
             n += 1;
             stats.lines += 1;
-            if matches!(format, Format::Csv(_)) && header.is_empty() {
-                header = parse::csv_cells(&text);
-                continue;
-            }
-            match parse::line(format, &text, &header) {
+            let parsed = match std::str::from_utf8(bytes) {
+                Ok(text) if matches!(format, Format::Csv(_)) && header.is_empty() => {
+                    header = parse::csv_cells(text);
+                    continue;
+                }
+                Ok(text) => parse::line(format, text, &header),
+                Err(e) => Err(format!("not UTF-8: {e}")),
+            };
+            match parsed {
                 Ok(parse::Parsed::Request(record)) => {
                     newest = newest.max(record.at_us);
                     seq += 1;
@@ -325,6 +324,63 @@ pub fn read(files: &[PathBuf], format: &Format, mut each: impl FnMut(&Record)) -
         each(&p.record);
     }
     Ok(stats)
+}
+
+/// The longest line [`Lines`] reads.
+const MAX_LINE: usize = 16 << 20;
+
+/// The lines of a file, each a slice of one reused buffer: a line is read once, not copied
+/// again into a string of its own.
+struct Lines<R> {
+    inner: R,
+    buf: Vec<u8>,
+    /// The unread bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+    eof: bool,
+}
+
+impl<R: std::io::Read> Lines<R> {
+    fn new(inner: R) -> Lines<R> {
+        Lines::with_capacity(inner, 1 << 16)
+    }
+
+    fn with_capacity(inner: R, capacity: usize) -> Lines<R> {
+        Lines { inner, buf: vec![0; capacity.max(1)], start: 0, end: 0, eof: false }
+    }
+
+    /// The next line with its `\n` (the last one may lack it), `None` at the end.
+    fn next(&mut self) -> std::io::Result<Option<&[u8]>> {
+        let line = loop {
+            if let Some(i) = memchr::memchr(b'\n', &self.buf[self.start..self.end]) {
+                break self.start..self.start + i + 1;
+            }
+            if self.eof {
+                if self.start == self.end {
+                    return Ok(None);
+                }
+                break self.start..self.end;
+            }
+            // The partial line to the front; a line as long as the buffer doubles it.
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.end == self.buf.len() {
+                if self.buf.len() >= MAX_LINE {
+                    return Err(std::io::Error::other("a line longer than 16 MiB: is this a log?"));
+                }
+                self.buf.resize((self.buf.len() * 2).min(MAX_LINE), 0);
+            }
+            match self.inner.read(&mut self.buf[self.end..]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        self.start = line.end;
+        Ok(Some(&self.buf[line]))
+    }
 }
 
 /// What reading the logs found.
@@ -367,11 +423,11 @@ pub fn compare(current: &Config, candidate: &Config, files: &[PathBuf], o: &Opti
         let mut who = (String::new(), String::new());
         let va = a.decide(r, |i, ctx, v| {
             who.0 = report::who(&a, i, ctx, v);
-            ea.seen(&a, i, ctx);
+            ea.seen(&a, i, ctx, &mut report::Keys::new(a.limits(i).len()));
         });
         let vb = b.decide(r, |i, ctx, v| {
             who.1 = report::who(&b, i, ctx, v);
-            eb.seen(&b, i, ctx);
+            eb.seen(&b, i, ctx, &mut report::Keys::new(b.limits(i).len()));
         });
         diff.count(&va, &vb, who);
     })?;
@@ -416,3 +472,40 @@ pub type Series = BTreeMap<u64, (u64, u64)>;
 
 /// A count per key, with the key's text.
 pub(crate) type KeyCounts = HashMap<u128, (u64, String)>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(text: &[u8], capacity: usize) -> Vec<Vec<u8>> {
+        let mut lines = Lines::with_capacity(text, capacity);
+        let mut out = Vec::new();
+        while let Some(l) = lines.next().unwrap() {
+            out.push(l.to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn lines_cross_buffer_edges_grow_past_it_and_keep_a_last_line_without_its_end() {
+        let text = b"one\ntwo two\n\nthree three three\nlast";
+        let want: Vec<&[u8]> = vec![b"one\n", b"two two\n", b"\n", b"three three three\n", b"last"];
+        for capacity in [1, 2, 3, 5, 8, 64] {
+            assert_eq!(all(text, capacity), want, "capacity {capacity}");
+        }
+        assert!(all(b"", 4).is_empty());
+        assert_eq!(all(b"\n\n", 1), vec![b"\n".to_vec(), b"\n".to_vec()]);
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_counted_and_the_others_read() {
+        let dir = std::env::temp_dir().join(format!("tollgate-replay-lines-{}", std::process::id()));
+        std::fs::write(&dir, b"a,b\n1,x\n\xff\xfe\n2,y\n").unwrap();
+        let format = Format::Csv(Columns::parse("ts=a,ip=b").unwrap());
+        let stats = read(std::slice::from_ref(&dir), &format, |_| {}).unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert_eq!(stats.lines, 4);
+        assert_eq!(stats.bad_count, 3, "two rows without the named columns, one not UTF-8: {:?}", stats.bad);
+        assert!(stats.bad.iter().any(|b| b.line == 3 && b.why.starts_with("not UTF-8")), "{:?}", stats.bad);
+    }
+}

@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::report::label;
+use super::report::{label, Keys};
 use super::{Engine, KeyCounts};
 use crate::limit::{Algorithm, KeyCtx};
 
@@ -27,11 +27,11 @@ impl Eager {
     }
 
     /// After a decision on route `i` (records are decided one at a time).
-    pub(crate) fn seen(&mut self, e: &Engine, i: usize, ctx: &KeyCtx<'_>) {
-        for (l, (last, keys)) in e.limits(i).iter().zip(&mut self.seen[i]) {
+    pub(crate) fn seen(&mut self, e: &Engine, i: usize, ctx: &KeyCtx<'_>, hashed: &mut Keys) {
+        for (j, (l, (last, keys))) in e.limits(i).iter().zip(&mut self.seen[i]).enumerate() {
             let now = l.metrics.early_retries.get();
             if now > *last {
-                let key = l.config.key.hash(ctx).0;
+                let key = hashed.of(j, l, ctx);
                 keys.entry(key).or_insert_with(|| (0, label(l, ctx))).0 += now - *last;
                 *last = now;
             }

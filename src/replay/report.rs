@@ -73,7 +73,8 @@ impl Tally {
     /// A routed record's verdict, with its key context (keys are read only for denials).
     pub(crate) fn seen(&mut self, e: &Engine, i: usize, ctx: &KeyCtx<'_>, r: &Record, v: &Verdict) {
         let route = e.route(i);
-        self.eager.seen(e, i, ctx);
+        let mut keys = Keys::new(e.limits(i).len());
+        self.eager.seen(e, i, ctx, &mut keys);
         let t = &mut self.routes[i];
         t.requests += 1;
         let copy = route.stale_on_limit.filter(|_| r.method == http::Method::GET).map(|age| {
@@ -112,7 +113,7 @@ impl Tally {
                 for &l in limits {
                     let (limit, lt) = (&e.limits(i)[l], &mut t.limits[l]);
                     lt.throttled += 1;
-                    let key = limit.config.key.hash(ctx).0;
+                    let key = keys.of(l, limit, ctx);
                     lt.keys.entry(key).or_insert_with(|| (0, label(limit, ctx))).0 += 1;
                 }
             }
@@ -244,6 +245,24 @@ fn top_keys(keys: KeyCounts, n: usize) -> Vec<(String, u64)> {
 
 /// A key's text: `part=value` per part (`-` for a value the request lacks). The report is
 /// the operator's, read from the operator's own log: the values are shown as the log has them.
+/// The keys of one record's limits, each hashed once, when first asked for (the gate hashed
+/// them too, but keeps them to itself).
+pub(crate) struct Keys(smallvec::SmallVec<[Option<u128>; 4]>);
+
+impl Keys {
+    pub(crate) fn new(limits: usize) -> Keys {
+        Keys(smallvec::smallvec![None; limits])
+    }
+
+    /// The key of limit `j` (`limit`) for `ctx`.
+    pub(crate) fn of(&mut self, j: usize, limit: &Limit, ctx: &KeyCtx<'_>) -> u128 {
+        match self.0.get_mut(j) {
+            Some(k) => *k.get_or_insert_with(|| limit.config.key.hash(ctx).0),
+            None => limit.config.key.hash(ctx).0,
+        }
+    }
+}
+
 pub(super) fn label(limit: &Limit, ctx: &KeyCtx<'_>) -> String {
     let mut out = String::new();
     let mut buf = [0u8; crate::limit::key::MAX_PART_BYTES];
