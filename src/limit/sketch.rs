@@ -14,9 +14,11 @@
 //! summary shows the last few minutes (a denial from 5 minutes ago weighs 1/32 of one now).
 //!
 //! # Cost and memory
-//! Counters are kept sorted by count, highest first: a key denied often is found in a few
-//! comparisons from the front, the smallest count (the one a new key replaces) is the last, and
-//! a count that passes its neighbours moves up by swaps (O(k) only when many counts tie). No
+//! A denial costs one pass over the counters at most: a key denied often drifts to the front
+//! (a count that passes the one before it trades places with it, one place a denial) and is
+//! found in a few comparisons; a new key takes the smallest count found on the way. `top`
+//! sorts a copy. (Keeping them sorted on every denial cost up to k swaps when many counts tie,
+//! as they do in a flood of distinct keys: ~1,400 instructions a denial.) No
 //! allocation after a limit's first denial, which makes the counters and the label buffers at
 //! their final size (a limit that never denies holds nothing). Memory per limit, whatever the
 //! number of keys: k × 48 bytes of counters and k × 25 bytes of label slots (4.6 KiB), plus
@@ -94,10 +96,23 @@ impl Sketch {
             self.warm();
         }
         self.decay(now);
-        if let Some(i) = self.counters.iter().position(|c| c.key == key.0) {
-            self.counters[i].count += 1;
-            self.rise(i);
-            return;
+        // One pass: the key's counter, or the smallest count (the one a new key takes when
+        // every counter is held). A counter that passes the one before it trades places with
+        // it, one place a denial: keys denied often drift to the front, where they are found
+        // in a few comparisons, and no denial moves more than two counters.
+        let mut min = 0;
+        for i in 0..self.counters.len() {
+            let c = &self.counters[i];
+            if c.key == key.0 {
+                self.counters[i].count += 1;
+                if i > 0 && self.counters[i - 1].count < self.counters[i].count {
+                    self.counters.swap(i - 1, i);
+                }
+                return;
+            }
+            if c.count < self.counters[min].count {
+                min = i;
+            }
         }
         let i = match self.free.pop() {
             Some(slot) => {
@@ -105,11 +120,10 @@ impl Sketch {
                 self.counters.len() - 1
             }
             None => {
-                // Full: the smallest count (the last) gives its counter to the new key.
-                let last = self.counters.len() - 1;
-                let c = &mut self.counters[last];
+                // Full: the smallest count gives its counter to the new key.
+                let c = &mut self.counters[min];
                 *c = Counter { key: key.0, count: c.count + 1, error: c.count, label: c.label };
-                last
+                min
             }
         };
         if self.labelled {
@@ -117,14 +131,15 @@ impl Sketch {
             buf.clear();
             label(buf);
         }
-        self.rise(i);
     }
 
     /// The `n` keys with the highest counts at `now`, highest first.
     pub fn top(&mut self, n: usize, now: Timestamp) -> Vec<Hitter> {
         self.decay(now);
-        self.counters
-            .iter()
+        let mut by_count: Vec<&Counter> = self.counters.iter().collect();
+        by_count.sort_by(|a, b| b.count.cmp(&a.count));
+        by_count
+            .into_iter()
             .take(n)
             .map(|c| Hitter {
                 key: KeyHash(c.key),
@@ -146,7 +161,7 @@ impl Sketch {
     /// Forgets `key` (its state was reset: its past denials no longer say anything).
     pub fn forget(&mut self, key: KeyHash) {
         if let Some(i) = self.counters.iter().position(|c| c.key == key.0) {
-            let c = self.counters.remove(i);
+            let c = self.counters.swap_remove(i);
             self.free.push(c.label);
         }
     }
@@ -168,17 +183,8 @@ impl Sketch {
             + self.free.capacity()
     }
 
-    /// Moves counter `i` up past the counters it now outnumbers (keeps the order by count).
-    #[inline]
-    fn rise(&mut self, mut i: usize) {
-        while i > 0 && self.counters[i - 1].count < self.counters[i].count {
-            self.counters.swap(i - 1, i);
-            i -= 1;
-        }
-    }
-
     /// Halves every count once per [`HALF_LIFE`] passed since the last halving; frees the
-    /// counters that reach zero (they are the last: halving keeps the order).
+    /// counters that reach zero.
     #[inline]
     fn decay(&mut self, now: Timestamp) {
         let since = (now - self.decayed_at).as_micros();
@@ -198,11 +204,13 @@ impl Sketch {
             c.count = c.count.checked_shr(shift).unwrap_or(0);
             c.error = c.error.checked_shr(shift).unwrap_or(0);
         }
-        while self.counters.last().is_some_and(|c| c.count == 0) {
-            if let Some(c) = self.counters.pop() {
-                self.free.push(c.label);
+        let free = &mut self.free;
+        self.counters.retain(|c| {
+            if c.count == 0 {
+                free.push(c.label);
             }
-        }
+            c.count > 0
+        });
     }
 }
 
