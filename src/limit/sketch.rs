@@ -137,7 +137,7 @@ impl Sketch {
     pub fn top(&mut self, n: usize, now: Timestamp) -> Vec<Hitter> {
         self.decay(now);
         let mut by_count: Vec<&Counter> = self.counters.iter().collect();
-        by_count.sort_by(|a, b| b.count.cmp(&a.count));
+        by_count.sort_by_key(|c| std::cmp::Reverse(c.count));
         by_count
             .into_iter()
             .take(n)
