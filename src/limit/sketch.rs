@@ -17,8 +17,8 @@
 //! A denial costs one pass over the counters at most: a key denied often drifts to the front
 //! (a count that passes the one before it trades places with it, one place a denial) and is
 //! found in a few comparisons; a new key takes the smallest count found on the way. `top`
-//! sorts a copy. (Keeping them sorted on every denial cost up to k swaps when many counts tie,
-//! as they do in a flood of distinct keys: ~1,400 instructions a denial.) No
+//! sorts a copy. (Kept sorted, a denial could swap up to k counters when many counts tie, as
+//! they do in a flood of distinct keys.) No
 //! allocation after a limit's first denial, which makes the counters and the label buffers at
 //! their final size (a limit that never denies holds nothing). Memory per limit, whatever the
 //! number of keys: k × 48 bytes of counters and k × 25 bytes of label slots (4.6 KiB), plus
