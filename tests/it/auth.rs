@@ -54,7 +54,9 @@ async fn call(tg: &Tollgate, path: &str, token: &str) -> (StatusCode, http::Head
     (s, h, String::from_utf8_lossy(&b).into_owned())
 }
 
-fn jwt_yaml(upstream: std::net::SocketAddr, jwks: &str, extra: &str) -> String {
+/// A config whose one route, `api`, goes to `upstream` with `auth` (the route's lines after
+/// its `auth:`, indented as they stand in it: its fields, then the route's other fields).
+fn api_route(upstream: std::net::SocketAddr, auth: &str) -> String {
     format!(
         "listen: 127.0.0.1:0
 upstreams:
@@ -63,7 +65,15 @@ routes:
   - name: api
     upstream: up
     auth:
-      jwt:
+{auth}"
+    )
+}
+
+fn jwt_yaml(upstream: std::net::SocketAddr, jwks: &str, extra: &str) -> String {
+    api_route(
+        upstream,
+        &format!(
+            "      jwt:
         jwks: '{jwks}'
         issuers: ['https://id.example.com/']
         audiences: [api]
@@ -71,6 +81,7 @@ routes:
       claims_to_headers: {{ consumer: x-consumer, org_id: x-org }}
       strip_credentials: true
 {extra}"
+        ),
     )
 }
 
@@ -170,21 +181,16 @@ async fn optional_routes_let_anonymous_requests_through_as_one_consumer() {
     let dir = folder();
     let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
     let up = echo().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0
-upstreams:
-  up: {{ url: 'http://{}' }}
-routes:
-  - name: api
-    upstream: up
-    auth:
-      jwt: {{ jwks: '{jwks}', audiences: [api] }}
+    let yaml = api_route(
+        up.addr,
+        &format!(
+            "      jwt: {{ jwks: '{jwks}', audiences: [api] }}
       optional: true
       claims_to_headers: {{ consumer: x-consumer }}
     limits:
       - {{ name: per-consumer, algorithm: fixed_window, rate: 2/h, key: consumer }}
-",
-        up.addr
+"
+        ),
     );
     let tg = Tollgate::start(&yaml).await;
     let (status, _, body) = get_with(tg.addr, "/", &[("x-consumer", "admin")]).await;
@@ -247,19 +253,8 @@ async fn a_key_set_url_is_read_again_for_an_unknown_kid_at_most_once_an_interval
     let (old, new) = (Signer::ec("old"), Signer::ed25519("new"));
     let keys = KeyServer::start(jwt::jwks(&[&old])).await;
     let up = echo().await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0
-upstreams:
-  up: {{ url: 'http://{}' }}
-routes:
-  - name: api
-    upstream: up
-    auth:
-      jwt: {{ jwks: '{}', audiences: [api], min_refresh: 1s }}
-",
-        up.addr,
-        keys.url()
-    );
+    let yaml =
+        api_route(up.addr, &format!("      jwt: {{ jwks: '{}', audiences: [api], min_refresh: 1s }}\n", keys.url()));
     let tg = Tollgate::start(&yaml).await;
     // Nothing is read before the first token.
     assert_eq!(keys.hits(), 0);
@@ -305,19 +300,15 @@ routes:
 }
 
 fn api_key_yaml(upstream: std::net::SocketAddr, keys: &str, redis: &str) -> String {
-    format!(
-        "listen: 127.0.0.1:0
-{redis}upstreams:
-  up: {{ url: 'http://{upstream}' }}
-routes:
-  - name: api
-    upstream: up
-    auth:
-      api_key: {{ from: 'header:x-api-key', keys: {keys} }}
+    api_route(
+        upstream,
+        &format!(
+            "      api_key: {{ from: 'header:x-api-key', keys: {keys} }}
       claims_to_headers: {{ consumer: x-consumer }}
     limits:
       - {{ name: per-consumer, algorithm: fixed_window, rate: 2/h, key: consumer }}
-"
+{redis}"
+        ),
     )
 }
 
@@ -547,19 +538,8 @@ async fn a_stripped_query_credential_never_reaches_the_upstream() {
         http::Response::new(full(req.uri().path_and_query().map_or("-".to_owned(), |pq| pq.to_string())))
     })
     .await;
-    let yaml = format!(
-        "listen: 127.0.0.1:0
-upstreams:
-  up: {{ url: 'http://{}' }}
-routes:
-  - name: api
-    upstream: up
-    auth:
-      api_key: {{ from: 'query:api_key', keys: '{keys}' }}
-      strip_credentials: true
-",
-        up.addr
-    );
+    let auth = format!("      api_key: {{ from: 'query:api_key', keys: '{keys}' }}\n      strip_credentials: true\n");
+    let yaml = api_route(up.addr, &auth);
     let tg = Tollgate::start(&yaml).await;
     let (status, _, body) = get(tg.addr, "/items?page=2&api_key=sk-acme-1&sort=asc").await;
     assert_eq!(status, StatusCode::OK);
