@@ -126,7 +126,7 @@ impl Default for Server {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct H2 {
-    /// Defaults to `server.keepalive_timeout`.
+    /// Defaults to `server.keepalive_timeout` (its default when that is `0`).
     idle_timeout: Option<Dur>,
     ping_interval: Option<Dur>,
     ping_timeout: Option<Dur>,
@@ -195,7 +195,13 @@ impl Server {
         if max_concurrent_streams == 0 {
             return Err((h2_at("max_concurrent_streams"), "expected at least 1".to_owned()));
         }
-        let idle_timeout = h2.idle_timeout.map_or(self.keepalive_timeout.0, |d| d.0);
+        // `keepalive_timeout: 0` turns HTTP/1 keep-alive off; an HTTP/2 connection is kept
+        // alive by its nature, so it then idles for the default instead.
+        let inherited = match self.keepalive_timeout.0 {
+            d if d.is_zero() => default_keepalive_timeout().0,
+            d => d,
+        };
+        let idle_timeout = h2.idle_timeout.map_or(inherited, |d| d.0);
         if idle_timeout.is_zero() {
             return Err((h2_at("idle_timeout"), "expected a duration above 0".to_owned()));
         }

@@ -117,6 +117,31 @@ async fn an_idle_keep_alive_connection_outlives_the_header_timeout_until_the_kee
     assert!(timeouts(&tg, "keepalive") >= 1);
 }
 
+/// `keepalive_timeout: 0` is the documented way to turn keep-alive off: the config loads (it
+/// is no HTTP/2 field's zero), an HTTP/1.1 answer says `connection: close` and the connection
+/// ends after it, and h2c keeps serving on its own idle timeout.
+#[tokio::test]
+async fn keepalive_timeout_zero_turns_http1_keep_alive_off() {
+    let config = Config::from_yaml(std::path::Path::new("t.yaml"), &yaml("keepalive_timeout: 0"))
+        .unwrap_or_else(|e| panic!("the documented value is refused: {e}"));
+    assert_eq!(config.server.keepalive_timeout, Duration::ZERO);
+    assert_eq!(config.server.h2.idle_timeout, Duration::from_secs(75), "HTTP/2 idles for the default");
+    let tg = Tollgate::start_config(config).await;
+    let mut s = TcpStream::connect(tg.addr).await.unwrap();
+    let answer = roundtrip(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(closed_within(&mut s, Duration::from_secs(10)).await, "the connection was kept alive");
+    let mut c = h2(tg.addr).await;
+    for _ in 0..2 {
+        let resp = c.send_request(Request::get("http://x/").body(full("")).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    // Its own zero is still the HTTP/2 field's mistake, named as such.
+    let e = Config::from_yaml(std::path::Path::new("t.yaml"), &yaml("h2: { idle_timeout: 0 }")).unwrap_err();
+    assert_eq!(e.path, "server.h2.idle_timeout", "{e}");
+}
+
 #[tokio::test]
 async fn an_http1_connection_parked_while_idle_serves_what_comes_next_and_closes_on_shutdown() {
     let mut tg = Tollgate::start(&yaml("keepalive_timeout: 60s")).await;
