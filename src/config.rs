@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod auth;
 pub mod edge;
+mod forms;
 pub mod gateway;
 pub mod group;
 mod guard;

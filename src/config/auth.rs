@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
+use serde::de::MapAccess;
 use serde::Deserialize;
 
+use super::forms::{by_form, read_map, Forms};
 use super::units::Dur;
 use super::{key, Invalid, Seg};
 use crate::jwt::{Alg, Algs, KeySet, Rules};
@@ -120,12 +122,21 @@ pub enum ApiKeys {
 }
 
 /// `auth:` on a route: `none`, or its own.
-#[derive(Deserialize)]
-#[serde(untagged)]
 pub enum RawRouteAuth {
     Word(String),
     Own(Box<RawAuth>),
 }
+
+impl Forms for RawRouteAuth {
+    const EXPECTING: &'static str = "`none` or a map with `jwt` or `api_key`";
+    fn text(s: &str) -> Option<Self> {
+        Some(RawRouteAuth::Word(s.to_owned()))
+    }
+    fn map<'de, M: MapAccess<'de>>(map: M) -> Option<Result<Self, M::Error>> {
+        Some(read_map(map).map(|a| RawRouteAuth::Own(Box::new(a))))
+    }
+}
+by_form!(RawRouteAuth);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -172,12 +183,22 @@ struct RawApiKey {
     keys: RawKeys,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// `keys:` of `api_key`: a file, or `{ redis_hash, cache }`.
 enum RawKeys {
     File(PathBuf),
     Redis(RawRedisKeys),
 }
+
+impl Forms for RawKeys {
+    const EXPECTING: &'static str = "a keys file, or `{ redis_hash: NAME }`";
+    fn text(s: &str) -> Option<Self> {
+        Some(RawKeys::File(s.into()))
+    }
+    fn map<'de, M: MapAccess<'de>>(map: M) -> Option<Result<Self, M::Error>> {
+        Some(read_map(map).map(RawKeys::Redis))
+    }
+}
+by_form!(RawKeys);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

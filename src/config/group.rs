@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use serde::de::MapAccess;
 use serde::Deserialize;
 
+use super::forms::{by_form, read_map, Forms};
 use super::limits::KeyList;
 use super::units::Dur;
 use super::{key, Invalid, Seg};
@@ -24,12 +26,21 @@ pub struct RawServer {
 }
 
 /// `balance: least_request | round_robin` or `balance: { hash: <key> }`.
-#[derive(Deserialize)]
-#[serde(untagged)]
 pub enum RawBalance {
     Name(String),
     Hash(RawHash),
 }
+
+impl Forms for RawBalance {
+    const EXPECTING: &'static str = "least_request, round_robin or `{ hash: KEY }`";
+    fn text(s: &str) -> Option<Self> {
+        Some(RawBalance::Name(s.to_owned()))
+    }
+    fn map<'de, M: MapAccess<'de>>(map: M) -> Option<Result<Self, M::Error>> {
+        Some(read_map(map).map(RawBalance::Hash))
+    }
+}
+by_form!(RawBalance);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,12 +58,21 @@ pub struct RawRetry {
 }
 
 /// A retry condition: a name or a status code.
-#[derive(Deserialize)]
-#[serde(untagged)]
 pub enum RawRetryOn {
     Status(u16),
     Name(String),
 }
+
+impl Forms for RawRetryOn {
+    const EXPECTING: &'static str = "a retry condition: connect_failure, reset_before_response, 502, 503 or 504";
+    fn text(s: &str) -> Option<Self> {
+        Some(RawRetryOn::Name(s.to_owned()))
+    }
+    fn number(n: u64) -> Option<Self> {
+        Some(u16::try_from(n).map_or_else(|_| RawRetryOn::Name(n.to_string()), RawRetryOn::Status))
+    }
+}
+by_form!(RawRetryOn);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -73,12 +93,21 @@ pub struct RawHealth {
 }
 
 /// `expect: 200` or `expect: 200-399`.
-#[derive(Deserialize)]
-#[serde(untagged)]
 pub enum RawExpect {
     Status(u16),
     Range(String),
 }
+
+impl Forms for RawExpect {
+    const EXPECTING: &'static str = "a status code (200) or a range of them (200-399)";
+    fn text(s: &str) -> Option<Self> {
+        Some(RawExpect::Range(s.to_owned()))
+    }
+    fn number(n: u64) -> Option<Self> {
+        Some(u16::try_from(n).map_or_else(|_| RawExpect::Range(n.to_string()), RawExpect::Status))
+    }
+}
+by_form!(RawExpect);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,9 +5,10 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::forms::{by_form, read_map, Forms};
 use super::units::{Dur, Rate};
 use super::{key, Invalid, Seg};
 use crate::limit::{self, Algorithm, Calendar, CalendarUnit, KeyPart, KeySpec, NonZeroSpan, Span};
@@ -233,12 +234,22 @@ impl Default for Adaptive {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// `concurrency: 8` or `concurrency: { max, max_wait, adaptive }`.
 pub enum RawConcurrency {
     Max(usize),
     Full(RawConcurrencyFull),
 }
+
+impl Forms for RawConcurrency {
+    const EXPECTING: &'static str = "a count, or `{ max: N, max_wait: DURATION }` or `{ adaptive: { min, max } }`";
+    fn number(n: u64) -> Option<Self> {
+        usize::try_from(n).ok().map(RawConcurrency::Max)
+    }
+    fn map<'de, M: MapAccess<'de>>(map: M) -> Option<Result<Self, M::Error>> {
+        Some(read_map(map).map(RawConcurrency::Full))
+    }
+}
+by_form!(RawConcurrency);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::Marker;
 
+use super::forms::{by_form, read_map, Forms};
 use super::limits::{check_name, RawLimit};
 use super::units::{Dur, Rate};
 use super::{key, Invalid, LimitConfig, Seg};
@@ -34,12 +35,22 @@ pub struct RawPlans {
     tier_claim: Option<String>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// `clients:`: a file, or `{ redis_hash, cache }`.
 enum RawClients {
     File(String),
     Redis(RawRedisClients),
 }
+
+impl Forms for RawClients {
+    const EXPECTING: &'static str = "a clients file, or `{ redis_hash: NAME, cache: DURATION }`";
+    fn text(s: &str) -> Option<Self> {
+        Some(RawClients::File(s.to_owned()))
+    }
+    fn map<'de, M: MapAccess<'de>>(map: M) -> Option<Result<Self, M::Error>> {
+        Some(read_map(map).map(RawClients::Redis))
+    }
+}
+by_form!(RawClients);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -74,12 +74,21 @@ struct Server {
 }
 
 /// `server.workers`: `auto` or a count.
-#[derive(Deserialize)]
-#[serde(untagged)]
 enum RawWorkers {
     Count(u64),
     Word(String),
 }
+
+impl super::forms::Forms for RawWorkers {
+    const EXPECTING: &'static str = "`auto` or a worker count";
+    fn text(s: &str) -> Option<Self> {
+        Some(RawWorkers::Word(s.to_owned()))
+    }
+    fn number(n: u64) -> Option<Self> {
+        Some(RawWorkers::Count(n))
+    }
+}
+super::forms::by_form!(RawWorkers);
 
 /// More worker threads than this is a typo, not a machine.
 const MAX_WORKERS: u64 = 1024;

@@ -470,3 +470,83 @@ fn early_retry_penalty_is_off_unless_asked_and_checked_where_written() {
     let e = err(&limit(", early_retry: { penality: double }"));
     assert_eq!(e.path, "routes[0].limits[0].early_retry.penality", "{e}");
 }
+
+/// A field written as a word, a number or a mapping: a mistake inside the mapping is reported
+/// at its own field and line, as the same mistake anywhere else is; a value of no allowed form
+/// says which forms are allowed. None says "did not match any variant".
+#[test]
+fn a_mistake_inside_a_field_of_several_forms_names_its_own_field() {
+    let route = |extra: &str| format!("upstreams:\n  d: {{ respond: {{}} }}\nroutes:\n  - upstream: d\n{extra}");
+    let group = |extra: &str| {
+        format!(
+            "upstreams:\n  g:\n    servers: [{{ url: 'http://127.0.0.1:1' }}]\n{extra}routes: [{{ upstream: g }}]\n"
+        )
+    };
+    let cases: Vec<(String, usize, &str, &str)> = vec![
+        // route `auth`: a missing field, a misspelt one
+        (
+            route("    auth:\n      api_key:\n        from: header:x-key\n      strip_credentials: true\n"),
+            // the first line of the mapping that lacks it, as at the top level
+            7,
+            "routes[0].auth.api_key",
+            "missing field `keys`",
+        ),
+        (
+            route("    auth:\n      api_key: { keys: k.txt }\n      strip_credential: true\n"),
+            7,
+            "routes[0].auth.strip_credential",
+            "unknown field `strip_credential`, expected one of",
+        ),
+        (route("    auth: 5\n"), 5, "routes[0].auth", "expected `none` or a map with `jwt` or `api_key`"),
+        // api_key `keys` as a Redis hash
+        (
+            route("    auth:\n      api_key:\n        keys: { redis_hsh: keys }\n"),
+            7,
+            "routes[0].auth.api_key.keys.redis_hsh",
+            "unknown field `redis_hsh`",
+        ),
+        // `concurrency`
+        (
+            route("    concurrency:\n      max: 3\n      max_wiat: 1s\n"),
+            7,
+            "routes[0].concurrency.max_wiat",
+            "unknown field `max_wiat`",
+        ),
+        (route("    concurrency: lots\n"), 5, "routes[0].concurrency", "expected a count, or `{ max: N"),
+        // a group's `balance`, `retry.on`, `health.expect`
+        (group("    balance:\n      hahs: client_ip\n"), 5, "upstreams.g.balance.hahs", "unknown field `hahs`"),
+        (
+            group("    retry: { attempts: 2, on: [{ status: 502 }] }\n"),
+            4,
+            "upstreams.g.retry.on[0]",
+            "expected a retry condition",
+        ),
+        (
+            group("    health: { path: /h, expect: [200] }\n"),
+            4,
+            "upstreams.g.health.expect",
+            "expected a status code (200) or a range",
+        ),
+        // `server.workers`
+        (
+            "server: { workers: [2] }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n".to_owned(),
+            1,
+            "server.workers",
+            "expected `auto` or a worker count",
+        ),
+        // `plans.clients` from Redis
+        (
+            "redis: { url: 'redis://127.0.0.1:1' }\nplans:\n  of: header:x-key\n  clients:\n    redis_hash: c\n    cahce: 1m\n  default: free\n  tiers: { free: {} }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n"
+                .to_owned(),
+            6,
+            "plans.clients.cahce",
+            "unknown field `cahce`",
+        ),
+    ];
+    for (text, line, path, message) in &cases {
+        let e = err(text);
+        assert!(!e.message.contains("did not match any variant"), "{e}\n{text}");
+        assert_eq!((e.line, e.path.as_str()), (*line, *path), "{e}\n{text}");
+        assert!(e.message.contains(message), "{e}\n{text}");
+    }
+}
