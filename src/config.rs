@@ -54,6 +54,7 @@ pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "urn:tollgate:problem:";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: PathBuf,
+    /// 1-based; 0 when the error has no place in the file (it cannot be read).
     pub line: usize,
     pub column: usize,
     /// Field path such as `routes[0].upstream`; empty for document-level errors.
@@ -63,7 +64,12 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}: ", self.file.display(), self.line, self.column)?;
+        // Line 0: the error is about the file as a whole (it cannot be read), no place in it.
+        if self.line == 0 {
+            write!(f, "{}: ", self.file.display())?;
+        } else {
+            write!(f, "{}:{}:{}: ", self.file.display(), self.line, self.column)?;
+        }
         if !self.path.is_empty() {
             write!(f, "{}: ", self.path)?;
         }
@@ -393,12 +399,10 @@ impl Config {
             path: String::new(),
             message: redact(&message),
         };
-        let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
+        let file = std::fs::File::open(path).map_err(|e| fail(unreadable(&e)))?;
         let mut text = String::new();
         // One byte more than the bound tells a file that is too large from one that fits.
-        file.take(MAX_CONFIG_BYTES as u64 + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| fail(format!("cannot read the file: {e}")))?;
+        file.take(MAX_CONFIG_BYTES as u64 + 1).read_to_string(&mut text).map_err(|e| fail(unreadable(&e)))?;
         Config::from_yaml(path, &text)
     }
 
@@ -510,6 +514,18 @@ impl Config {
         let mut files = edge::watched_files(self);
         files.extend(auth::files(self));
         files
+    }
+}
+
+/// Why a config file cannot be read, in words (the OS's own text for the rare cases).
+fn unreadable(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::NotFound => "no such file".to_owned(),
+        K::PermissionDenied => "cannot read the file: permission denied".to_owned(),
+        K::IsADirectory => "this is a directory, not a config file".to_owned(),
+        K::InvalidData => "the file is not UTF-8 text".to_owned(),
+        _ => format!("cannot read the file: {e}"),
     }
 }
 

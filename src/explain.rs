@@ -252,13 +252,12 @@ pub fn describe(limit: &LimitConfig) -> String {
     line
 }
 
+/// Requests a second at one every `interval`, with up to three decimals and no trailing zeros
+/// (3/s is one every 333.333ms: "3", not "3.000").
 fn per_second(interval: NonZeroSpan) -> String {
     let per_sec = 1_000_000.0 / interval.as_micros() as f64;
-    if (per_sec - per_sec.round()).abs() < 1e-9 {
-        format!("{}", per_sec.round() as u64)
-    } else {
-        format!("{per_sec:.3}")
-    }
+    let text = format!("{per_sec:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 /// The whole explanation of `config`.
@@ -343,7 +342,7 @@ pub fn listeners(config: &Config) -> String {
 /// A route's `auth` in words: what is verified, where it is read, what a client without it gets.
 fn describe_auth(a: &AuthConfig) -> String {
     let from = |c: &Credential| match c {
-        Credential::Header(h) if *h == http::header::AUTHORIZATION => "a bearer token in Authorization".to_owned(),
+        c if c.is_bearer() => "a bearer token in Authorization".to_owned(),
         Credential::Header(h) => format!("header {h}"),
         Credential::Query(q) => format!("query parameter {q}"),
         Credential::Cookie(c) => format!("cookie {c}"),
@@ -382,8 +381,12 @@ fn describe_auth(a: &AuthConfig) -> String {
     out.push_str(if a.optional {
         "; a request without one passes as consumer `anonymous`, a bad one gets 401"
     } else {
-        "; a request without a valid one gets 401 (403 for a token meant for another audience)"
+        "; a request without a valid one gets 401"
     });
+    // Only a JWT names its audience, and only a route that lists audiences checks it.
+    if matches!(&a.method, Method::Jwt(j) if !j.rules.audiences.is_empty()) {
+        out.push_str(" (403 for a valid token meant for another audience)");
+    }
     if !a.claims_to_headers.is_empty() {
         let names: Vec<String> = a.claims_to_headers.iter().map(|(c, h)| format!("{c} as {h}")).collect();
         let _ = write!(out, "; forwards {} (a client's own copies removed)", names.join(", "));
@@ -517,6 +520,11 @@ routes:
         assert!(text.contains("the consumer is claim `sub`; a request without a valid one gets 401"), "{text}");
         assert!(text.contains("auth: an API key from header x-api-key, found by its SHA-256 in"), "{text}");
         assert!(text.contains("(2 keys)") && text.contains("the credential is not forwarded"), "{text}");
+        // A 403 only where a token's audience is checked: a JWT route with `audiences`.
+        let jwt = text.lines().filter(|l| l.contains("auth: a JWT")).collect::<Vec<_>>().join("\n");
+        let keyed = text.lines().filter(|l| l.contains("auth: an API key")).collect::<Vec<_>>().join("\n");
+        assert!(jwt.contains("(403 for a valid token meant for another audience)"), "{jwt}");
+        assert!(!keyed.contains("403"), "{keyed}");
 
         let (cert, key) = (root.join("certs/demo-localhost.pem"), root.join("certs/demo-localhost.key"));
         let yaml = format!(

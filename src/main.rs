@@ -430,8 +430,11 @@ fn fail(message: &str, code: ExitCode) -> ExitCode {
 type FmtLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
 
 fn fmt_layer(format: LogFormat) -> FmtLayer {
+    use std::io::IsTerminal;
     use tracing_subscriber::Layer;
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours for a terminal only: in a file or a pipe they are escape codes a person must read past.
+    let layer =
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Json => layer.json().boxed(),
         LogFormat::Text => layer.boxed(),

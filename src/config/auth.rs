@@ -98,7 +98,7 @@ impl Credential {
         }
     }
 
-    /// Whether this is a bearer token in `Authorization` (answers say so, RFC 6750 §3).
+    /// Whether this is a bearer token in `Authorization` (RFC 6750 §2.1).
     pub fn is_bearer(&self) -> bool {
         matches!(self, Credential::Header(h) if h == http::header::AUTHORIZATION)
     }

@@ -139,15 +139,29 @@ impl Rate {
     }
 }
 
+/// The duration as a person reads it, and as the config writes it (it parses back to the
+/// same number of µs): whole hours or minutes, else seconds or, under a second, milliseconds
+/// with up to three decimals (`1.5s`, `333.333ms`), else microseconds.
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        /// `us` in units of `per` µs, with the decimals it needs (at most three).
+        fn decimal(f: &mut fmt::Formatter<'_>, us: u128, per: u128, unit: &str) -> fmt::Result {
+            let (whole, rest) = (us / per, us % per);
+            if rest == 0 {
+                return write!(f, "{whole}{unit}");
+            }
+            // per is 1000 or 10^6: three decimals are exact when rest is a multiple of per/1000.
+            let thousandths = rest / (per / 1000);
+            let digits = format!("{thousandths:03}");
+            write!(f, "{whole}.{}{unit}", digits.trim_end_matches('0'))
+        }
         let us = self.0.as_micros();
         match us {
             0 => write!(f, "0s"),
             us if us % 3_600_000_000 == 0 => write!(f, "{}h", us / 3_600_000_000),
             us if us % 60_000_000 == 0 => write!(f, "{}m", us / 60_000_000),
-            us if us % 1_000_000 == 0 => write!(f, "{}s", us / 1_000_000),
-            us if us % 1_000 == 0 => write!(f, "{}ms", us / 1_000),
+            us if us >= 1_000_000 && us % 1_000 == 0 => decimal(f, us, 1_000_000, "s"),
+            us if us >= 1_000 => decimal(f, us, 1_000, "ms"),
             us => write!(f, "{us}us"),
         }
     }
@@ -208,6 +222,28 @@ mod tests {
         assert_eq!(Dur::parse("1.5s").unwrap().0, Duration::from_millis(1500));
         assert_eq!(Dur::parse("0").unwrap().0, Duration::ZERO);
         assert_eq!(Dur::parse("20us").unwrap().0, Duration::from_micros(20));
+    }
+
+    #[test]
+    fn durations_print_in_human_units_that_parse_back() {
+        for (us, text) in [
+            (0, "0s"),
+            (7, "7us"),
+            (1_000, "1ms"),
+            (1_500, "1.5ms"),
+            (333_333, "333.333ms"),
+            (1_000_000, "1s"),
+            (1_500_000, "1.5s"),
+            (1_234_567, "1234.567ms"),
+            (2_050_000, "2.05s"),
+            (90_000_000, "90s"),
+            (300_000_000, "5m"),
+            (7_200_000_000, "2h"),
+        ] {
+            let d = Dur(Duration::from_micros(us));
+            assert_eq!(d.to_string(), text);
+            assert_eq!(Dur::parse(text).unwrap(), d, "{text} parses back");
+        }
     }
 
     #[test]

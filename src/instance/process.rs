@@ -82,7 +82,9 @@ pub fn run(config: Config, process: Process) -> io::Result<()> {
             .map(tokio::net::TcpListener::from_std)
             .transpose()
             .map_err(|e| context(e, "registering the admin listener"))?;
-        tracing::info!(listen = %addr, admin = ?admin_addr, routes, workers, "tollgate listening");
+        // An admin listener that is off is no field (`None` is nothing a person should read).
+        let shown = admin_addr.map(tracing::field::display);
+        tracing::info!(listen = %addr, admin = shown, routes, workers, "tollgate listening");
         let mut reloader = Reloader::new(path, shared.clone(), adjust);
         if let Some(switch) = log_switch {
             reloader = reloader.with_log_switch(switch);

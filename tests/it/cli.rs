@@ -271,3 +271,54 @@ fn workers_share_the_listener_and_bound_connections_exactly() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// The first stderr line of a `tollgate run` (with `args`) that contains `word`.
+fn first_log_line(f: &tempfile_path::TempPath, args: &[&str], word: &str) -> String {
+    use std::io::BufRead;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(BIN)
+        .arg("-c")
+        .arg(&f.0)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let found = lines.map_while(Result::ok).find(|l| l.contains(word));
+    let _ = child.kill();
+    let _ = child.wait();
+    found.unwrap_or_else(|| panic!("no line with {word:?}"))
+}
+
+/// What a person reads is in words and human units: a file that is not there has no line and
+/// column, the start line names the admin address (or leaves it out), `explain` says 333.333ms
+/// and promises a 403 only where one can happen.
+#[test]
+fn people_read_words_and_human_units() {
+    let out = Command::new(BIN).args(["-c", "nothere.yaml", "check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim(), "error: nothere.yaml: no such file", "{err}");
+
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let f = write_config(&format!(
+        "admin: 127.0.0.1:{admin}\nupstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n"
+    ));
+    let line = first_log_line(&f, &[], "tollgate listening");
+    assert!(line.contains(&format!("admin=127.0.0.1:{admin}")) && !line.contains("Some("), "{line}");
+    let f = write_config("upstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n");
+    let line = first_log_line(&f, &["--log-format", "json"], "tollgate listening");
+    assert!(!line.contains("\"admin\"") && !line.contains("None"), "no admin listener, no admin field: {line}");
+
+    let keys = write_config("");
+    let f = write_config(&format!(
+        "upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - name: keyed\n    upstream: d\n    auth: {{ api_key: {{ keys: '{}' }} }}\n    limits: [{{ name: third, algorithm: token_bucket, rate: 3/s, burst: 3, key: consumer }}]\n",
+        keys.0.display()
+    ));
+    let out = Command::new(BIN).arg("-c").arg(&f.0).arg("explain").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("then 3 requests/s (one every 333.333ms)"), "{text}");
+    assert!(text.contains("an API key from header x-api-key") && !text.contains("403"), "{text}");
+}
