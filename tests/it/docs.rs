@@ -403,3 +403,79 @@ fn the_deploy_configs_pass_the_check() {
     }
     assert_eq!(configs, 1, "deploy/kubernetes.yaml holds one config");
 }
+
+/// The subcommands `tollgate --help` lists, and the options of each from its own `--help`,
+/// each with its spellings (`-c` and `--config`).
+fn cli_surface() -> Vec<(String, Vec<Vec<String>>)> {
+    let bin = env!("CARGO_BIN_EXE_tollgate");
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{args:?} --help: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // An option line starts with its spellings (`-c, --config <CONFIG>  Config file`).
+    let options = |text: &str| -> Vec<Vec<String>> {
+        let Some(rest) = text.split("\nOptions:\n").nth(1) else { return Vec::new() };
+        rest.lines()
+            .map(str::trim_start)
+            .filter(|l| l.starts_with('-'))
+            .map(|l| {
+                l.split([' ', ','])
+                    .filter(|w| !w.is_empty())
+                    .take_while(|w| w.starts_with('-') || w.starts_with('<'))
+                    .filter(|w| w.starts_with('-'))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect()
+    };
+    let top = help(&[]);
+    let mut out = vec![(String::new(), options(&top))];
+    let commands: Vec<String> = top
+        .split("\nCommands:\n")
+        .nth(1)
+        .expect("a Commands section")
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() >= 5, "{top}");
+    for c in commands {
+        let o = options(&help(&[&c]));
+        out.push((c, o));
+    }
+    out
+}
+
+/// docs/reference/command-line.md shows every subcommand in its synopsis and names every
+/// option of each (in one of its spellings) somewhere on the page: a subcommand or option
+/// added to the binary fails here until the page says it.
+#[test]
+fn the_command_line_page_names_every_subcommand_and_option() {
+    let page = std::fs::read_to_string(root().join("docs/reference/command-line.md")).unwrap();
+    let synopsis = page.split("```").nth(1).expect("a synopsis block");
+    // A spelling is named as a word: `--json` does not count inside `--jsonl`.
+    let named = |f: &str| {
+        page.match_indices(f).any(|(i, _)| {
+            let word = |c: char| c.is_ascii_alphanumeric() || c == '-';
+            !page[i + f.len()..].chars().next().is_some_and(word) && !page[..i].chars().next_back().is_some_and(word)
+        })
+    };
+    let mut missing = Vec::new();
+    for (command, options) in cli_surface() {
+        let shown = |l: &str| {
+            let l = l.trim_start();
+            l.starts_with(&format!("tollgate {command} ")) || l.starts_with(&format!("tollgate [{command}]"))
+        };
+        if !command.is_empty() && !synopsis.lines().any(shown) {
+            missing.push(format!("`tollgate {command}` in the synopsis"));
+        }
+        for spellings in options {
+            if !spellings.iter().any(|f| named(f)) {
+                missing.push(format!("{} of `tollgate {command}`", spellings.join("/")));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/reference/command-line.md lacks: {}", missing.join(", "));
+}
