@@ -1,7 +1,11 @@
 //! The rooms of `src/` in layers: a room uses rooms of lower layers only, and a room of its
-//! own layer only when the pair is listed below with its reason. Read from the `crate::ROOM`
-//! paths of product code (comments, literals and `#[cfg(test)]` items left out, wherever in
-//! a file they are), so an edge that breaks the table fails here, and so does any cycle.
+//! own layer only when the pair is listed below with its reason. Read from the paths of product
+//! code as the compiler resolves them (comments, literals and `#[cfg(test)]` items left out,
+//! wherever in a file they are): `crate::` and `$crate::` paths whole, grouped or nested
+//! (`use crate::{gate::Gate, proxy};`), `super::` that climbs out of a room (from inline
+//! modules too), and the names the crate root re-exports; a glob of the crate root, or the
+//! root under another name, is refused. An edge that breaks the table fails here, and so does
+//! any cycle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -55,36 +59,265 @@ fn room_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     collect(src, &mut files);
     let test_only = test_modules(&files);
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let root = Root::read(&product(&code_only(&lib)));
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
         if test_only.contains(file) {
             continue;
         }
         let rel = file.strip_prefix(src).expect("under src");
-        let first = rel.components().next().expect("a file").as_os_str().to_string_lossy().into_owned();
-        let room = first.trim_end_matches(".rs").to_owned();
-        if room == "lib" || room == "main" {
+        let module = module_path(rel);
+        let Some(room) = module.first().cloned() else { continue };
+        if room == "main" {
             continue;
         }
         let text = std::fs::read_to_string(file).expect("readable");
-        let uses = graph.entry(room.clone()).or_default();
-        let code = product(&code_only(&text));
-        let mut rest = code.as_str();
-        while let Some(i) = rest.find("crate::") {
-            let before = rest[..i].chars().next_back();
-            rest = &rest[i + "crate::".len()..];
-            // `$crate::` is this crate too; `other_crate::` is not.
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+        let used = uses(&module, &product(&code_only(&text)), &root);
+        let entry = graph.entry(room.clone()).or_default();
+        entry.extend(used.into_iter().filter(|u| *u != room));
+    }
+    graph
+}
+
+/// The module path of a file under `src/`: `gate/limit.rs` is `gate::limit`, `lib.rs` the root.
+fn module_path(rel: &Path) -> Vec<String> {
+    let mut out: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    if let Some(last) = out.last_mut() {
+        *last = last.trim_end_matches(".rs").to_owned();
+        if last == "mod" || last == "lib" {
+            out.pop();
+        }
+    }
+    out
+}
+
+/// What the crate root holds: its modules (the rooms) and the names it re-exports, by room.
+struct Root {
+    modules: BTreeSet<String>,
+    reexports: BTreeMap<String, String>,
+}
+
+impl Root {
+    fn read(lib: &str) -> Root {
+        let tokens = tokens(lib);
+        let mut modules = BTreeSet::new();
+        for w in tokens.windows(2) {
+            if w[0] == "mod" && is_ident(&w[1]) {
+                modules.insert(w[1].clone());
+            }
+        }
+        let mut reexports = BTreeMap::new();
+        let mut i = 0;
+        while i < tokens.len() {
+            if tokens[i] == "use" {
+                let mut leaves = Vec::new();
+                i = use_tree(&tokens, i + 1, &mut Vec::new(), &mut leaves);
+                for (path, name) in leaves {
+                    if let (Some(room), Some(name)) = (path.first(), name) {
+                        if modules.contains(room) {
+                            reexports.insert(name, room.clone());
+                        }
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+        Root { modules, reexports }
+    }
+
+    /// The room an absolute path (from the crate root) reaches: a room module, or a name the
+    /// root re-exports from one. `Err`: a path that names no room (an unknown item, or a glob
+    /// of the root itself, which would hide what it uses).
+    fn room(&self, path: &[String]) -> Result<String, String> {
+        match path.first().map(String::as_str) {
+            Some("*") => Err("* (a glob of the crate root)".to_owned()),
+            None => Err("crate (the crate root under another name)".to_owned()),
+            Some(first) if self.modules.contains(first) => Ok(first.to_owned()),
+            Some(first) => self.reexports.get(first).cloned().ok_or_else(|| first.to_owned()),
+        }
+    }
+}
+
+fn is_ident(t: &str) -> bool {
+    t.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+}
+
+/// The tokens of code (comments and literals already blanked): identifiers and keywords, `::`,
+/// and every other character alone; numbers and whitespace left out. `r#name` is `name`.
+fn tokens(code: &str) -> Vec<String> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_alphabetic() || c == b'_' {
+            let start = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                i += 1;
+            }
+            if &code[start..i] == "r"
+                && b.get(i) == Some(&b'#')
+                && b.get(i + 1).is_some_and(|c| c.is_ascii_alphabetic())
+            {
                 continue;
             }
-            let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
-            let used = &rest[..end];
-            if !used.is_empty() && used != room {
-                uses.insert(used.to_owned());
+            out.push(code[start..i].to_owned());
+        } else if c.is_ascii_digit() {
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.') {
+                i += 1;
+            }
+        } else if code[i..].starts_with("::") {
+            out.push("::".to_owned());
+            i += 2;
+        } else if c.is_ascii_whitespace() {
+            i += 1;
+        } else {
+            let ch = code[i..].chars().next().expect("not at the end");
+            out.push(ch.to_string());
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// Reads a use tree (or a plain path) from `tokens[i]`, under `prefix`, into `leaves`: each
+/// full path with the name it brings in (`None` for `*` and for a path that is not a `use`).
+/// Returns the index after it.
+fn use_tree(
+    tokens: &[String],
+    mut i: usize,
+    prefix: &mut Vec<String>,
+    leaves: &mut Vec<(Vec<String>, Option<String>)>,
+) -> usize {
+    let depth = prefix.len();
+    loop {
+        match tokens.get(i).map(String::as_str) {
+            Some("{") => {
+                i += 1;
+                while tokens.get(i).is_some_and(|t| t != "}") {
+                    let next = use_tree(tokens, i, prefix, leaves);
+                    i = if next == i { i + 1 } else { next };
+                    if tokens.get(i).is_some_and(|t| t == ",") {
+                        i += 1;
+                    }
+                }
+                prefix.truncate(depth);
+                return i + 1;
+            }
+            Some("*") => {
+                let mut path = prefix.clone();
+                path.push("*".to_owned());
+                leaves.push((path, None));
+                prefix.truncate(depth);
+                return i + 1;
+            }
+            Some(t) if is_ident(t) => {
+                prefix.push(t.to_owned());
+                i += 1;
+                if tokens.get(i).is_some_and(|t| t == "::") {
+                    i += 1;
+                    continue;
+                }
+                let mut name = prefix.last().cloned();
+                if tokens.get(i).is_some_and(|t| t == "as") {
+                    name = tokens.get(i + 1).cloned();
+                    i += 2;
+                }
+                // `self` in a group names the group's own path.
+                let mut path = prefix.clone();
+                if path.last().is_some_and(|l| l == "self") && path.len() > 1 {
+                    path.pop();
+                    if name.as_deref() == Some("self") {
+                        name = path.last().cloned();
+                    }
+                }
+                leaves.push((path, name));
+                prefix.truncate(depth);
+                return i;
+            }
+            // Anything else ends the path (`crate::x::<T>`, `crate::f(…)`): what was read counts.
+            _ => {
+                if prefix.len() > depth {
+                    leaves.push((prefix.clone(), None));
+                }
+                prefix.truncate(depth);
+                return i;
             }
         }
     }
-    graph
+}
+
+/// The rooms the code of the module at `module` reaches, as the compiler resolves its paths:
+/// every path that starts at `crate` (or `$crate`), or climbs out of the room with `super`,
+/// whether written whole (`crate::gate::Gate`), grouped (`use crate::{gate::Gate, proxy};`),
+/// spread over lines or nested in groups. Inline modules (`mod x { … }`) are followed, so a
+/// `super` inside one climbs from it. A path that names no room is returned as `?name`.
+fn uses(module: &[String], code: &str, root: &Root) -> BTreeSet<String> {
+    let tokens = tokens(code);
+    let mut out = BTreeSet::new();
+    // Inline modules: (name, the brace depth inside them).
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < tokens.len() {
+        let t = tokens[i].as_str();
+        match t {
+            "{" => depth += 1,
+            "}" => {
+                depth = depth.saturating_sub(1);
+                if inline.last().is_some_and(|(_, d)| *d > depth) {
+                    inline.pop();
+                }
+            }
+            "mod" if tokens.get(i + 2).is_some_and(|t| t == "{") && is_ident(&tokens[i + 1]) => {
+                inline.push((tokens[i + 1].clone(), depth + 1));
+            }
+            _ => {}
+        }
+        let starts = matches!(t, "crate" | "super" | "self")
+            && tokens.get(i + 1).is_some_and(|n| n == "::")
+            && !(i > 0 && tokens[i - 1] == "::");
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let here: Vec<String> = module.iter().cloned().chain(inline.iter().map(|(m, _)| m.clone())).collect();
+        let mut leaves = Vec::new();
+        let next = use_tree(&tokens, i, &mut Vec::new(), &mut leaves);
+        for (path, _) in leaves {
+            // Resolve the leading `crate` / `self` / `super`s against this module.
+            let mut base: Vec<String> = here.clone();
+            let mut rest = path.as_slice();
+            match rest.first().map(String::as_str) {
+                Some("crate") => {
+                    base.clear();
+                    rest = &rest[1..];
+                }
+                Some("self") => rest = &rest[1..],
+                _ => {}
+            }
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+            base.extend(rest.iter().cloned());
+            match root.room(&base) {
+                Ok(room) => {
+                    out.insert(room);
+                }
+                // Inside the module's own room (`super::x` from `gate::limit`): nothing crossed.
+                Err(_) if base.first() == module.first() => {}
+                Err(what) => {
+                    out.insert(format!("?{what}"));
+                }
+            }
+        }
+        // Braces of a group were read by `use_tree`: they do not open inline modules.
+        i = next.max(i + 1);
+    }
+    out
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -362,4 +595,76 @@ mod tests { fn x() { crate::tests_only::y() } }
     let code = product(&code_only(text));
     let used: Vec<&str> = code.match_indices("crate::").map(|(i, _)| &code[i + 7..i + 8]).collect();
     assert_eq!(used, ["a", "b", "c"], "{code}");
+}
+
+/// A `src/` of a few files in a temp dir, removed on drop.
+struct FakeSrc(PathBuf);
+
+impl FakeSrc {
+    fn new(name: &str, files: &[(&str, &str)]) -> FakeSrc {
+        let dir = std::env::temp_dir().join(format!("tollgate-layers-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (path, text) in files {
+            let p = dir.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        FakeSrc(dir)
+    }
+}
+
+impl Drop for FakeSrc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The reader sees what the compiler resolves: a grouped import, a path over several lines,
+/// `super::` out of a room (from its root file, from a file below it, from an inline module),
+/// and a name the crate root re-exports.
+#[test]
+fn the_reader_follows_grouped_imports_and_super_paths() {
+    let lib = "mod config;\nmod gate;\nmod limit;\nmod proxy;\nmod trace;\nmod metrics;\npub use proxy::{Proxy, Shared as Both};\n";
+    // (name, files besides lib.rs, the edges the reader must see)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: [Case; 6] = [
+        ("grouped", &[("limit.rs", "use crate::{gate::Gate, proxy::Proxy};\n")], &["limit -> gate", "limit -> proxy"]),
+        (
+            "nested",
+            &[("limit.rs", "use crate::{config::{self, Seg}, gate::{limit::{Limit}}};\nfn f() { crate::\n    trace::x::<u8>(); }\n")],
+            &["limit -> config", "limit -> gate", "limit -> trace"],
+        ),
+        ("super", &[("config.rs", "use super::proxy::Proxy;\n")], &["config -> proxy"]),
+        (
+            "super-deep",
+            &[("limit/store.rs", "use super::Decision;\nuse super::super::gate::Gate;\n"), ("limit.rs", "mod store;\n")],
+            &["limit -> gate"],
+        ),
+        (
+            "inline",
+            &[("metrics.rs", "mod shown {\n    use super::super::trace::Span;\n}\nfn g() {}\n")],
+            &["metrics -> trace"],
+        ),
+        ("reexport", &[("config.rs", "fn f(p: crate::Both) {}\n")], &["config -> proxy"]),
+    ];
+    for (name, files, want) in cases {
+        let mut all = vec![("lib.rs", lib)];
+        all.extend_from_slice(files);
+        let src = FakeSrc::new(name, &all);
+        let graph = room_graph(&src.0);
+        let edges: Vec<String> =
+            graph.iter().flat_map(|(a, bs)| bs.iter().map(move |b| format!("{a} -> {b}"))).collect();
+        assert_eq!(edges, want, "{name}");
+        // Each of these goes up the table (ground -> parts, request): the test fails on it.
+        assert!(!broken(&graph).is_empty(), "{name}: {edges:?}");
+    }
+    // A glob of the crate root, or the root under another name, hides what is used through
+    // it: refused, not passed.
+    for (name, text, what) in
+        [("glob", "use super::*;\n", "?* (a glob"), ("alias", "use crate::{self as c};\n", "?crate (")]
+    {
+        let src = FakeSrc::new(name, &[("lib.rs", lib), ("config.rs", text)]);
+        let graph = room_graph(&src.0);
+        assert!(broken(&graph).iter().any(|b| b.contains(&format!("config -> {what}"))), "{name}: {graph:?}");
+    }
 }
