@@ -191,8 +191,11 @@ fn churn(s: &mut TcpStream, first: u64, n: u64) {
 
 /// Issue 31 (4): a new key per request, each idle 100 ms later. The in-process store forgets
 /// the idle ones, so the RSS stays level instead of growing with every key ever seen (before,
-/// each key left its entry and its log behind: 24 -> 43 MB over these 108,000 keys; now
-/// within 3 MB), and the key gauge counts only the keys that still hold state.
+/// each key left its entry and its log behind: 24 -> 43 MB over these 108,000 keys), and the
+/// key gauge counts only the keys that still hold state. Level means within a few hundred kB
+/// now, on a loaded machine too: the 4 MB bound is ten times that. (Under load this test
+/// used to grow 3-8 MB: a pause longer than the window left a shard swept empty, and such a
+/// shard never swept again; see `limit::store::local`.)
 #[test]
 fn a_churn_of_new_keys_does_not_grow_the_rss() {
     let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -225,7 +228,7 @@ routes:
     keys(&mut s, 250);
     let after = server.rss_kb();
     eprintln!("churn: RSS {early} kB after 2,000 keys, {level} kB after 60,000, {after} kB after 110,000");
-    assert!(after <= early + 8 * 1024, "RSS grew from {early} kB to {after} kB over 108,000 keys");
+    assert!(after <= early + 4 * 1024, "RSS grew from {early} kB to {after} kB over 108,000 keys");
     // Every key is idle 100 ms after its request: none still holds state.
     std::thread::sleep(Duration::from_millis(500));
     let mut m = TcpStream::connect(("127.0.0.1", admin)).unwrap();

@@ -284,7 +284,9 @@ impl Shard {
             !idle
         });
         let left = self.map.len();
-        self.next_sweep = earliest.max(now + SWEEP_GAP);
+        // Nothing left (`earliest` untouched): the next new keys are swept like any others,
+        // after the gap; never "no sweep before the end of time".
+        self.next_sweep = if left == 0 { now + SWEEP_GAP } else { earliest.max(now + SWEEP_GAP) };
         self.sweep_at = left.saturating_mul(2).max(SWEEP_MIN);
         if self.map.capacity() > left.saturating_add(SWEEP_MIN).saturating_mul(4) {
             self.map.shrink_to(left.saturating_mul(2));
@@ -369,6 +371,28 @@ mod tests {
         assert!(s.len() >= 900, "keys that still hold state are kept: {}", s.len());
         clock.advance(Span::from_micros(1_000_000));
         assert_eq!(s.live(clock.now()), 0);
+    }
+
+    /// A sweep that leaves a shard empty (a quiet spell, or a scrape of the key gauge while
+    /// every key is idle) must not end its sweeps: new keys after it are forgotten too, and
+    /// the shard never fills up to share its overflow state between strangers.
+    #[test]
+    fn a_shard_emptied_by_a_sweep_keeps_forgetting_keys() {
+        let s = LocalStore::new(tb(), 64 * 1_000);
+        let clock = ManualClock::new(at(0));
+        assert!(s.decide(spread(0), clock.now(), 1).is_admitted());
+        clock.advance(Span::from_micros(10_000));
+        assert_eq!(s.live(clock.now()), 0, "every shard swept empty");
+        // Then a churn: a new key every 100 µs, each holding state for 1 ms.
+        let mut most = 0;
+        for n in 1..200_000 {
+            clock.advance(Span::from_micros(100));
+            assert!(s.decide(spread(n), clock.now(), 1).is_admitted(), "key {n} shares a full shard's overflow");
+            most = most.max(s.len());
+        }
+        // About 10 keys live at a time: each shard holds at most its sweep threshold, plus what
+        // arrives within a sweep gap (500 keys over all shards).
+        assert!(most <= SHARDS * 2 * SWEEP_MIN + 1_000, "{most} entries for about 10 live keys");
     }
 
     #[test]
