@@ -359,6 +359,35 @@ mod tests {
         gate.check(&ctx, Timestamp::from_micros(now)).await
     }
 
+    /// A full fixed cap: a request waits up to `max_wait` for a slot, gets one released in
+    /// that time, and is refused the moment the wait is over. On tokio's paused clock, so the
+    /// waits are exact: a loaded machine cannot stretch or shorten them.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_cap_waits_exactly_max_wait_for_a_slot() {
+        let yaml = "upstreams: { up: { respond: {} } }\nroutes:\n  - { name: r, upstream: up, concurrency: { max: 1, max_wait: 100ms } }\n";
+        let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let g = Arc::new(Gate::new(&config.routes[0], &Metrics::new(), &mut |l| Limit::local_store(l)));
+        let held = check(&g, 0).await.unwrap();
+        // Released 60 ms into the wait: the waiter gets the slot then.
+        let waiter = tokio::spawn({
+            let g = g.clone();
+            async move {
+                let started = tokio::time::Instant::now();
+                let got = check(&g, 0).await;
+                (got.is_ok(), started.elapsed())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), (true, Duration::from_millis(60)));
+        // Nobody releases: refused after exactly max_wait.
+        let held = check(&g, 0).await.unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(matches!(check(&g, 0).await, Err(Error::OverCapacity)));
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+        drop(held);
+    }
+
     #[test]
     fn an_admission_stays_128_bytes() {
         // Moved with the request's future: past 128 bytes the moves become memcpy calls

@@ -2,6 +2,7 @@
 //! whose knee is known from its configuration.
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use crate::support::Tollgate;
 
@@ -9,24 +10,37 @@ const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 /// 4 slots × 20 ms answers = 200 requests/s; past that, requests queue up to 200 ms for a
 /// slot and then get 503. The knee must come out within one 50/s step of 200/s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// The generator and the server run in one runtime on tokio's paused clock, over real
+/// loopback sockets: time moves only when every task waits (the responder's 20 ms, the next
+/// request's due time, a slot's wait), never while one computes, so a loaded machine cannot
+/// make the generator late or the server slow. On the wall clock it took the whole machine:
+/// two busy cores made the generator fall behind and the knee come out nowhere.
+#[tokio::test(start_paused = true)]
 async fn finds_the_knee_of_a_capped_responder_within_one_step() {
+    use tollgate::calibrate::{self, Options, Slo};
     let tg = Tollgate::start(
         "upstreams:\n  slow: { respond: { body: ok, latency: 20ms } }\nroutes:\n  - name: capped\n    upstream: slow\n    concurrency: { max: 4, max_wait: 200ms }\n",
     )
     .await;
+    let options = Options {
+        target: calibrate::target(&tg.url("/"), None, &[], None).unwrap(),
+        rates: calibrate::listed("100,150,200,250,300,350").unwrap(),
+        warmup: Duration::from_millis(500),
+        step: Duration::from_secs(2),
+        timeout: Duration::from_secs(2),
+        concurrency_max: 1000,
+        slo: Slo { p99_ms: Some(100.0), errors: 0.001 },
+        instances: Some(3),
+        max_duration: Duration::from_secs(15 * 60),
+        stop_after_bad: 2,
+    };
+    options.check().unwrap();
+    let run = calibrate::run(&options, None, std::future::pending());
+    let report = run.await;
     let dir = std::env::temp_dir().join(format!("tollgate-calibrate-{}", std::process::id()));
-    let out = tokio::process::Command::new(BIN)
-        .args(["calibrate", &tg.url("/"), "--rates", "100,150,200,250,300,350"])
-        .args(["--step-duration", "2s", "--warmup", "500ms", "--timeout", "2s", "--slo-p99", "100ms"])
-        .args(["--instances", "3", "--json", "--out"])
-        .arg(&dir)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    calibrate::report::write_dir(&report, &dir).unwrap();
+    let report = serde_json::to_value(&report).unwrap();
     let (good, bad) = (report["knee"]["last_good"].as_u64(), report["knee"]["first_bad"].as_u64());
     assert!(
         matches!((good, bad), (Some(150), Some(200)) | (Some(200), Some(250))),
