@@ -27,7 +27,8 @@ use redis::FromRedisValue;
 pub use crate::cache::fuzzing::{cache_control, http_date, list_items, vary_names, CacheControl};
 use crate::config::Config;
 use crate::limit::key::MAX_PART_BYTES;
-use crate::limit::{Decision, KeyCtx, KeyPart, KeySpec, TrustedProxies};
+use crate::limit::{Decision, KeyPart, KeySpec};
+use crate::request_key::{KeyCtx, TrustedProxies};
 
 /// RFC 9111 §1.2.2: delta-seconds are capped at 2^31.
 const DELTA_MAX: u64 = 1 << 31;
@@ -190,14 +191,8 @@ pub fn check_key(spec: Option<&str>, parts: &Parts, peer: IpAddr) {
         _ => every_part(parts),
     };
     let hash = |p: &Parts| {
-        spec.hash(&KeyCtx {
-            route: "fuzz",
-            client_ip: peer,
-            path: p.uri.path(),
-            parts: p,
-            tls_client: None,
-            identity: None,
-        })
+        KeyCtx { route: "fuzz", client_ip: peer, path: p.uri.path(), parts: p, tls_client: None, identity: None }
+            .key(&spec)
     };
     let digest = hash(parts);
     assert_eq!(hash(parts), digest, "hashing is deterministic");

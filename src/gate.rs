@@ -41,9 +41,10 @@ use crate::answer::{Denied, Error};
 use crate::body::Body;
 use crate::config::{LimitConfig, Mode, Route};
 use crate::limit::plan::{Directory, Lookup, TierId};
-use crate::limit::{Algorithm, Decision, KeyCtx, KeyHash, KeyPart, LocalStore, Span, Store, StoreError, Timestamp};
+use crate::limit::{Algorithm, Decision, KeyHash, KeyPart, LocalStore, Span, Store, StoreError, Timestamp};
 use crate::metrics::{LimitMetrics, Metrics};
 use crate::ratelimit::{self, RATELIMIT, RATELIMIT_POLICY};
+use crate::request_key::KeyCtx;
 
 const MICROS_PER_SEC: u64 = 1_000_000;
 
@@ -164,7 +165,7 @@ impl Gate {
             }
             part => {
                 let mut buf = [0u8; MAX_PART_BYTES];
-                let value = part.value(ctx, &mut buf);
+                let value = ctx.value(part, &mut buf);
                 directory.lookup(value)
             }
         }
@@ -216,7 +217,7 @@ impl Gate {
                 // This tier is not limited by it.
                 continue;
             }
-            let key = limit.config.key.hash(ctx);
+            let key = ctx.key(&limit.config.key);
             // A key back before its Retry-After is counted; with a penalty, denied unasked.
             let decision = match limit.early_retry(key, now, tier) {
                 Some(d) => d,

@@ -62,6 +62,7 @@ pub use pki::x509;
 pub use proxy::{Proxy, Shared};
 pub use ratelimit::retry_after_capped;
 pub use reload::{LogSwitch, Reloader};
+pub use request_key::{KeyCtx, TrustedProxies};
 pub use server::{serve, serve_all};
 pub use timer::now_ms as coarse_now_ms;
 
@@ -86,6 +87,7 @@ mod proxy;
 mod ratelimit;
 mod reload;
 mod request_id;
+mod request_key;
 mod route;
 mod server;
 mod target;

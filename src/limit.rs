@@ -8,7 +8,8 @@
 //! - [`calendar`]: [`Calendar`] windows (hour, day, month in a time zone) for fixed windows.
 //! - [`time`]: [`Timestamp`], [`Span`], [`NonZeroSpan`].
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
-//! - [`key`]: [`KeySpec`] → [`KeyHash`], and [`TrustedProxies`] for the client IP.
+//! - [`key`]: [`KeySpec`] and the encoding of a key's material into a [`KeyHash`] (the
+//!   material is read from a request by the `request_key` room).
 //! - [`plan`]: [`plan::Plans`] (client → tier) and the tier parameters of `plan: true` limits.
 //! - [`sketch`]: [`sketch::Sketch`], the keys a limit denied most recently (heavy hitters).
 //! - [`store`]: [`Store`]: [`LocalStore`] (a sharded in-process map) or [`RedisStore`] (shared).
@@ -25,7 +26,7 @@ pub mod time;
 pub use algo::{debit, decide, longest_wait, max_cost, refund, Algorithm, State};
 pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use key::{Identity, KeyCtx, KeyError, KeyHash, KeyPart, KeySpec, TrustedProxies};
+pub use key::{Identity, KeyError, KeyHash, KeyPart, KeySpec};
 pub use store::{LocalStore, RedisClient, RedisConfig, RedisStore, Store, StoreError};
 pub use time::{NonZeroSpan, Span, Timestamp};
 

@@ -19,12 +19,11 @@ use crate::forward::{self, Downstream, HttpForwarder};
 use crate::gate::{Admission, Gate, Limit, Note};
 use crate::limit::plan::Directory;
 use crate::limit::store::redis::fallback_algorithm;
-use crate::limit::{
-    Clock, Identity, KeyCtx, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock, TrustedProxies,
-};
+use crate::limit::{Clock, Identity, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::peer::Peer;
 use crate::request_id::RequestId;
+use crate::request_key::{KeyCtx, TrustedProxies};
 use crate::route;
 use crate::target::{self, Target};
 

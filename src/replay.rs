@@ -29,8 +29,9 @@ use crate::answer::Error;
 use crate::config::{Config, Route, StoreKind};
 use crate::gate::{Gate, Limit};
 use crate::limit::store::redis::fallback_algorithm;
-use crate::limit::{Algorithm, KeyCtx, KeyPart, LocalStore, Store, Timestamp, TrustedProxies};
+use crate::limit::{Algorithm, KeyPart, LocalStore, Store, Timestamp};
 use crate::metrics::Metrics;
+use crate::request_key::{KeyCtx, TrustedProxies};
 use crate::route::{self, Conditions};
 
 pub use parse::{Columns, Format, Live, Record};

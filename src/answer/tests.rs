@@ -2,7 +2,8 @@ use http_body_util::BodyExt;
 
 use super::*;
 use crate::gate::Gate;
-use crate::limit::{KeyCtx, Timestamp};
+use crate::limit::Timestamp;
+use crate::request_key::KeyCtx;
 
 fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
     let yaml = format!(

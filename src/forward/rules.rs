@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::rules::{Piece, Template};
-use crate::limit::TrustedProxies;
+use crate::request_key::TrustedProxies;
 
 /// The rules of one direction of one route, compiled from the config's at `Proxy::build`.
 #[derive(Debug, Clone, Default)]

@@ -177,10 +177,6 @@ impl Cap {
         })
     }
 
-    pub fn limit(&self) -> usize {
-        self.limit.load(Ordering::Relaxed)
-    }
-
     /// A slot now, or `None` at the limit.
     pub fn try_acquire(self: &Arc<Self>) -> Option<Held> {
         let limit = self.limit.load(Ordering::Relaxed);

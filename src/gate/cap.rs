@@ -52,12 +52,4 @@ impl Gate {
             }
         }
     }
-
-    /// The current limit of an adaptive cap.
-    pub fn adaptive_limit(&self) -> Option<usize> {
-        match &self.cap {
-            Some(Cap::Adaptive { cap, .. }) => Some(cap.limit()),
-            _ => None,
-        }
-    }
 }

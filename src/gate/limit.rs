@@ -274,6 +274,6 @@ fn key_text(parts: &[KeyPart], ctx: &KeyCtx<'_>, out: &mut String) {
         let _ = write!(w, "{}{part}=", if i > 0 { " " } else { "" });
         let n = LABEL_BYTES - w.len();
         push_escaped(out, &name[..n]);
-        push_escaped(out, part.value(ctx, &mut buf).unwrap_or(b"-"));
+        push_escaped(out, ctx.value(part, &mut buf).unwrap_or(b"-"));
     }
 }

@@ -67,7 +67,7 @@ impl Extra {
         for (i, l) in limits.iter().enumerate() {
             let spec = l.config.key.parts().iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
             let sep = if i > 0 { ";" } else { "" };
-            let _ = write!(out, "{sep}{}|{spec}|{:032x}", l.config.name, l.config.key.hash(ctx).0);
+            let _ = write!(out, "{sep}{}|{spec}|{:032x}", l.config.name, ctx.key(&l.config.key).0);
         }
         self.keys = Some(out);
     }

@@ -361,7 +361,7 @@ impl Proxy {
     #[inline(always)]
     fn hash_key(&self, backend: &Backend, route: &Route, parts: &Parts, target: &Target, peer: &Peer) -> u64 {
         let Backend::Group(group) = backend else { return 0 };
-        group.hash_key().map_or(0, |spec| spec.hash(&self.key_ctx(route, parts, target, peer)).0 as u64)
+        group.hash_key().map_or(0, |spec| self.key_ctx(route, parts, target, peer).key(spec).0 as u64)
     }
 
     /// `Max-Forwards` on `OPTIONS` and `TRACE`: the answer tollgate gives as the last hop, if

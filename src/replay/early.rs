@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use super::report::{label, Keys};
 use super::{Engine, KeyCounts};
-use crate::limit::{Algorithm, KeyCtx};
+use crate::limit::Algorithm;
+use crate::request_key::KeyCtx;
 
 /// Early retries (a key back before the Retry-After it was told), per route and limit: read
 /// from each limit's own counter after every decision, so they are the gate's count, with

@@ -10,7 +10,8 @@ use serde::Serialize;
 use super::early::{Eager, EarlyDiff, EarlyRetries};
 use super::{Engine, KeyCounts, Live, Options, ReadStats, Record, Series, Verdict};
 use crate::gate::Limit;
-use crate::limit::{Algorithm, KeyCtx};
+use crate::limit::Algorithm;
+use crate::request_key::KeyCtx;
 
 /// Counts of one limit of a route.
 #[derive(Default)]
@@ -257,8 +258,8 @@ impl Keys {
     /// The key of limit `j` (`limit`) for `ctx`.
     pub(crate) fn of(&mut self, j: usize, limit: &Limit, ctx: &KeyCtx<'_>) -> u128 {
         match self.0.get_mut(j) {
-            Some(k) => *k.get_or_insert_with(|| limit.config.key.hash(ctx).0),
-            None => limit.config.key.hash(ctx).0,
+            Some(k) => *k.get_or_insert_with(|| ctx.key(&limit.config.key).0),
+            None => ctx.key(&limit.config.key).0,
         }
     }
 }
@@ -267,7 +268,7 @@ pub(super) fn label(limit: &Limit, ctx: &KeyCtx<'_>) -> String {
     let mut out = String::new();
     let mut buf = [0u8; crate::limit::key::MAX_PART_BYTES];
     for (i, part) in limit.config.key.parts().iter().enumerate() {
-        let value = part.value(ctx, &mut buf).map(String::from_utf8_lossy);
+        let value = ctx.value(part, &mut buf).map(String::from_utf8_lossy);
         let _ = write!(out, "{}{part}={}", if i > 0 { " " } else { "" }, value.as_deref().unwrap_or("-"));
     }
     out

@@ -92,7 +92,7 @@ impl Conditions {
             }
         }) && self.query.iter().all(|(name, m)| {
             let mut buf = [0u8; MAX_QUERY_VALUE];
-            match crate::limit::key::query_value(query, name, &mut buf) {
+            match crate::request_key::query_value(query, name, &mut buf) {
                 None => m.accepts(None),
                 Some(n) if n < buf.len() => m.accepts(Some(&buf[..n])),
                 Some(_) => matches!(m, ValueMatch::Present(true)),

@@ -23,13 +23,25 @@ const LAYERS: [(&str, &[&str], &str); 6] = [
     ),
     (
         "ground",
-        &["config", "limit", "metrics", "timer", "request_id", "ratelimit", "workers", "pki", "peer", "jwt"],
+        &[
+            "config",
+            "limit",
+            "metrics",
+            "timer",
+            "request_id",
+            "request_key",
+            "ratelimit",
+            "workers",
+            "pki",
+            "peer",
+            "jwt",
+        ],
         "validated data and pure mechanisms, no sockets and no other room's compiled state",
     ),
 ];
 
 /// Edges inside one layer, each with why; they must stay acyclic.
-const SAME_LAYER: [(&str, &str, &str); 22] = [
+const SAME_LAYER: [(&str, &str, &str); 23] = [
     ("instance", "reload", "a running tollgate runs its reloader"),
     ("admin", "server", "the admin listener is served by the server's connection loop"),
     ("server", "listen", "a listener that is not plain runs listen's edge steps before HTTP"),
@@ -52,6 +64,7 @@ const SAME_LAYER: [(&str, &str, &str); 22] = [
     ("limit", "pki", "a `rediss://` client's TLS runs on the process's crypto provider"),
     ("metrics", "limit", "limit decisions are counted by label"),
     ("ratelimit", "limit", "the RateLimit fields are written from limit decisions"),
+    ("request_key", "limit", "a request's key material is encoded and hashed as the limit room defines keys"),
 ];
 
 /// Rooms and the rooms they use, from every `src/**/*.rs`.
@@ -667,4 +680,85 @@ fn the_reader_follows_grouped_imports_and_super_paths() {
         let graph = room_graph(&src.0);
         assert!(broken(&graph).iter().any(|b| b.contains(&format!("config -> {what}"))), "{name}: {graph:?}");
     }
+}
+
+/// ARCHITECTURE.md says the same as this file: its layer table names the same rooms in each
+/// layer, and its table of edges inside a layer the same edges (a room added to one and not
+/// the other fails here).
+#[test]
+fn architecture_md_has_the_same_tables() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md")).unwrap();
+    // The rows of the table whose header row is `header`.
+    let rows = |header: &str| -> Vec<Vec<String>> {
+        let start = text.find(&format!("{header}\n")).unwrap_or_else(|| panic!("a table `{header}`"));
+        text[start..]
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect())
+            .collect()
+    };
+    // The names in backticks of a cell, before any parenthesis' own backticks are counted:
+    // `instance` (with `instance::process`: …) names `instance`.
+    let rooms = |cell: &str| -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        let mut depth = 0;
+        let mut rest = cell;
+        while let Some(c) = rest.chars().next() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                '`' if depth == 0 => {
+                    let end = rest[1..].find('`').expect("a closing backtick") + 1;
+                    out.insert(rest[1..end].to_owned());
+                    rest = &rest[end + 1..];
+                    continue;
+                }
+                _ => {}
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+        out
+    };
+    let md: Vec<(String, BTreeSet<String>)> =
+        rows("| layer | rooms | why |").into_iter().map(|r| (r[0].clone(), rooms(&r[1]))).collect();
+    let ours: Vec<(String, BTreeSet<String>)> = LAYERS
+        .iter()
+        .map(|(name, rooms, _)| ((*name).to_owned(), rooms.iter().map(|r| (*r).to_owned()).collect()))
+        .collect();
+    assert_eq!(md, ours, "the layer table of ARCHITECTURE.md and LAYERS");
+    let md: BTreeSet<(String, String)> = rows("| edge | reason |")
+        .iter()
+        .flat_map(|r| {
+            r[0].split(", ").map(|e| {
+                let (a, b) = e.split_once(" → ").expect("`a → b`");
+                (a.trim().to_owned(), b.trim().to_owned())
+            })
+        })
+        .collect();
+    let ours: BTreeSet<(String, String)> =
+        SAME_LAYER.iter().map(|(a, b, _)| ((*a).to_owned(), (*b).to_owned())).collect();
+    assert_eq!(md, ours, "the same-layer edges of ARCHITECTURE.md and SAME_LAYER");
+}
+
+/// `limit` knows keys and their digest, not requests: no product code of the room names a
+/// request's head, its fields, its target or its forwarding fields (`request_key` reads them).
+#[test]
+fn the_limit_room_reads_no_request() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src.join("limit.rs")];
+    collect(&src.join("limit"), &mut files);
+    let test_only = test_modules(&files);
+    let request = ["Parts", "Request", "HeaderMap", "HeaderValue", "Uri", "uri", "headers", "FORWARDED"];
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !test_only.contains(*f)) {
+        let code = product(&code_only(&std::fs::read_to_string(file).unwrap()));
+        for t in tokens(&code) {
+            if request.contains(&t.as_str()) {
+                found.push(format!("{}: {t}", file.strip_prefix(&src).unwrap().display()));
+            }
+        }
+    }
+    found.dedup();
+    assert!(found.is_empty(), "the limit room reads requests: {found:?}");
 }

@@ -3,8 +3,9 @@
 
 use crate::answer::Error;
 use crate::gate::{Gate, Limit};
-use crate::limit::{Clock, KeyCtx, ManualClock, Span, Timestamp};
+use crate::limit::{Clock, ManualClock, Span, Timestamp};
 use crate::metrics::Metrics;
+use crate::request_key::KeyCtx;
 
 const SEC: u64 = 1_000_000;
 
