@@ -199,8 +199,12 @@ impl<'de> Deserialize<'de> for RawValueMatch {
                     "regex" => RawValueMatch::Regex(map.next_value()?),
                     other => return Err(de::Error::unknown_field(other, &["present", "regex"])),
                 };
-                if map.next_key::<String>()?.is_some() {
-                    return Err(de::Error::custom("give one of `present` or `regex`, not both"));
+                match map.next_key::<String>()?.as_deref() {
+                    None => {}
+                    Some("present" | "regex") => {
+                        return Err(de::Error::custom("give one of `present` or `regex`, not both"))
+                    }
+                    Some(other) => return Err(de::Error::unknown_field(other, &["present", "regex"])),
                 }
                 Ok(out)
             }

@@ -527,6 +527,13 @@ fn a_mistake_inside_a_field_of_several_forms_names_its_own_field() {
             "upstreams.g.health.expect",
             "expected a status code (200) or a range",
         ),
+        // a header condition's second key, misspelt: not "give one of them, not both"
+        (
+            route("    match:\n      headers:\n        x-debug: { present: false, regx: a }\n"),
+            7,
+            "routes[0].match.headers.x-debug",
+            "unknown field `regx`, expected `present` or `regex`",
+        ),
         // `server.workers`
         (
             "server: { workers: [2] }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n".to_owned(),
