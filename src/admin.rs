@@ -19,10 +19,10 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::net::TcpListener;
 
-use crate::config::{Config, HostMatch, PathMatch, UpstreamKind};
+use crate::config::Config;
 use crate::proxy::Shared;
 
 mod dashboard;
@@ -159,202 +159,11 @@ async fn answer(
     }
 }
 
-/// `redis://user:secret@host` → `redis://user:***@host` (see [`crate::config::redact`]).
-pub fn redact_url(url: &str) -> String {
-    crate::config::redact(url)
-}
-
-fn dur(d: std::time::Duration) -> String {
-    crate::config::units::Dur(d).to_string()
-}
-
 /// The config in effect (defaults filled in; `listen` and `admin` as bound, since a reload
-/// cannot move them) as JSON; no secrets.
+/// cannot move them) as JSON, in the shape of proxy.yaml, secrets redacted: the validated
+/// config's own serialization (`config::shown`).
 pub fn effective(c: &Config) -> Value {
-    let upstreams: serde_json::Map<String, Value> = c
-        .upstreams
-        .iter()
-        .map(|u| {
-            let v = match &u.kind {
-                UpstreamKind::Http(h) => {
-                    let mut v = json!({
-                    "url": format!("{}://{}{}", if h.tls.is_some() { "https" } else { "http" }, h.authority, h.base_path),
-                    "connect_timeout": dur(h.connect_timeout),
-                    "timeout": dur(h.timeout),
-                    "read_timeout": dur(h.read_timeout),
-                    "pool_idle_timeout": dur(h.pool_idle_timeout),
-                    "pool_max_idle": h.pool_max_idle,
-                    "preserve_host": h.preserve_host,
-                    "tls": h.tls.as_ref().map(|t| json!({
-                        "server_name": t.server_name,
-                        "ca_file": t.ca_file.as_ref().map(|p| p.display().to_string()),
-                        "client_cert": t.client_cert.as_ref().map(|c| c.cert.display().to_string()),
-                        "tls_insecure_skip_verify": t.insecure_skip_verify,
-                    })),
-                });
-                    // A group's servers, balance, retries, ejection and checks (not shown for `url:`).
-                    if let Some(g) = &h.group {
-                        let extra = json!({
-                    "servers": g.servers.iter().map(|s| json!({
-                        "url": format!("{}://{}", if h.tls.is_some() { "https" } else { "http" }, s.authority),
-                        "weight": s.weight,
-                    })).collect::<Vec<_>>(),
-                    "balance": crate::config::group::describe_balance(&g.balance),
-                    "retry": json!({
-                        "attempts": g.retry.attempts,
-                        "on": g.retry.on.names(),
-                        "per_try_timeout": g.retry.per_try_timeout.map(dur),
-                        "budget": { "ratio": g.retry.ratio, "min_per_s": g.retry.min_per_s },
-                    }),
-                    "health": g.health.as_ref().map(|c| json!({
-                        "path": c.path,
-                        "interval": dur(c.interval),
-                        "timeout": dur(c.timeout),
-                        "healthy": c.healthy,
-                        "unhealthy": c.unhealthy,
-                        "expect": format!("{}-{}", c.expect.0, c.expect.1),
-                    })),
-                    "outlier": json!({
-                        "consecutive_failures": g.outlier.consecutive_failures,
-                        "base_ejection_time": dur(g.outlier.base_ejection_time),
-                        "max_ejection_time": dur(g.outlier.max_ejection_time),
-                        "max_ejected_percent": g.outlier.max_ejected_percent,
-                    }),
-                        });
-                        if let (Some(v), Value::Object(extra)) = (v.as_object_mut(), extra) {
-                            v.extend(extra);
-                        }
-                    }
-                    v
-                }
-                UpstreamKind::Respond(r) => json!({ "respond": {
-                    "status": r.status.as_u16(),
-                    "headers": r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), Value::from(v.to_str().unwrap_or("")))).collect::<serde_json::Map<_, _>>(),
-                    "body_bytes": r.body.len(),
-                    "latency": dur(r.latency),
-                }}),
-            };
-            (u.name.clone(), v)
-        })
-        .collect();
-    let routes: Vec<Value> = c
-        .routes
-        .iter()
-        .map(|r| {
-            json!({
-                "name": r.name,
-                "match": {
-                    "host": r.host.as_ref().map(|h| match h { HostMatch::Exact(e) => e.clone(), HostMatch::Suffix(s) => format!("*{s}") }),
-                    "path_prefix": match &r.path { PathMatch::Prefix(p) => Some(p), PathMatch::Exact(_) => None },
-                    "path": match &r.path { PathMatch::Exact(p) => Some(p), PathMatch::Prefix(_) => None },
-                    "methods": r.methods.as_ref().map(|m| m.iter().map(|m| m.as_str().to_owned()).collect::<Vec<_>>()),
-                },
-                "upstream": c.upstreams[r.upstream].name,
-                "strip_prefix": r.strip_prefix,
-                "ratelimit_headers": r.ratelimit_headers,
-                "concurrency": r.concurrency.as_ref().map(|k| json!({ "max": k.max, "max_wait": dur(k.max_wait), "adaptive": k.adaptive.as_ref().map(|a| json!({ "min": a.min, "max": a.max, "window": dur(a.window), "percentile": a.percentile, "tolerance": a.tolerance, "smoothing": a.smoothing, "relearn": a.relearn })) })),
-                "limits": r.limits.iter().map(|l| json!({
-                    "name": l.name,
-                    "algorithm": crate::config::algorithm_name(&l.algorithm),
-                    "rate": l.rate.to_string(),
-                    "params": format!("{:?}", l.algorithm),
-                    "key": l.key.parts().iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    "store": format!("{:?}", l.store).to_lowercase(),
-                    "cost": l.cost,
-                    "mode": format!("{:?}", l.mode).to_lowercase(),
-                    "lease": l.lease.map(|n| n.get()),
-                    "max_keys": l.max_keys,
-                })).collect::<Vec<_>>(),
-                "on_limit": r.stale_on_limit.map(|d| json!({ "stale": { "max_age": dur(d) } })),
-                "on_upstream_error": r.stale_on_upstream_error.map(|d| json!({ "stale": { "max_age": dur(d) } })),
-                "gateway": crate::explain::describe_gateway(r),
-            })
-        })
-        .collect();
-    json!({
-        "listen": c.listen.to_string(),
-        "admin": c.admin.map(|a| a.to_string()),
-        "trusted_proxies": c.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "server": {
-            "header_read_timeout": dur(c.server.header_read_timeout),
-            "keepalive_timeout": dur(c.server.keepalive_timeout),
-            "send_timeout": dur(c.server.send_timeout),
-            "body_read_timeout": dur(c.server.body_read_timeout),
-            "max_header_bytes": c.server.max_header_bytes,
-            "max_connections": c.server.max_connections,
-            "grace_period": dur(c.server.grace_period),
-            "h2": {
-                "idle_timeout": dur(c.server.h2.idle_timeout),
-                "ping_interval": dur(c.server.h2.ping_interval),
-                "ping_timeout": dur(c.server.h2.ping_timeout),
-                "max_concurrent_streams": c.server.h2.max_concurrent_streams,
-                "max_header_list_size": c.server.h2.max_header_list_size,
-                "max_pending_accept_reset_streams": c.server.h2.max_pending_accept_reset_streams,
-                "max_local_error_reset_streams": c.server.h2.max_local_error_reset_streams,
-                "initial_stream_window": c.server.h2.initial_stream_window,
-                "initial_connection_window": c.server.h2.initial_connection_window,
-                "max_frame_size": c.server.h2.max_frame_size,
-                "max_send_buffer": c.server.h2.max_send_buffer,
-            },
-        },
-        "problems": { "type_base": c.problem_type_base },
-        "request_id": c.request_id.as_ref().map(|h| h.as_str().to_owned()),
-        "log": { "format": format!("{:?}", c.log.format).to_lowercase(), "access": c.log.access },
-        "cache": { "max_bytes": c.cache.max_bytes, "max_entry_bytes": c.cache.max_entry_bytes },
-        "tracing": c.tracing.as_ref().map(|t| json!({
-            "otlp": { "endpoint": t.endpoint.to_string(), "protocol": format!("{:?}", t.protocol).to_lowercase() },
-            "sample": t.sample,
-            "parent_based": t.parent_based,
-            "service_name": t.service_name,
-            "queue": t.queue,
-            "batch": t.batch,
-            "interval": dur(t.interval),
-            "timeout": dur(t.timeout),
-        })),
-        "redis": c.redis.as_ref().map(|r| {
-            let target = match &r.target {
-                crate::limit::store::redis::Topology::Single(u) => json!({ "url": redact_url(u) }),
-                crate::limit::store::redis::Topology::Cluster(urls) => json!({ "cluster": urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>() }),
-            };
-            json!({
-                "target": target,
-                "timeout": dur(r.timeout),
-                "on_error": format!("{:?}", r.on_error).to_lowercase(),
-                "instances": r.instances.get(),
-                "breaker": { "failures": r.breaker_failures.get(), "cooldown": dur(r.breaker_cooldown) },
-                "lease_ttl": dur(r.lease_ttl),
-                "memo_keys": r.memo_keys,
-                "connect_timeout": dur(r.connect_timeout),
-            })
-        }),
-        "upstreams": upstreams,
-        "routes": routes,
-        "listeners": listeners(c),
-    })
-}
-
-/// Every listener with the names its certificates serve (paths and names, never keys).
-fn listeners(c: &Config) -> Value {
-    c.listeners
-        .iter()
-        .map(|l| {
-            json!({
-                "addr": l.addr.to_string(),
-                "tls": l.tls.as_ref().map(|t| json!({
-                    "certificates": t.loaded.as_ref().map(|ld| ld.served.iter().map(|s| json!({
-                        "cert": s.cert.display().to_string(),
-                        "names": s.names,
-                        "not_after": crate::pki::x509::date(s.not_after),
-                    })).collect::<Vec<_>>()),
-                    "client_ca": t.client_ca.as_ref().map(|p| p.display().to_string()),
-                    "client_auth": format!("{:?}", t.client_auth).to_lowercase(),
-                    "handshake_timeout": dur(t.handshake_timeout),
-                })),
-                "proxy_protocol": l.proxy_protocol.map(|p| format!("{p:?}").to_lowercase()),
-                "redirect_https": l.redirect_https,
-            })
-        })
-        .collect()
+    serde_json::to_value(c).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -372,8 +181,9 @@ mod tests {
 
     #[test]
     fn redacts_passwords_in_urls() {
-        assert_eq!(redact_url("redis://:hunter2@h:6379/0"), "redis://***@h:6379/0");
-        assert_eq!(redact_url("rediss://app:hunter2@h:6380"), "rediss://app:***@h:6380");
-        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        let redact = crate::config::redact;
+        assert_eq!(redact("redis://:hunter2@h:6379/0"), "redis://***@h:6379/0");
+        assert_eq!(redact("rediss://app:hunter2@h:6380"), "rediss://app:***@h:6380");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
     }
 }

@@ -25,6 +25,7 @@ pub mod plans;
 mod raw;
 mod redis;
 pub mod rules;
+pub mod shown;
 pub mod units;
 
 use std::fmt;

@@ -129,7 +129,7 @@ fn params(alg: &Algorithm) -> Value {
             json!({ "interval": dur(interval.get()), "max_delay": dur(*max_delay) })
         }
         Algorithm::FixedWindow { window, limit, calendar } => {
-            json!({ "window": dur(window.get()), "limit": limit.get(), "calendar": calendar.as_ref().map(|c| format!("{c:?}")) })
+            json!({ "window": dur(window.get()), "limit": limit.get(), "calendar": calendar.as_ref().map(ToString::to_string) })
         }
         Algorithm::SlidingWindow { window, limit } | Algorithm::SlidingLog { window, limit } => {
             json!({ "window": dur(window.get()), "limit": limit.get() })

@@ -60,6 +60,11 @@ impl fmt::Display for Calendar {
 }
 
 impl Calendar {
+    /// The zone as configured (`utc` or an IANA name).
+    pub fn zone(&self) -> &str {
+        &self.zone_name
+    }
+
     /// `zone` is `utc` (any case) or an IANA time zone name.
     ///
     /// # Errors

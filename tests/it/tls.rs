@@ -524,7 +524,7 @@ fn config_endpoint_shows_served_names_and_no_key_material() {
         site.certs()
     );
     let doc = tollgate::effective_config(&config(&yaml));
-    let tls = &doc["listeners"][0]["tls"];
+    let tls = &doc["listen"][0]["tls"];
     assert_eq!(tls["certificates"][0]["names"][0], "api.test", "{doc}");
     assert_eq!(tls["certificates"][1]["names"][0], "*.wild.test", "{doc}");
     let text = doc.to_string();
