@@ -595,18 +595,25 @@ impl HttpForwarder {
                 return Ok(Uri::from(pq.clone()));
             }
         }
-        let query = uri.query();
-        let slash = if path.starts_with('/') { "" } else { "/" };
-        let mut pq = String::with_capacity(self.base_path.len() + path.len() + 2 + query.map_or(0, str::len));
-        pq.push_str(&self.base_path);
-        pq.push_str(slash);
-        pq.push_str(path);
-        if let Some(q) = query {
-            pq.push('?');
-            pq.push_str(q);
-        }
-        Ok(Uri::from(PathAndQuery::try_from(pq)?))
+        Ok(Uri::from(PathAndQuery::try_from(origin_form(&self.base_path, uri, strip))?))
     }
+}
+
+/// The origin-form target an upstream with `base_path` gets for `uri` less the first `strip`
+/// bytes of its path (the route's prefix), with its query.
+pub(crate) fn origin_form(base_path: &str, uri: &Uri, strip: usize) -> String {
+    let path = uri.path().get(strip..).unwrap_or("");
+    let query = uri.query();
+    let slash = if path.starts_with('/') { "" } else { "/" };
+    let mut pq = String::with_capacity(base_path.len() + path.len() + 2 + query.map_or(0, str::len));
+    pq.push_str(base_path);
+    pq.push_str(slash);
+    pq.push_str(path);
+    if let Some(q) = query {
+        pq.push('?');
+        pq.push_str(q);
+    }
+    pq
 }
 
 /// Where a request to an HTTP/2 (or `auto`) upstream goes.

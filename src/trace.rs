@@ -36,8 +36,19 @@ pub struct Span {
     /// The upstream exchange's span: its id (the upstream's parent) and start (0: none).
     client_id: [u8; 8],
     client_start: u64,
+    /// Where the upstream exchange went: the scheme, the authority and the origin-form target
+    /// (the client span's `url.full`, `server.address`, `server.port`).
+    target: Option<Box<Target>>,
     /// Server span attributes gathered before the end (the limits that denied).
     pub attributes: Vec<KeyValue>,
+}
+
+/// The upstream request of a traced exchange, as sent.
+pub struct Target {
+    pub scheme: &'static str,
+    pub authority: http::uri::Authority,
+    /// Path and query, as the upstream gets them.
+    pub path_and_query: String,
 }
 
 /// Two finished spans of one request (the client span only when an upstream was asked).
@@ -104,6 +115,7 @@ impl Tracer {
             start: unix_nanos(),
             client_id: nonzero_u64().to_be_bytes(),
             client_start: 0,
+            target: None,
             attributes: Vec::new(),
         }))
     }
@@ -112,7 +124,7 @@ impl Tracer {
     /// the upstream was asked) and queues it; a full queue drops it, counted.
     pub fn finish(&self, span: Span, name: String, status: u16, attributes: Vec<KeyValue>, client: Option<Exchange>) {
         let end = unix_nanos();
-        let Span { trace_id, id, parent, start, client_id, client_start, attributes: early } = span;
+        let Span { trace_id, id, parent, start, client_id, client_start, target, attributes: early } = span;
         let mut attributes = attributes;
         attributes.extend(early);
         let client = client.filter(|_| client_start != 0).map(|c| OtlpSpan {
@@ -123,8 +135,10 @@ impl Tracer {
             kind: SpanKind::Client as i32,
             start_time_unix_nano: client_start,
             end_time_unix_nano: client_start.saturating_add(u64::try_from(c.took.as_nanos()).unwrap_or(u64::MAX)),
-            attributes: c.attributes,
-            status: error_status(c.status == 0 || c.status >= 500),
+            // A client span is an error for any 4xx or 5xx, and without an answer (HTTP
+            // semantic conventions: a server span only for 5xx).
+            status: error_status(c.status == 0 || c.status >= 400),
+            attributes: client_attributes(c, target.as_deref()),
             // The W3C flags (sampled), and "whether the parent is remote" known: it is not.
             flags: HAS_IS_REMOTE | 1,
             ..OtlpSpan::default()
@@ -152,6 +166,54 @@ impl Tracer {
     }
 }
 
+/// The client span's attributes: the exchange's own, and where it went (`server.address`,
+/// `server.port` and `url.full`, the server that answered when a group chose one), and why it
+/// failed (`error.type`: the status code of a 4xx or 5xx, the kind of failure without one).
+fn client_attributes(c: Exchange, target: Option<&Target>) -> Vec<KeyValue> {
+    let mut out = c.attributes;
+    if let Some(t) = target {
+        let served = c.server.as_deref().and_then(|s| s.parse::<http::uri::Authority>().ok());
+        let authority = served.as_ref().unwrap_or(&t.authority);
+        out.push(text("server.address", authority.host().trim_start_matches('[').trim_end_matches(']')));
+        if let Some(port) = authority.port_u16() {
+            out.push(int("server.port", i64::from(port)));
+        }
+        out.push(text("url.full", format!("{}://{authority}{}", t.scheme, t.path_and_query)));
+    }
+    match (c.status, c.failure) {
+        (400.., _) => out.push(text("error.type", c.status.to_string())),
+        (0, Some(kind)) => out.push(text("error.type", kind)),
+        (0, None) => out.push(text("error.type", "_OTHER")),
+        _ => {}
+    }
+    out
+}
+
+/// The `traceparent` an upstream gets for a request tracing does not sample: the caller's
+/// trace (and parent) with the sampled flag cleared, or a new trace id and parent id not
+/// sampled; so the upstream follows tollgate's decision instead of starting a root trace.
+/// A malformed incoming one was already dropped (`request_id`).
+pub fn unsampled(headers: &mut HeaderMap) {
+    let incoming = headers.get(TRACEPARENT).and_then(|v| parse_traceparent(v.as_bytes()));
+    let (trace_id, parent) = match incoming {
+        Some((_, _, flags)) if flags & 1 == 0 => return,
+        Some((trace, span, _)) => (trace, span),
+        None => (nonzero_u128().to_be_bytes(), nonzero_u64().to_be_bytes()),
+    };
+    headers.insert(TRACEPARENT, traceparent(&trace_id, &parent, false));
+}
+
+/// A version-00 `traceparent`.
+fn traceparent(trace_id: &[u8; 16], parent: &[u8; 8], sampled: bool) -> HeaderValue {
+    let mut out = [0u8; 55];
+    out[..3].copy_from_slice(b"00-");
+    hex(trace_id, &mut out[3..35]);
+    out[35] = b'-';
+    hex(parent, &mut out[36..52]);
+    out[52..].copy_from_slice(if sampled { b"-01" } else { b"-00" });
+    HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static(""))
+}
+
 /// OTLP span flags: whether the parent is remote is known (bit 8), and it is (bit 9).
 const HAS_IS_REMOTE: u32 = 0x100;
 const IS_REMOTE: u32 = 0x200;
@@ -162,20 +224,19 @@ pub struct Exchange {
     pub attributes: Vec<KeyValue>,
     pub took: std::time::Duration,
     pub status: u16,
+    /// The group's server that took it (`host:port`).
+    pub server: Option<String>,
+    /// Without a status: the kind of failure (tollgate's answer's kind, `upstream_unreachable`).
+    pub failure: Option<&'static str>,
 }
 
 impl Span {
-    /// The upstream exchange starts now: the `traceparent` the upstream gets, naming the
-    /// client span as its parent (sampled).
-    pub fn upstream_starts(&mut self) -> HeaderValue {
+    /// The upstream exchange to `target` starts now: the `traceparent` the upstream gets,
+    /// naming the client span as its parent (sampled).
+    pub fn upstream_starts(&mut self, target: Option<Target>) -> HeaderValue {
         self.client_start = unix_nanos();
-        let mut out = [0u8; 55];
-        out[..3].copy_from_slice(b"00-");
-        hex(&self.trace_id, &mut out[3..35]);
-        out[35] = b'-';
-        hex(&self.client_id, &mut out[36..52]);
-        out[52..].copy_from_slice(b"-01");
-        HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static(""))
+        self.target = target.map(Box::new);
+        traceparent(&self.trace_id, &self.client_id, true)
     }
 }
 
@@ -287,9 +348,10 @@ mod tests {
             start: 1,
             client_id: [0xab; 8],
             client_start: 0,
+            target: None,
             attributes: Vec::new(),
         };
-        let out = s.upstream_starts();
+        let out = s.upstream_starts(None);
         assert_eq!(out, "00-4bf92f3577b34da6a3ce929d0e0e4736-abababababababab-01");
         assert!(valid_traceparent(out.as_bytes()));
         assert!(parse_traceparent(b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01").is_none());

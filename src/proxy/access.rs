@@ -222,7 +222,14 @@ impl Access<'_> {
             if upstream_status != 0 {
                 c.push(trace::int("http.response.status_code", i64::from(upstream_status)));
             }
-            Exchange { attributes: c, took, status: upstream_status }
+            let failure = (upstream_status == 0).then_some(self.error).flatten();
+            Exchange {
+                attributes: c,
+                took,
+                status: upstream_status,
+                server: self.served.map(|s| s.0.to_owned()),
+                failure,
+            }
         });
         if exchange.is_some() {
             a.push(trace::text("tollgate.upstream", self.lane.upstream.as_str()));

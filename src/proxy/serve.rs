@@ -124,9 +124,12 @@ impl Proxy {
                         // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
                         // `OnUpgrade` in the request's (usually empty) extensions.
                         let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
-                        if let Some(span) = log.trace.as_mut() {
+                        match log.trace.as_mut() {
                             // The upstream's parent is the exchange's client span.
-                            parts.headers.insert(crate::request_id::TRACEPARENT, span.upstream_starts());
+                            Some(span) => Proxy::trace_upstream(span, this.config.upstream(route), &mut parts, strip),
+                            // Not sampled: the upstream is told so, and follows.
+                            None if this.tracer.is_some() => crate::trace::unsampled(&mut parts.headers),
+                            None => {}
                         }
                         let req = Request::from_parts(parts, body);
                         let sent = Instant::now();
@@ -218,6 +221,21 @@ impl Proxy {
         };
         span.attributes.push(crate::trace::text("network.protocol.version", version));
         Some(span)
+    }
+
+    /// A traced request's upstream exchange starts: the `traceparent` naming its client span,
+    /// and where it goes (a group's server is known once one answered).
+    #[cold]
+    fn trace_upstream(span: &mut crate::trace::Span, up: &crate::config::Upstream, parts: &mut Parts, strip: usize) {
+        let target = match &up.kind {
+            crate::config::UpstreamKind::Http(h) => Some(crate::trace::Target {
+                scheme: if h.tls.is_some() { "https" } else { "http" },
+                authority: h.authority.clone(),
+                path_and_query: forward::origin_form(&h.base_path, &parts.uri, strip),
+            }),
+            crate::config::UpstreamKind::Respond(_) => None,
+        };
+        parts.headers.insert(crate::request_id::TRACEPARENT, span.upstream_starts(target));
     }
 
     /// Ends a traced request's span with the facts of its log line.

@@ -223,6 +223,11 @@ async fn a_200_has_a_server_span_and_a_client_span_whose_id_the_upstream_gets() 
     let c = attrs(client);
     assert_eq!(c["http.response.status_code"], "200");
     assert_eq!(c["tollgate.upstream"], "up");
+    // Where the exchange went (HTTP client semantic conventions).
+    assert_eq!(c["server.address"], "127.0.0.1", "{c:?}");
+    assert_eq!(c["server.port"], up.addr.port().to_string(), "{c:?}");
+    assert_eq!(c["url.full"], format!("http://{}/items/7", up.addr), "{c:?}");
+    assert!(!c.contains_key("error.type"), "{c:?}");
 
     // The upstream's parent is the client span.
     let tp = seen.lock().unwrap()[0].clone();
@@ -322,7 +327,60 @@ async fn without_parent_based_the_sample_decides_alone() {
     assert_eq!(get_with(tg.addr, "/", &[("traceparent", sampled)]).await.0, StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(collector.store.lock().unwrap().spans.is_empty());
-    assert_eq!(seen.lock().unwrap()[0], sampled, "passed through untouched");
+    // The caller's trace, not sampled: the upstream follows tollgate's decision.
+    assert_eq!(seen.lock().unwrap()[0], "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00");
+}
+
+/// A request tracing does not sample still tells the upstream, with the unsampled flag: at
+/// sample 0.2 every upstream request carries a `traceparent`, and exactly those whose spans
+/// were exported say sampled (`-01`), their client span being the parent; the others say
+/// `-00`, so the upstream does not start traces of its own for them.
+#[tokio::test]
+async fn an_unsampled_request_tells_the_upstream_it_is_not_sampled() {
+    let collector = Collector::grpc().await;
+    let (up, seen) = recording_upstream().await;
+    let yaml = config(up.addr, &format!("http://{}", collector.addr), "  sample: 0.2\n", "");
+    let tg = Tollgate::start(&yaml).await;
+    for _ in 0..200 {
+        assert_eq!(get(tg.addr, "/").await.0, StatusCode::OK);
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 200);
+    let sampled: Vec<&String> = seen.iter().filter(|t| t.ends_with("-01")).collect();
+    let unsampled = seen.iter().filter(|t| t.ends_with("-00")).count();
+    assert_eq!(sampled.len() + unsampled, 200, "every upstream request has a traceparent: {seen:?}");
+    assert!(sampled.len() > 10 && unsampled > 100, "about a fifth sampled: {} of 200", sampled.len());
+    for t in &seen {
+        assert_eq!((t.len(), &t[..3]), (55, "00-"), "{t}");
+    }
+    let got = spans(&collector.store, 2 * sampled.len()).await;
+    let clients: Vec<String> = got
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client as i32)
+        .map(|s| format!("00-{}-{}-01", hex(&s.trace_id), hex(&s.span_id)))
+        .collect();
+    let mut sampled: Vec<String> = sampled.into_iter().cloned().collect();
+    let mut clients = clients;
+    sampled.sort();
+    clients.sort();
+    assert_eq!(sampled, clients, "each sampled traceparent names an exported client span");
+}
+
+/// A failed connect: the client span says what failed (`error.type`) and where it tried.
+#[tokio::test]
+async fn a_failed_connects_client_span_has_its_error_type() {
+    let collector = Collector::grpc().await;
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let yaml = config(dead, &format!("http://{}", collector.addr), "  sample: 1\n", "");
+    let tg = Tollgate::start(&yaml).await;
+    assert_eq!(get(tg.addr, "/x?y=1").await.0, StatusCode::BAD_GATEWAY);
+    let got = spans(&collector.store, 2).await;
+    let client = got.iter().find(|s| s.kind == SpanKind::Client as i32).expect("a client span");
+    let c = attrs(client);
+    assert_eq!(c["error.type"], "upstream_connect", "{c:?}");
+    assert_eq!(c["server.port"], dead.port().to_string(), "{c:?}");
+    assert_eq!(c["url.full"], format!("http://{dead}/x?y=1"), "{c:?}");
+    assert!(client.status.as_ref().is_some_and(|s| s.code == 2), "an error status: {:?}", client.status);
 }
 
 #[tokio::test]
