@@ -175,7 +175,7 @@ fn bench_parts(c: &mut Criterion) {
         path: req.uri.path(),
         parts: &req,
         tls_client: None,
-        identity: None,
+        known: None,
     };
     for spec in ["client_ip", "route, client_ip, header:x-api-key"] {
         let spec_v = KeySpec::parse(spec).expect("spec");

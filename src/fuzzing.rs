@@ -191,7 +191,7 @@ pub fn check_key(spec: Option<&str>, parts: &Parts, peer: IpAddr) {
         _ => every_part(parts),
     };
     let hash = |p: &Parts| {
-        KeyCtx { route: "fuzz", client_ip: peer, path: p.uri.path(), parts: p, tls_client: None, identity: None }
+        KeyCtx { route: "fuzz", client_ip: peer, path: p.uri.path(), parts: p, tls_client: None, known: None }
             .key(&spec)
     };
     let digest = hash(parts);

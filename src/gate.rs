@@ -153,7 +153,7 @@ impl Gate {
     fn lookup_tier(directory: &Directory, ctx: &KeyCtx<'_>) -> Lookup {
         use crate::limit::key::MAX_PART_BYTES;
         let plans = directory.plans();
-        if let (Some(claim), Some(id)) = (&plans.tier_claim, ctx.identity) {
+        if let (Some(claim), Some(id)) = (&plans.tier_claim, ctx.identity()) {
             if let Some(t) = id.claim(claim).and_then(|name| plans.tier(name)) {
                 return Lookup::Tier(t);
             }
@@ -217,7 +217,7 @@ impl Gate {
                 // This tier is not limited by it.
                 continue;
             }
-            let key = ctx.key(&limit.config.key);
+            let key = ctx.key_of(i, &limit.config.key);
             // A key back before its Retry-After is counted; with a penalty, denied unasked.
             let decision = match limit.early_retry(key, now, tier) {
                 Some(d) => d,

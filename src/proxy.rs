@@ -19,7 +19,7 @@ use crate::forward::{self, Downstream, HttpForwarder};
 use crate::gate::{Admission, Gate, Limit, Note};
 use crate::limit::plan::Directory;
 use crate::limit::store::redis::fallback_algorithm;
-use crate::limit::{Clock, Identity, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock};
+use crate::limit::{Clock, KeyPart, LocalStore, RedisClient, RedisStore, Store, SystemClock};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::peer::Peer;
 use crate::request_id::RequestId;

@@ -29,12 +29,12 @@ use crate::answer::Error;
 use crate::config::{Config, Route, StoreKind};
 use crate::gate::{Gate, Limit};
 use crate::limit::store::redis::fallback_algorithm;
-use crate::limit::{Algorithm, KeyPart, LocalStore, Store, Timestamp};
+use crate::limit::{Algorithm, KeyHash, KeyPart, LocalStore, Store, Timestamp};
 use crate::metrics::Metrics;
 use crate::request_key::{KeyCtx, TrustedProxies};
 use crate::route::{self, Conditions};
 
-pub use parse::{Columns, Format, Live, Record};
+pub use parse::{Columns, Format, Live, LoggedKey, Record};
 pub use report::{Compare, Report};
 
 /// How far back in log time a line may be from the latest decided one and still be decided
@@ -86,8 +86,15 @@ pub struct Engine {
     gates: Vec<Gate>,
     trusted: TrustedProxies,
     /// Per route, per limit: which of its key parts the log cannot give (header, tls_client,
-    /// claim, consumer when not logged).
+    /// claim, consumer when not logged, client_ip behind trusted proxies in tollgate's log).
     pub(crate) missing: Vec<Vec<Vec<String>>>,
+    /// Per route, per limit: its key spec as tollgate's log writes it (`route,client_ip`), to
+    /// find the limit's logged key on a line.
+    specs: Vec<Vec<String>>,
+    /// The client IP is read from the log's `peer` behind trusted proxies: the balancer's.
+    pub(crate) peer_is_balancer: bool,
+    /// Reading tollgate's own log (its `keys` field can stand in for missing material).
+    pub(crate) own_log: bool,
     /// Whether the log names consumers (a route with `auth` refused those without one).
     consumers: bool,
     /// Redis limits replayed with the local math (route, limit).
@@ -102,6 +109,10 @@ impl Engine {
         let instances = config.redis.as_ref().map_or(1, |r| r.instances.get());
         let mut redis = Vec::new();
         let mut missing = Vec::new();
+        let mut specs = Vec::new();
+        // tollgate's `peer` is the socket's address (or a PROXY header's): behind trusted
+        // proxies, the balancer's. Another log's address column is taken as the client's.
+        let peer_is_balancer = logged.own && !config.trusted_proxies.is_empty();
         let mut gates = Vec::new();
         let mut conditions = Vec::new();
         for r in &config.routes {
@@ -137,6 +148,7 @@ impl Engine {
                             .filter(|p| match p {
                                 KeyPart::Header(h) => !logged.headers.contains(h),
                                 KeyPart::Consumer => !logged.consumers,
+                                KeyPart::ClientIp => peer_is_balancer,
                                 // Not in a log line: a client certificate, a token's claims.
                                 KeyPart::TlsClient | KeyPart::Claim(_) => true,
                                 _ => false,
@@ -146,6 +158,7 @@ impl Engine {
                     })
                     .collect(),
             );
+            specs.push(route.limits.iter().map(|l| spec_text(&l.key)).collect());
         }
         Engine {
             routes: config.routes.clone(),
@@ -153,6 +166,9 @@ impl Engine {
             gates,
             trusted: TrustedProxies::new(config.trusted_proxies.clone()),
             missing,
+            specs,
+            peer_is_balancer,
+            own_log: logged.own,
             consumers: logged.consumers,
             redis,
             fallback: fallback.then_some(instances),
@@ -184,13 +200,14 @@ impl Engine {
             // No consumer logged on a route that asks for credentials: refused live (401).
             return Verdict::Refused;
         }
+        let known = self.known(i, r);
         let ctx = KeyCtx {
             route: &self.routes[i].name,
             client_ip: self.trusted.client_ip(r.ip, &parts.headers),
             path,
             parts: &parts,
             tls_client: None,
-            identity: r.identity.as_ref(),
+            known: (!known.is_empty()).then_some(&known),
         };
         let now = Timestamp::from_micros(r.at_us);
         let verdict = match ready(self.gates[i].check(&ctx, now)) {
@@ -206,6 +223,37 @@ impl Engine {
         seen(i, &ctx, &verdict);
         verdict
     }
+}
+
+impl Engine {
+    /// The keys of route `i`'s limits that the record's line logged (`log.access_keys`): a
+    /// limit of the same name, keyed on the same parts, on the same route when its key names
+    /// the route. Only limits whose material the log lacks need them, but the live proxy's own
+    /// digest is the right one for any.
+    fn known(&self, i: usize, r: &Record) -> Vec<Option<KeyHash>> {
+        if r.keys.is_empty() {
+            return Vec::new();
+        }
+        let route = &self.routes[i];
+        let same_route = r.route.as_deref().is_none_or(|name| name == route.name);
+        route
+            .limits
+            .iter()
+            .zip(&self.specs[i])
+            .map(|(l, spec)| {
+                let names_route = l.key.parts().contains(&KeyPart::Route);
+                r.keys
+                    .iter()
+                    .find(|k| *k.limit == *l.name && *k.spec == **spec && (same_route || !names_route))
+                    .map(|k| KeyHash(k.digest))
+            })
+            .collect()
+    }
+}
+
+/// A key spec as tollgate's log writes it: its parts, comma-separated.
+pub(crate) fn spec_text(spec: &crate::limit::KeySpec) -> String {
+    spec.parts().iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// The request head a record describes, as the live proxy would have received it.
@@ -225,6 +273,10 @@ fn head(r: &Record) -> Option<http::request::Parts> {
     }
     for (name, value) in &r.headers {
         parts.headers.append(name.clone(), HeaderValue::from_str(value).ok()?);
+    }
+    // Where `auth` puts the identity it verified.
+    if let Some(id) = &r.identity {
+        parts.extensions.insert(Box::new(id.clone()));
     }
     Some(parts)
 }
@@ -447,21 +499,25 @@ pub fn verdicts(config: &Config, files: &[PathBuf]) -> Result<Vec<Checked>, Stri
     Ok(out)
 }
 
-/// The headers the log carries (named columns only).
 /// What a log format carries that limit keys may read, beside the request line and peer.
 pub struct Logged {
+    /// The headers the log carries (named columns only).
     headers: Vec<http::HeaderName>,
     /// The consumer `auth` verified: tollgate's own log has it, named columns when asked.
     consumers: bool,
+    /// tollgate's own log: its `peer` is the connection's, and its `keys` the limits' keys.
+    own: bool,
 }
 
 fn logged(f: &Format) -> Logged {
     match f {
-        Format::Json(c) | Format::Csv(c) => {
-            Logged { headers: c.headers.iter().map(|h| h.0.clone()).collect(), consumers: c.consumer.is_some() }
-        }
-        Format::Tollgate => Logged { headers: Vec::new(), consumers: true },
-        Format::Nginx => Logged { headers: Vec::new(), consumers: false },
+        Format::Json(c) | Format::Csv(c) => Logged {
+            headers: c.headers.iter().map(|h| h.0.clone()).collect(),
+            consumers: c.consumer.is_some(),
+            own: false,
+        },
+        Format::Tollgate => Logged { headers: Vec::new(), consumers: true, own: true },
+        Format::Nginx => Logged { headers: Vec::new(), consumers: false, own: false },
     }
 }
 

@@ -23,8 +23,10 @@ pub struct KeyCtx<'a> {
     pub parts: &'a http::request::Parts,
     /// The client certificate's identity on an mTLS connection (see [`crate::peer::Peer`]).
     pub tls_client: Option<&'a str>,
-    /// Who the route's `auth` verified the request is (`None`: the route has no `auth`).
-    pub identity: Option<&'a Identity>,
+    /// Keys known already, by the index of the route's limit: what `tollgate replay` read in
+    /// a log line for material the line lacks (`None` on the request path). A thin pointer:
+    /// the context lives in every request's future across the decision.
+    pub known: Option<&'a Vec<Option<KeyHash>>>,
 }
 
 #[cfg(test)]
@@ -37,12 +39,34 @@ impl<'a> KeyCtx<'a> {
             path: "/",
             parts,
             tls_client: None,
-            identity: None,
+            known: None,
         }
     }
 }
 
-impl KeyCtx<'_> {
+impl<'a> KeyCtx<'a> {
+    /// Who the route's `auth` verified the request is (`None`: the route has no `auth`): what
+    /// `auth` put in the head's extensions.
+    #[inline]
+    pub fn identity(&self) -> Option<&'a Identity> {
+        self.parts.extensions.get::<Box<Identity>>().map(|id| &**id)
+    }
+
+    /// The key of limit `i` known already (read from a log), if any.
+    #[inline]
+    pub fn known(&self, i: usize) -> Option<KeyHash> {
+        self.known.and_then(|k| k.get(i).copied().flatten())
+    }
+
+    /// The key of the route's limit `i` of `spec`: the one known already, else this request's.
+    #[inline]
+    pub fn key_of(&self, i: usize, spec: &KeySpec) -> KeyHash {
+        match self.known {
+            None => self.key(spec),
+            Some(_) => self.known(i).unwrap_or_else(|| self.key(spec)),
+        }
+    }
+
     /// The digest of this request's key of `spec` (see `limit::key` for the encoding).
     #[inline]
     pub fn key(&self, spec: &KeySpec) -> KeyHash {
@@ -59,8 +83,8 @@ impl KeyCtx<'_> {
                 }
                 KeyPart::Path => m.path(self.path),
                 KeyPart::TlsClient => m.tls_client(self.tls_client),
-                KeyPart::Consumer => m.consumer(self.identity.map(|id| &*id.consumer)),
-                KeyPart::Claim(name) => m.claim(name, self.identity.and_then(|id| id.claim(name))),
+                KeyPart::Consumer => m.consumer(self.identity().map(|id| &*id.consumer)),
+                KeyPart::Claim(name) => m.claim(name, self.identity().and_then(|id| id.claim(name))),
             }
         }
         m.finish()
@@ -71,9 +95,9 @@ impl KeyCtx<'_> {
     /// identity, the route name or the path;
     /// `None` when the request has no such value. Capped at [`MAX_PART_BYTES`]; written into
     /// `buf` when it must be decoded or formatted, so nothing is allocated.
-    pub fn value<'a>(&'a self, part: &KeyPart, buf: &'a mut [u8; MAX_PART_BYTES]) -> Option<&'a [u8]> {
+    pub fn value<'b>(&'b self, part: &KeyPart, buf: &'b mut [u8; MAX_PART_BYTES]) -> Option<&'b [u8]> {
         let ctx = self;
-        let capped = |b: &'a [u8]| &b[..b.len().min(MAX_PART_BYTES)];
+        let capped = |b: &'b [u8]| &b[..b.len().min(MAX_PART_BYTES)];
         match part {
             KeyPart::Route => Some(capped(ctx.route.as_bytes())),
             KeyPart::Path => Some(capped(ctx.path.as_bytes())),
@@ -83,8 +107,8 @@ impl KeyCtx<'_> {
                 Some(&buf[..n])
             }
             KeyPart::TlsClient => ctx.tls_client.map(|id| capped(id.as_bytes())),
-            KeyPart::Consumer => ctx.identity.map(|id| capped(id.consumer.as_bytes())),
-            KeyPart::Claim(name) => ctx.identity.and_then(|id| id.claim(name)).map(|v| capped(v.as_bytes())),
+            KeyPart::Consumer => ctx.identity().map(|id| capped(id.consumer.as_bytes())),
+            KeyPart::Claim(name) => ctx.identity().and_then(|id| id.claim(name)).map(|v| capped(v.as_bytes())),
             KeyPart::ClientIp => {
                 use std::io::Write;
                 let mut w = &mut buf[..];
@@ -247,7 +271,7 @@ mod tests {
             path: p.uri.path(),
             parts: p,
             tls_client: None,
-            identity: None,
+            known: None,
         };
         ctx.key(&KeySpec::parse(spec).expect("spec"))
     }

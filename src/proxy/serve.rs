@@ -371,7 +371,7 @@ impl Proxy {
             path: target.path(parts),
             parts,
             tls_client: peer.tls_client(),
-            identity: identity(parts),
+            known: None,
         }
     }
 
@@ -577,10 +577,6 @@ impl<'a> Ctx<'a> {
 /// The identity *auth* verified, kept in the head's extensions (`None` on routes without
 /// `auth`: their head has no extensions map, so this is one comparison).
 #[inline(always)]
-fn identity(parts: &Parts) -> Option<&Identity> {
-    parts.extensions.get::<Box<Identity>>().map(|id| &**id)
-}
-
 /// Whether `route` takes `TRACE`: only when its `methods:` list it.
 fn takes_trace(route: &Route) -> bool {
     route.methods.as_ref().is_some_and(|m| m.contains(&Method::TRACE))

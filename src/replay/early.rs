@@ -33,7 +33,7 @@ impl Eager {
             let now = l.metrics.early_retries.get();
             if now > *last {
                 let key = hashed.of(j, l, ctx);
-                keys.entry(key).or_insert_with(|| (0, label(l, ctx))).0 += now - *last;
+                keys.entry(key).or_insert_with(|| (0, label(e, i, j, ctx))).0 += now - *last;
                 *last = now;
             }
         }

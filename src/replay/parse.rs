@@ -30,6 +30,44 @@ pub struct Record {
     pub identity: Option<Identity>,
     /// What tollgate decided live (its own log only).
     pub live: Option<Live>,
+    /// The route that took it live (tollgate's own log).
+    pub route: Option<String>,
+    /// Each limit's key as the live proxy hashed it (`log.access_keys: true`): what replay
+    /// decides on where the log lacks the key's material (a client behind a balancer, a header).
+    pub keys: Vec<LoggedKey>,
+}
+
+/// One limit's key on a line of tollgate's log: `name|key spec|digest`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedKey {
+    pub limit: Box<str>,
+    /// The key's parts as the config writes them, comma-separated (`route,client_ip`).
+    pub spec: Box<str>,
+    pub digest: u128,
+}
+
+/// The `keys` field: `name|spec|digest` per limit, `;`-separated. A limit name has no `|` or
+/// `;`, a digest is 32 hex digits; a spec's parts (a query parameter's name) may hold either.
+pub fn logged_keys(text: &str) -> Result<Vec<LoggedKey>, String> {
+    let bad = || format!("`keys` is not `name|spec|digest;…`: {text:?}");
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (limit, after) = rest.split_once('|').ok_or_else(bad)?;
+        // The digest: the first `|` followed by 32 hex digits and the end or a `;`.
+        let b = after.as_bytes();
+        let at = (0..b.len())
+            .find(|&i| {
+                b[i] == b'|'
+                    && b.get(i + 1..i + 33).is_some_and(|d| d.iter().all(u8::is_ascii_hexdigit))
+                    && matches!(b.get(i + 33), None | Some(b';'))
+            })
+            .ok_or_else(bad)?;
+        let digest = u128::from_str_radix(&after[at + 1..at + 33], 16).map_err(|_| bad())?;
+        out.push(LoggedKey { limit: limit.into(), spec: after[..at].into(), digest });
+        rest = after.get(at + 34..).unwrap_or("");
+    }
+    Ok(out)
 }
 
 /// A decision as tollgate's access log recorded it.
@@ -38,6 +76,16 @@ pub enum Live {
     Admitted,
     Delayed,
     Throttled,
+}
+
+impl std::fmt::Display for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Live::Admitted => "admitted",
+            Live::Delayed => "delayed",
+            Live::Throttled => "throttled",
+        })
+    }
 }
 
 /// A log format.
@@ -159,6 +207,10 @@ struct Fields<'a> {
     #[serde(borrow)]
     consumer: Option<Cow<'a, str>>,
     at_us: Option<u64>,
+    #[serde(borrow)]
+    route: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    keys: Option<Cow<'a, str>>,
 }
 
 /// Parses one line in `format` (`header`: a CSV file's column names).
@@ -209,6 +261,8 @@ fn tollgate(text: &str) -> Result<Parsed, String> {
         id: f.request_id.map(Cow::into_owned),
         identity: f.consumer.as_deref().map(identity),
         live,
+        route: f.route.map(Cow::into_owned),
+        keys: f.keys.as_deref().map(logged_keys).transpose()?.unwrap_or_default(),
     })))
 }
 
@@ -251,6 +305,8 @@ fn nginx(text: &str) -> Result<Record, String> {
         id: None,
         identity: None,
         live: None,
+        route: None,
+        keys: Vec::new(),
     })
 }
 
@@ -337,6 +393,8 @@ fn columns(c: &Columns, get: &dyn Fn(&str) -> Option<String>) -> Result<Record, 
         id: c.id.as_deref().and_then(get),
         identity: c.consumer.as_deref().and_then(get).as_deref().map(identity),
         live: None,
+        route: None,
+        keys: Vec::new(),
     })
 }
 
@@ -411,6 +469,19 @@ mod tests {
         let c = Columns::parse("ts=time,ip=remote,method=verb,path=uri,consumer=user").unwrap();
         let r = one(&Format::Json(c), r#"{"time":1796547235,"remote":"::1","verb":"GET","uri":"/","user":"acme"}"#);
         assert_eq!(r.identity.map(|i| i.consumer), Some("acme".into()));
+    }
+
+    #[test]
+    fn logged_keys_are_read_whatever_a_spec_holds() {
+        let d = "0123456789abcdef0123456789abcdef";
+        let text = format!("per-ip|client_ip|{d};odd|route,query:a|b;c|{d}");
+        let keys = logged_keys(&text).unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!((&*keys[0].limit, &*keys[0].spec), ("per-ip", "client_ip"));
+        assert_eq!((&*keys[1].limit, &*keys[1].spec), ("odd", "route,query:a|b;c"));
+        assert_eq!(keys[1].digest, 0x0123456789abcdef0123456789abcdef);
+        assert!(logged_keys("per-ip|client_ip|xyz").is_err());
+        assert!(logged_keys("").unwrap().is_empty());
     }
 
     #[test]

@@ -19,6 +19,10 @@ struct LimitTally {
     throttled: u64,
     delayed: u64,
     keys: KeyCounts,
+    /// Requests decided on the key the log recorded (`log.access_keys`).
+    from_log: u64,
+    /// Requests decided without the material their key needs (one shared "missing" key).
+    lacking: u64,
 }
 
 /// Counts of one route.
@@ -78,6 +82,13 @@ impl Tally {
         self.eager.seen(e, i, ctx, &mut keys);
         let t = &mut self.routes[i];
         t.requests += 1;
+        for (j, lt) in t.limits.iter_mut().enumerate() {
+            if ctx.known(j).is_some() {
+                lt.from_log += 1;
+            } else if !e.missing[i][j].is_empty() {
+                lt.lacking += 1;
+            }
+        }
         let copy = route.stale_on_limit.filter(|_| r.method == http::Method::GET).map(|age| {
             let id = xxhash_rust::xxh3::xxh3_64(
                 format!("{}\0{}\0{}", r.host.as_deref().unwrap_or(""), r.path, r.query.as_deref().unwrap_or(""))
@@ -115,7 +126,7 @@ impl Tally {
                     let (limit, lt) = (&e.limits(i)[l], &mut t.limits[l]);
                     lt.throttled += 1;
                     let key = keys.of(l, limit, ctx);
-                    lt.keys.entry(key).or_insert_with(|| (0, label(limit, ctx))).0 += 1;
+                    lt.keys.entry(key).or_insert_with(|| (0, label(e, i, l, ctx))).0 += 1;
                 }
             }
             Verdict::NoRoute | Verdict::Refused => {}
@@ -137,7 +148,7 @@ impl Tally {
             if live == now {
                 self.live_agree += 1;
             } else if self.live_differ.len() < 20 {
-                self.live_differ.push(format!("{}: live {live:?}, replay {now:?}", r.id.as_deref().unwrap_or("-")));
+                self.live_differ.push(format!("{}: live {live}, replay {now}", r.id.as_deref().unwrap_or("-")));
             }
         }
     }
@@ -145,7 +156,20 @@ impl Tally {
     pub(crate) fn finish(self, e: &Engine, stats: ReadStats, o: &Options) -> Report {
         let top = self.top;
         let eager = &self.eager;
-        let routes = self
+        // Why live decisions may not be reproduced: requests whose keys lacked material.
+        let mut why = Vec::new();
+        for (i, t) in self.routes.iter().enumerate() {
+            for (j, lt) in t.limits.iter().enumerate().filter(|(_, lt)| lt.lacking > 0) {
+                why.push(format!(
+                    "route {} limit {}: {} requests decided without their key ({})",
+                    e.route(i).name,
+                    e.limits(i)[j].config.name,
+                    lt.lacking,
+                    lacking_words(e, &e.missing[i][j])
+                ));
+            }
+        }
+        let routes: Vec<RouteReport> = self
             .routes
             .into_iter()
             .enumerate()
@@ -175,7 +199,9 @@ impl Tally {
                         delayed: lt.delayed,
                         keys_affected: lt.keys.len() as u64,
                         top_keys: top_keys(lt.keys, top),
-                        key_parts_not_in_log: e.missing[i][j].clone(),
+                        keys_from_log: lt.from_log,
+                        requests_without_key: lt.lacking,
+                        key_parts_not_in_log: if lt.lacking > 0 { e.missing[i][j].clone() } else { Vec::new() },
                         early_retries: eager.report(e, i, j),
                     })
                     .collect(),
@@ -195,10 +221,12 @@ impl Tally {
             let names: Vec<String> = e.redis.iter().map(|(r, l)| format!("{r}/{l}")).collect();
             notes.push(format!("Redis limits ({}) are replayed {how}.", names.join(", ")));
         }
-        if routes_miss(e) {
+        if routes_miss(&routes) {
             notes.push(
-                "Some keys read parts the log does not have (listed per limit): those parts count as missing, \
-                 one shared key, as the live proxy counts a request without them."
+                "Some keys read parts the log does not have (listed per limit): a request without them is \
+                 decided on one shared \"missing\" key, where the live proxy had each client's own. In \
+                 tollgate's log, `log.access_keys: true` records each limit's key (its digest), and replay \
+                 decides on it."
                     .into(),
             );
         }
@@ -217,6 +245,7 @@ impl Tally {
                 requests: self.live_total,
                 reproduced: self.live_agree,
                 differ: self.live_differ,
+                why,
             }),
             routes,
             notes,
@@ -225,8 +254,22 @@ impl Tally {
     }
 }
 
-fn routes_miss(e: &Engine) -> bool {
-    e.missing.iter().flatten().any(|m| !m.is_empty())
+fn routes_miss(routes: &[RouteReport]) -> bool {
+    routes.iter().flat_map(|r| &r.limits).any(|l| !l.key_parts_not_in_log.is_empty())
+}
+
+/// Why a key's parts are not in the log, and what gives them.
+fn lacking_words(e: &Engine, parts: &[String]) -> String {
+    let mut out = format!("the log has no {}", parts.join(", "));
+    if e.peer_is_balancer && parts.iter().any(|p| p == "client_ip") {
+        out.push_str("; behind trusted_proxies, its `peer` is the balancer, not the client");
+    }
+    out.push_str(if e.own_log {
+        "; `log.access_keys: true` logs each limit's key"
+    } else {
+        "; a header is read from a column named in --columns"
+    });
+    out
 }
 
 fn share(n: u64, of: u64) -> f64 {
@@ -255,21 +298,34 @@ impl Keys {
         Keys(smallvec::smallvec![None; limits])
     }
 
-    /// The key of limit `j` (`limit`) for `ctx`.
+    /// The key of limit `j` (`limit`) for `ctx` (the logged one, when the line has it).
     pub(crate) fn of(&mut self, j: usize, limit: &Limit, ctx: &KeyCtx<'_>) -> u128 {
         match self.0.get_mut(j) {
-            Some(k) => *k.get_or_insert_with(|| ctx.key(&limit.config.key).0),
-            None => ctx.key(&limit.config.key).0,
+            Some(k) => *k.get_or_insert_with(|| ctx.key_of(j, &limit.config.key).0),
+            None => ctx.key_of(j, &limit.config.key).0,
         }
     }
 }
 
-pub(super) fn label(limit: &Limit, ctx: &KeyCtx<'_>) -> String {
+/// The text of limit `j`'s key on route `i`: `part=value` per part (`-` for a value the
+/// request lacks, `?` for one the log lacks), and the key's digest when the log gave it (as
+/// the admin listener's `/limits` names keys).
+pub(super) fn label(e: &Engine, i: usize, j: usize, ctx: &KeyCtx<'_>) -> String {
+    let limit = &e.limits(i)[j];
+    let missing = &e.missing[i][j];
     let mut out = String::new();
     let mut buf = [0u8; crate::limit::key::MAX_PART_BYTES];
-    for (i, part) in limit.config.key.parts().iter().enumerate() {
+    for (n, part) in limit.config.key.parts().iter().enumerate() {
+        let sep = if n > 0 { " " } else { "" };
+        if missing.contains(&part.to_string()) {
+            let _ = write!(out, "{sep}{part}=?");
+            continue;
+        }
         let value = ctx.value(part, &mut buf).map(String::from_utf8_lossy);
-        let _ = write!(out, "{}{part}={}", if i > 0 { " " } else { "" }, value.as_deref().unwrap_or("-"));
+        let _ = write!(out, "{sep}{part}={}", value.as_deref().unwrap_or("-"));
+    }
+    if let Some(k) = ctx.known(j) {
+        let _ = write!(out, " (key {:032x})", k.0);
     }
     out
 }
@@ -278,8 +334,8 @@ pub(super) fn label(limit: &Limit, ctx: &KeyCtx<'_>) -> String {
 pub(crate) fn who(e: &Engine, i: usize, ctx: &KeyCtx<'_>, v: &Verdict) -> String {
     let route = &e.route(i).name;
     match v {
-        Verdict::Throttled { limits, .. } => match limits.first().and_then(|l| e.limits(i).get(*l)) {
-            Some(l) => format!("{route}\t{}\t{}", l.config.name, label(l, ctx)),
+        Verdict::Throttled { limits, .. } => match limits.first().filter(|l| **l < e.limits(i).len()) {
+            Some(&l) => format!("{route}\t{}\t{}", e.limits(i)[l].config.name, label(e, i, l, ctx)),
             None => format!("{route}\t-\t-"),
         },
         _ => String::new(),
@@ -308,6 +364,9 @@ pub struct LiveCheck {
     pub reproduced: u64,
     /// The first that differ, by request id.
     pub differ: Vec<String>,
+    /// What the replay had to decide without: per route and limit, the requests whose key
+    /// the log lacked, and why (empty when every key was there).
+    pub why: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -338,6 +397,11 @@ pub struct LimitReport {
     pub delayed: u64,
     pub keys_affected: u64,
     pub top_keys: Vec<(String, u64)>,
+    /// Requests decided on the key tollgate's log recorded for this limit (`log.access_keys`).
+    pub keys_from_log: u64,
+    /// Requests decided without the material their key needs: one shared "missing" key.
+    pub requests_without_key: u64,
+    /// The key parts the log lacks, when some request needed them.
     pub key_parts_not_in_log: Vec<String>,
     /// Keys back before the Retry-After they were told (the gate's count).
     pub early_retries: EarlyRetries,
@@ -360,6 +424,9 @@ impl Report {
             let _ = writeln!(o, "live decisions reproduced: {} of {}", live.reproduced, live.requests);
             for d in &live.differ {
                 let _ = writeln!(o, "  differs: {d}");
+            }
+            for w in &live.why {
+                let _ = writeln!(o, "  decided without the live key: {w}");
             }
         }
         for r in &self.routes {
@@ -400,11 +467,15 @@ impl Report {
                 if lr.early_retries.times > 0 {
                     let _ = writeln!(o, "    early retries: {}", lr.early_retries.words);
                 }
+                if lr.keys_from_log > 0 {
+                    let _ = writeln!(o, "    {} requests decided on the key the log recorded", lr.keys_from_log);
+                }
                 if !lr.key_parts_not_in_log.is_empty() {
                     let _ = writeln!(
                         o,
-                        "    the log has no {}: counted as missing, as the live proxy would",
-                        lr.key_parts_not_in_log.join(", ")
+                        "    the log has no {}: {} requests decided on one shared missing key",
+                        lr.key_parts_not_in_log.join(", "),
+                        lr.requests_without_key
                     );
                 }
             }

@@ -44,9 +44,9 @@ routes:
       - { name: total, algorithm: sliding_window, rate: 100/m, key: route }
 ";
 
-fn request(port: u16, path: &str) -> u16 {
+fn request(port: u16, path: &str, fields: &str) -> u16 {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nhost: api.example\r\nconnection: close\r\n\r\n").unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: api.example\r\n{fields}connection: close\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0)
@@ -94,7 +94,10 @@ fn a_live_log_with_early_retry_penalties_gets_every_live_decision() {
     assert!(early.times > 0, "the clients that keep one user came back early: {}", report.text());
 }
 
-fn live_decisions_are_reproduced(name: &str, yaml: &str) -> (replay::Report, String) {
+/// Runs tollgate with `yaml` and four clients at different paces, 60 requests each: client
+/// `c`'s request `i` is `request(c, i)` (its target and its header lines). Returns the config,
+/// the log and the statuses.
+fn live_run(name: &str, yaml: &str, request: fn(u64, u64) -> (String, String)) -> (Temp, Temp, Vec<u16>) {
     let config = Temp::new(&format!("{name}.yaml"), yaml);
     let log = Temp::new(&format!("{name}.log"), "");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -114,16 +117,13 @@ fn live_decisions_are_reproduced(name: &str, yaml: &str) -> (replay::Report, Str
         std::thread::sleep(Duration::from_millis(25));
     }
     assert!(up, "tollgate did not start");
-    // Four clients at different paces: two keep one user each and run into their own limit
-    // whatever their pace, two use a fresh user per request and, with the others, run into
-    // the route's (100 a minute against 240 requests).
     let clients: Vec<_> = (0..4u64)
         .map(|c| {
             std::thread::spawn(move || {
                 let mut statuses = Vec::new();
                 for i in 0..60 {
-                    let user = if c < 2 { format!("u{c}") } else { format!("u{c}-{i}") };
-                    statuses.push(request(port, &format!("/items/{i}?user={user}")));
+                    let (target, fields) = request(c, i);
+                    statuses.push(self::request(port, &target, &fields));
                     std::thread::sleep(Duration::from_millis(2 + 8 * c));
                 }
                 statuses
@@ -136,6 +136,17 @@ fn live_decisions_are_reproduced(name: &str, yaml: &str) -> (replay::Report, Str
     let _ = child.wait();
     assert_eq!(statuses.len(), 240);
     assert!(statuses.contains(&429) && statuses.contains(&200), "the load throttles some, not all");
+    (config, log, statuses)
+}
+
+fn live_decisions_are_reproduced(name: &str, yaml: &str) -> (replay::Report, String) {
+    // Two clients keep one user each and run into their own limit whatever their pace, two
+    // use a fresh user per request and, with the others, run into the route's (100 a minute
+    // against 240 requests).
+    let (config, log, statuses) = live_run(name, yaml, |c, i| {
+        let user = if c < 2 { format!("u{c}") } else { format!("u{c}-{i}") };
+        (format!("/items/{i}?user={user}"), String::new())
+    });
 
     let cfg = Config::load(&config.0).unwrap();
     let verdicts = replay::verdicts(&cfg, std::slice::from_ref(&log.0)).unwrap();
@@ -162,6 +173,63 @@ fn live_decisions_are_reproduced(name: &str, yaml: &str) -> (replay::Report, Str
     assert_eq!((live.requests, live.reproduced), (decided, decided), "{:?}", live.differ);
     assert_eq!(report.routes[0].throttled as usize, throttled);
     (report, std::fs::read_to_string(&log.0).unwrap())
+}
+
+/// Clients behind a balancer (a trusted proxy: the log's `peer` is the balancer's address)
+/// keyed by their forwarded address and by an API key header the log does not carry: with
+/// `log.access_keys`, replay decides on each limit's logged key and gets every live decision.
+const BALANCED: &str = "
+server: { workers: 1 }
+trusted_proxies: [127.0.0.1/32]
+log: { format: json, access: true, access_keys: true }
+upstreams: { app: { respond: { body: ok } } }
+routes:
+  - name: api
+    upstream: app
+    limits:
+      - { name: per-ip, algorithm: token_bucket, rate: 10/s, burst: 5, key: client_ip }
+      - { name: per-key, algorithm: sliding_window, rate: 10/m, key: header:x-api-key }
+";
+
+/// Client `c` is 203.0.113.`c+1` behind the balancer, with API key `key-{c % 2}`: each sends
+/// 60 requests within seconds, past its address's 5 + 10/s, and each key's two clients get
+/// more than 10 a minute past `per-ip`, however slowly they run.
+fn balanced(c: u64, i: u64) -> (String, String) {
+    (format!("/items/{i}"), format!("x-forwarded-for: 203.0.113.{}\r\nx-api-key: key-{}\r\n", c + 1, c % 2))
+}
+
+#[test]
+fn a_live_log_behind_a_balancer_with_header_keys_gets_every_live_decision() {
+    let (config, log, statuses) = live_run("balanced", BALANCED, balanced);
+    let cfg = Config::load(&config.0).unwrap();
+    let report = replay::run(&cfg, std::slice::from_ref(&log.0), &options(Format::Tollgate)).unwrap();
+    let live = report.live.as_ref().unwrap();
+    assert_eq!((live.requests, live.reproduced), (240, 240), "{}", report.text());
+    assert!(live.why.is_empty(), "{:?}", live.why);
+    let limits = &report.routes[0].limits;
+    assert!(limits.iter().all(|l| l.throttled > 0), "both limits throttled some: {}", report.text());
+    for l in limits {
+        assert_eq!((l.keys_from_log, l.requests_without_key), (240, 0), "{}", report.text());
+        assert!(l.key_parts_not_in_log.is_empty(), "{}", report.text());
+    }
+    // Clients are told apart by their logged keys, shown by digest where the log lacks the text.
+    assert!(limits[0].keys_affected >= 2, "{}", report.text());
+    assert!(limits[0].top_keys[0].0.starts_with("client_ip=? (key "), "{:?}", limits[0].top_keys);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count() as u64, report.routes[0].throttled);
+
+    // Without `access_keys`, the report says what it lacked, per limit and for the live check.
+    let (config, log, _) = live_run("balanced-nokeys", &BALANCED.replace(", access_keys: true", ""), balanced);
+    let cfg = Config::load(&config.0).unwrap();
+    let report = replay::run(&cfg, std::slice::from_ref(&log.0), &options(Format::Tollgate)).unwrap();
+    let limits = &report.routes[0].limits;
+    assert_eq!(limits[0].key_parts_not_in_log, ["client_ip"], "{}", report.text());
+    assert_eq!(limits[1].key_parts_not_in_log, ["header:x-api-key"], "{}", report.text());
+    assert_eq!((limits[0].requests_without_key, limits[0].keys_from_log), (240, 0));
+    let why = &report.live.as_ref().unwrap().why;
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert!(why[0].contains("per-ip") && why[0].contains("its `peer` is the balancer"), "{why:?}");
+    assert!(why.iter().all(|w| w.contains("`log.access_keys: true` logs each limit's key")), "{why:?}");
+    assert!(report.text().contains("decided without the live key: route api limit per-key"), "{}", report.text());
 }
 
 fn options(format: Format) -> Options {
