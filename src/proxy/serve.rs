@@ -377,12 +377,7 @@ impl Proxy {
     /// does (a body that breaks its framing is refused, not answered); a client that waits for
     /// `100 Continue` gets the final answer instead (RFC 9110 §10.1.1), as nginx's `return`
     /// gives it.
-    async fn responder(
-        &self,
-        r: &crate::config::Responder,
-        parts: &Parts,
-        body: Inbound,
-    ) -> Result<Response<Body>, Error> {
+    async fn responder(&self, r: &forward::Respond, parts: &Parts, body: Inbound) -> Result<Response<Body>, Error> {
         let waits =
             parts.headers.get(http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         if !waits && !http_body::Body::is_end_stream(&body) {
