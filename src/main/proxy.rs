@@ -119,7 +119,8 @@ mod tests {
     }
 
     fn load(text: &str) -> tollgate::config::Config {
-        tollgate::config::Config::from_yaml(std::path::Path::new("flags"), text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+        tollgate::config::Config::from_yaml(std::path::Path::new("flags"), text)
+            .unwrap_or_else(|e| panic!("{e}\n{text}"))
     }
 
     #[test]

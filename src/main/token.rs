@@ -80,9 +80,10 @@ impl Signer {
 
     fn sign(&self, input: &[u8]) -> Result<Vec<u8>, String> {
         match self {
-            Signer::Es256(k) => {
-                k.sign(&SystemRandom::new(), input).map(|s| s.as_ref().to_vec()).map_err(|_| "signing failed".to_owned())
-            }
+            Signer::Es256(k) => k
+                .sign(&SystemRandom::new(), input)
+                .map(|s| s.as_ref().to_vec())
+                .map_err(|_| "signing failed".to_owned()),
             Signer::EdDsa(k) => Ok(k.sign(input).as_ref().to_vec()),
         }
     }
