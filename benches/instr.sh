@@ -5,13 +5,13 @@
 # (about 70 % of a proxied request) is not counted, and neither is the cost of a cache miss
 # or of a large memmove (`rep movsb` is one instruction): read it beside benches/ab.sh.
 #
-#   benches/instr.sh /tmp/old/tollgate target/release/tollgate      # N=20000 PATH_=/
-#   PORT_VAR=REJECT_PORT benches/instr.sh target/release/tollgate     # the 429 path
-#   H2=1 benches/instr.sh target/release/tollgate                       # h2c, 10 streams a connection
-#   PORT_VAR=PLAN_PORT benches/instr.sh target/release/tollgate       # a plan limit (tier lookup)
-#   HEADER='x-api-key: bench-key' benches/instr.sh target/release/tollgate   # pass, same request
-#   TLS=1 benches/instr.sh target/release/tollgate      # pass over TLS 1.3 (ECDSA P-256, HTTP/1.1)
-#   AUTH=es256 benches/instr.sh target/release/tollgate  # pass with `auth:` (es256, rs256, eddsa, api_key),
+#   benches/instr.sh /tmp/old/tollgate target/dist/tollgate      # N=20000 PATH_=/
+#   PORT_VAR=REJECT_PORT benches/instr.sh target/dist/tollgate     # the 429 path
+#   H2=1 benches/instr.sh target/dist/tollgate                       # h2c, 10 streams a connection
+#   PORT_VAR=PLAN_PORT benches/instr.sh target/dist/tollgate       # a plan limit (tier lookup)
+#   HEADER='x-api-key: bench-key' benches/instr.sh target/dist/tollgate   # pass, same request
+#   TLS=1 benches/instr.sh target/dist/tollgate      # pass over TLS 1.3 (ECDSA P-256, HTTP/1.1)
+#   AUTH=es256 benches/instr.sh target/dist/tollgate  # pass with `auth:` (es256, rs256, eddsa, api_key),
 #                                                        # each request sending the bench's credential
 #
 # Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
