@@ -149,7 +149,8 @@ impl Guide {
             .flat_map(|(_, b)| commands(b))
             .any(|c| c == line || c.split(" #").next().is_some_and(|c| c.trim_end() == line));
         assert!(found, "{}: no command `{line}` in its sh blocks", self.page);
-        let mut run = line.replace("cargo run --release -- ", "tollgate ");
+        let mut run =
+            line.replace("cargo run --release -- ", "tollgate ").replace("target/release/tollgate ", "tollgate ");
         if run == "cargo run --release" {
             run = "tollgate".to_owned();
         }
@@ -658,5 +659,47 @@ async fn the_edge_gateway_guide() {
             break;
         }
         assert!(Instant::now() < deadline, "never ejected:\n{servers}");
+    }
+}
+
+#[tokio::test]
+async fn the_api_product_guide() {
+    let mut g = Guide::open("docs/guides/api-product.md");
+    let redis = g.port(6380);
+    let addr = g.port(8080);
+    g.serve("redis-server --port 6380 --save '' --appendonly no &", redis).await;
+    g.serve("target/release/tollgate -c examples/api-product.yaml &", addr).await;
+    let out = g.run("curl -i localhost:8080/v1/complete -H 'x-api-key: key-pro-1'");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("ratelimit-policy:") && l.contains("q=200")),
+        "the pro tier's policy: {out}"
+    );
+    let out = g.run("curl -i localhost:8080/v1/complete -H 'x-api-key: key-abuser'");
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+}
+
+#[tokio::test]
+async fn the_several_instances_guide() {
+    let mut g = Guide::open("docs/guides/several-instances.md");
+    let redis = g.port(6380);
+    let (a, b) = (g.port(8081), g.port(8082));
+    g.serve("redis-server --port 6380 --save '' --appendonly no &", redis).await;
+    g.serve("tollgate -c examples/several-instances.yaml --listen 127.0.0.1:8081 &", a).await;
+    g.serve("tollgate -c examples/several-instances.yaml --listen 127.0.0.1:8082 &", b).await;
+    let line = "for i in $(seq 15); do curl -s -o /dev/null -w '%{http_code} ' localhost:8081/; curl -s -o /dev/null -w '%{http_code} ' localhost:8082/; done; echo";
+    let start = Instant::now();
+    let out = g.run(line);
+    let took = start.elapsed().as_secs_f64();
+    let codes: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(codes.len(), 30, "{out}");
+    let admitted = codes.iter().filter(|c| **c == "200").count();
+    // One bucket of 20 for both, refilled at 10/s while the loop ran (a loaded machine runs it
+    // slowly): never more than that; two buckets of their own would admit up to 40.
+    let most = 20 + (10.0 * took).ceil() as usize;
+    assert!(admitted <= most, "{admitted} admitted in {took:.2} s, at most {most} from one shared bucket: {out}");
+    assert!(codes.iter().all(|c| *c == "200" || *c == "429"), "{out}");
+    if most < 30 {
+        assert!(codes.contains(&"429"), "{out}");
     }
 }
