@@ -355,7 +355,7 @@ async fn the_local_dev_proxy_guide() {
     assert_eq!((status.as_u16(), &body[..]), (200, &b"from the app\n"[..]));
     // The load the walkthrough makes passes the shadow limit's rate: every request is
     // answered by the app, and the log says the limit would have refused some.
-    let out = g.run("tollgate calibrate http://127.0.0.1:8080/ --rates 300 --step-duration 5s --warmup 0s");
+    let out = g.run("tollgate calibrate http://127.0.0.1:8080/ --rates 300 --step-duration 3s --warmup 0s");
     assert!(out.contains("300"), "{out}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !g.log().contains("shadow limit would reject") {
@@ -586,7 +586,7 @@ async fn the_edge_gateway_guide() {
     g.serve("tollgate -c examples/demo-upstream.yaml --listen 127.0.0.1:3001 &", a).await;
     g.serve("tollgate -c examples/demo-upstream.yaml --listen 127.0.0.1:3002 &", b).await;
     g.serve("tollgate -c examples/edge-gateway.yaml", https).await;
-    let _ = (http, admin);
+    let _ = http;
     let out = g.run("curl -i localhost:8080/v1/items");
     assert!(out.starts_with("HTTP/1.1 308"), "{out}");
     let location = format!("location: https://localhost:{}/v1/items", https.port());
@@ -616,17 +616,35 @@ async fn the_edge_gateway_guide() {
     // A debug build on a loaded machine may take longer than the 200 ms in which a token
     // comes back: such a round says nothing about the page, and a round that was quick enough
     // must print what it shows.
-    let mut slow = 0;
+    // So may Redis take longer than the config's 20 ms `timeout`: those decisions are taken by
+    // the local fallback (`on_error: local`), and the key's count is split between the two
+    // stores; `tollgate_redis_errors_total` counts them, and that round says nothing about
+    // the page either.
+    let errors = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("tollgate_redis_errors_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let redis_errors = || async {
+        let (_, _, body) = crate::support::get(admin, "/metrics").await;
+        errors(&String::from_utf8_lossy(&body))
+    };
+    let mut unclear = 0;
     loop {
         let start = Instant::now();
+        let before = redis_errors().await;
         let out = g.run(burst);
         if out.trim() == shown[0] {
             break;
         }
-        assert!(start.elapsed() > Duration::from_millis(200), "a quick burst printed {out}, not {}", shown[0]);
-        slow += 1;
-        if slow == 5 {
-            println!("edge-gateway: every burst took over 200 ms; its 429s were not checked");
+        let slow = start.elapsed() > Duration::from_millis(200);
+        let fell_back = redis_errors().await > before;
+        assert!(slow || fell_back, "a quick burst, all of it decided in Redis, printed {out}, not {}", shown[0]);
+        unclear += 1;
+        if unclear == 5 {
+            println!("edge-gateway: every burst was slow or fell back to the local store; its 429s were not checked");
             break;
         }
         tokio::time::sleep(Duration::from_millis(2_500)).await;
