@@ -1,5 +1,8 @@
 //! What every protocol owes a client whatever made the answer: a HEAD answer has the GET's
-//! fields and no content (HTTP/1.1, h2c, h2 over TLS, HTTP/3).
+//! fields and no content (HTTP/1.1, h2c, h2 over TLS, HTTP/3), and an answer made before the
+//! request body arrived keeps (or announces that it closes) an HTTP/1.1 connection.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
@@ -7,6 +10,7 @@ use http_body_util::BodyExt;
 use tollgate::config::Config;
 
 use crate::support::quic::H3;
+use crate::support::raw::{get_request, RawClient};
 use crate::support::tls::{client_config, connect, Ca, Client, Dir};
 use crate::support::{full, h1, h2, BoxBody, Tollgate, Upstream};
 
@@ -136,6 +140,69 @@ async fn a_head_answer_has_the_gets_fields_and_no_content_on_every_protocol() {
             if let Some(p) = problem {
                 failed.push(format!("{proto} {path}: {p}"));
             }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Sends a request head announcing `length` bytes (with `extra` fields), and the body
+/// `late` after it, if given.
+async fn post(addr: std::net::SocketAddr, path: &str, length: usize, extra: &str, late: Option<Duration>) -> RawClient {
+    let mut c = RawClient::connect(addr).await;
+    c.send(format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {length}\r\n{extra}\r\n").as_bytes()).await;
+    if let Some(after) = late {
+        tokio::time::sleep(after).await;
+        c.send(&vec![b'x'; length]).await;
+    }
+    c
+}
+
+#[tokio::test]
+async fn an_answer_made_before_the_body_arrived_reads_it_and_the_connection_goes_on() {
+    let s = site().await;
+    let plain = s.tg.addrs[0];
+    assert_eq!(crate::support::get(plain, "/limited").await.0, StatusCode::OK);
+    let mut failed = Vec::new();
+    // A 429 and a 404, answered before their 1-byte bodies come 50 ms after the heads.
+    for (path, status) in [("/limited", 429), ("/nope", 404)] {
+        let mut c = post(plain, path, 1, "", Some(Duration::from_millis(50))).await;
+        match c.final_response(false).await {
+            Ok(first) if first.status() == status && first.header("connection").is_none() => {
+                c.send(&get_request("/r")).await;
+                match c.final_response(false).await {
+                    Ok(next) if next.status() == 200 => {}
+                    other => failed.push(format!("{path}: the next request on the connection: {other:?}")),
+                }
+            }
+            other => failed.push(format!("{path}: {other:?}")),
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+#[tokio::test]
+async fn an_answer_that_cannot_read_the_body_says_connection_close() {
+    let s = site().await;
+    let plain = s.tg.addrs[0];
+    assert_eq!(crate::support::get(plain, "/limited").await.0, StatusCode::OK);
+    let cases = [
+        // Waiting for `100 Continue`, which an answer made first does not send.
+        ("/limited", 10, "expect: 100-continue\r\n", 429),
+        ("/r", 10, "expect: 100-continue\r\n", 200),
+        // More than is read to keep a connection (64 KiB).
+        ("/limited", 64 * 1024 + 1, "", 429),
+        // A body that does not come within the wait (1 s).
+        ("/nope", 10, "", 404),
+    ];
+    let mut failed = Vec::new();
+    for (path, length, extra, status) in cases {
+        let mut c = post(plain, path, length, extra, None).await;
+        let first = c.response(false).await;
+        let closes = first.as_ref().is_ok_and(|m| m.status() == status && m.header("connection") == Some("close"));
+        if !closes {
+            failed.push(format!("{path} {extra:?} {length} bytes: {first:?}"));
+        } else if let Err(e) = c.closed().await {
+            failed.push(format!("{path} {extra:?} {length} bytes: not closed after the answer: {e:?}"));
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
