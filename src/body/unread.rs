@@ -8,8 +8,9 @@
 //! read and thrown away first, as nginx does, up to [`MAX`] bytes within [`WAIT`], and the
 //! connection stays open; a body that is larger or later, or a client that waits for
 //! `100 Continue` (it sends nothing unless told to), gets the answer with `Connection: close`,
-//! so that the close is announced. HTTP/2 and HTTP/3 end the request's stream instead: nothing
-//! to do there.
+//! so that the close is announced. So does tollgate's own answer after the body went upstream
+//! (a `502` when the upstream could not be reached): what the upstream did not take of it is
+//! unread. HTTP/2 and HTTP/3 end the request's stream instead: nothing to do there.
 
 use std::time::Duration;
 
@@ -60,19 +61,26 @@ impl Unread {
     }
 
     /// The body still in `slot` if the answer left it unread and it matters: taken, to be
-    /// [`Left::settle`]d before the answer goes.
+    /// [`Left::settle`]d before the answer goes. `own`: the answer is tollgate's own (a
+    /// refusal, a failure); if the body went upstream first, part of it may still be unread
+    /// (the upstream could not be reached, or failed before reading it all), and the answer
+    /// says `Connection: close`.
     #[inline]
-    pub fn left(self, slot: &mut Option<Inbound>) -> Option<Left> {
+    pub fn left(self, slot: &mut Option<Inbound>, own: bool) -> Option<Left> {
         if self == Unread::Nothing {
             return None;
         }
-        slot.take().map(|body| Left { body, close: self == Unread::Close })
+        match slot.take() {
+            Some(body) => Some(Left { body: Some(body), close: self == Unread::Close }),
+            None => own.then_some(Left { body: None, close: true }),
+        }
     }
 }
 
 /// A body an answer left unread (see [`Unread::left`]).
 pub struct Left {
-    body: Inbound,
+    /// `None`: the body went upstream, and may be partly unread.
+    body: Option<Inbound>,
     close: bool,
 }
 
@@ -83,7 +91,11 @@ impl Left {
     pub async fn settle(self, mut resp: Response<Body>) -> Response<Body> {
         let closes =
             resp.headers().get(header::CONNECTION).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-        if !closes && (self.close || !matches!(tokio::time::timeout(WAIT, discard(self.body)).await, Ok(true))) {
+        let read = match self.body {
+            Some(body) if !self.close && !closes => matches!(tokio::time::timeout(WAIT, discard(body)).await, Ok(true)),
+            _ => false,
+        };
+        if !closes && !read {
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp

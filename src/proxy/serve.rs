@@ -86,7 +86,7 @@ impl Proxy {
                 Ok(found) => found,
                 Err(e) => {
                     let resp = this.unrouted(&e, &parts, &mut ctx, started);
-                    return match unread.left(&mut body) {
+                    return match unread.left(&mut body, true) {
                         Some(left) => Box::pin(left.settle(resp)).await,
                         None => resp,
                     };
@@ -171,7 +171,7 @@ impl Proxy {
                 this.settle(route, lane, admission, head.as_deref(), &mut resp, &mut log).await;
                 resp
             };
-            if let Some(left) = unread.left(&mut body) {
+            if let Some(left) = unread.left(&mut body, log.error.is_some()) {
                 resp = Box::pin(left.settle(resp)).await;
             }
             this.finish(

@@ -15,7 +15,8 @@ use crate::support::tls::{client_config, connect, Ca, Client, Dir};
 use crate::support::{full, h1, h2, BoxBody, Tollgate, Upstream};
 
 /// Routes: `/r` the responder, `/limited` the responder under a limit of one request an hour
-/// for everyone, `/up` an upstream; anything else is no route's. A plain listener (HTTP/1.1,
+/// for everyone, `/up` an upstream, `/dead` one that cannot be reached; anything else is no
+/// route's. A plain listener (HTTP/1.1,
 /// h2c) and a TLS one with HTTP/3.
 fn yaml(up: std::net::SocketAddr) -> String {
     format!(
@@ -26,6 +27,7 @@ fn yaml(up: std::net::SocketAddr) -> String {
     http3: true
 upstreams:
   up: {{ url: 'http://{up}' }}
+  dead: {{ url: 'http://127.0.0.1:1' }}
   say: {{ respond: {{ status: 200, headers: {{ content-type: text/plain }}, body: \"hello from the responder\\n\" }} }}
 routes:
   - {{ name: responder, match: {{ path_prefix: /r }}, upstream: say }}
@@ -34,6 +36,7 @@ routes:
     upstream: say
     limits: [{{ name: one, algorithm: fixed_window, rate: 1/h, key: route }}]
   - {{ name: relayed, match: {{ path_prefix: /up }}, upstream: up }}
+  - {{ name: unreachable, match: {{ path_prefix: /dead }}, upstream: dead }}
 "
     )
 }
@@ -193,6 +196,8 @@ async fn an_answer_that_cannot_read_the_body_says_connection_close() {
         ("/limited", 64 * 1024 + 1, "", 429),
         // A body that does not come within the wait (1 s).
         ("/nope", 10, "", 404),
+        // Sent upstream, which could not be reached: what it did not take is unread.
+        ("/dead", 10, "", 502),
     ];
     let mut failed = Vec::new();
     for (path, length, extra, status) in cases {
