@@ -438,8 +438,10 @@ mod tests {
         // 2,624 bytes once TLS peers, gateway rules, tunnels, gRPC and plans met in one future;
         // 2,240 once `serve` stopped keeping its arguments twice; 2,208 once the key's context
         // no longer outlived the decision; 1,888 once the phases took their parts by reference
-        // (a phase that takes the head or the answer by value keeps another copy of it).
-        assert!(size <= 1952, "the request future grew to {size} bytes");
+        // (a phase that takes the head or the answer by value keeps another copy of it); 2,000
+        // once the request body stayed in reach through the forwarding step, for an answer
+        // made before reading it to read it (`body::unread`).
+        assert!(size <= 2000, "the request future grew to {size} bytes");
     }
 }
 

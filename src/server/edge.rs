@@ -45,8 +45,16 @@ pub(super) async fn connection(
     drop(now);
     let served = match redirect {
         Some(port) => {
-            let service =
-                service_fn(move |req| std::future::ready(Ok::<_, Infallible>(proxy.load().redirect_https(req, port))));
+            let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                // A body the redirect does not read ends an HTTP/1 connection: announced (see
+                // `crate::body::unread`), so that the client's next request goes on a new one.
+                let unread = req.version() < http::Version::HTTP_2 && !http_body::Body::is_end_stream(req.body());
+                let mut resp = proxy.load().redirect_https(req, port);
+                if unread {
+                    resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                std::future::ready(Ok::<_, Infallible>(resp))
+            });
             serve_stream(stream, accepted, settings, stop, service).await
         }
         None => match alt_svc {

@@ -33,6 +33,7 @@ mod products;
 mod proxy_protocol;
 mod redis;
 mod replay;
+mod semantics;
 mod server;
 mod stale;
 mod tls;

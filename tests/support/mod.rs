@@ -3,6 +3,7 @@
 
 pub mod jwt;
 pub mod process;
+pub mod quic;
 pub mod raw;
 pub mod redis;
 pub mod tls;
