@@ -27,6 +27,7 @@ mod layers;
 mod limits;
 mod listener;
 mod live_reload;
+mod local_ca;
 mod memory;
 mod operate;
 mod products;
