@@ -250,18 +250,19 @@ fn dns_name(name: &str) -> Result<(), String> {
 impl RawAcme {
     /// The certificates of this block; `at` places a field under the listener's `tls.acme`.
     pub(super) fn validate(self, at: &dyn Fn(&[&str]) -> Vec<Seg>) -> Result<Vec<ManagedCert>, Invalid> {
-        let directory =
-            match self.directory.as_deref() {
-                None | Some("letsencrypt") => LETSENCRYPT.to_owned(),
-                Some("letsencrypt-staging") => LETSENCRYPT_STAGING.to_owned(),
-                Some(url) if url.starts_with("https://") && url.parse::<http::Uri>().is_ok() => url.to_owned(),
-                Some(other) => return Err((
+        let directory = match self.directory.as_deref() {
+            None | Some("letsencrypt") => LETSENCRYPT.to_owned(),
+            Some("letsencrypt-staging") => LETSENCRYPT_STAGING.to_owned(),
+            Some(url) if url.starts_with("https://") && url.parse::<http::Uri>().is_ok() => url.to_owned(),
+            Some(other) => {
+                return Err((
                     at(&["directory"]),
                     format!(
                         "`{other}` is not a directory; expected letsencrypt, letsencrypt-staging or an https:// URL"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         if let Some(email) = &self.email {
             let ok = email.split_once('@').is_some_and(|(u, d)| !u.is_empty() && d.contains('.'))
                 && !email.contains(|c: char| c.is_whitespace() || c.is_control());

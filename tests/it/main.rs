@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod acme;
 mod adaptive;
 mod admin_limits;
 mod auth;
