@@ -244,6 +244,38 @@ async fn a_name_that_cannot_be_validated_gets_a_placeholder_and_a_failed_order()
 #[tokio::test]
 async fn two_instances_sharing_redis_order_once_and_serve_the_same_certificate() {
     let redis = RedisNode::start();
+    two_instances(Some(&redis)).await;
+}
+
+/// The same without Redis: the lock is a file in the shared storage.
+#[tokio::test]
+async fn two_instances_sharing_a_storage_folder_order_once() {
+    two_instances(None).await;
+}
+
+/// Whether an instance holds the certificate's lock (the Redis key, or the lock file).
+fn locked(redis: Option<&RedisNode>, storage: &Dir) -> bool {
+    match redis {
+        Some(r) => r.cli(&["KEYS", "tollgate:acme:*"]).contains(":lock"),
+        None => {
+            let mut stack = vec![storage.0.clone()];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.ends_with("order.lock") {
+                        return true;
+                    }
+                    if p.is_dir() {
+                        stack.push(p);
+                    }
+                }
+            }
+            false
+        }
+    }
+}
+
+async fn two_instances(redis: Option<&RedisNode>) {
     let (a, b) = (Bound::new(2).await, Bound::new(2).await);
     let (a_tls, a_plain, b_tls, b_plain) = (a.addrs[0], a.addrs[1], b.addrs[0], b.addrs[1]);
     // The CA validates on instance A's ports only.
@@ -253,14 +285,15 @@ async fn two_instances_sharing_redis_order_once_and_serve_the_same_certificate()
     };
     let storage = Dir::new();
     let block = acme_block(&pebble, &storage, "[shared.example.com]", "http-01", "");
+    let url = redis.map(RedisNode::url);
     // B first: it takes the lock and orders; A, started once the lock is taken, waits.
-    let tb = Instance::start(b, &yaml(b_tls, Some(b_plain), &block, Some(&redis.url()))).await;
+    let tb = Instance::start(b, &yaml(b_tls, Some(b_plain), &block, url.as_deref())).await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !redis.cli(&["KEYS", "tollgate:acme:*"]).contains(":lock") {
+    while !locked(redis, &storage) {
         assert!(Instant::now() < deadline, "instance B took no lock");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let ta = Instance::start(a, &yaml(a_tls, Some(a_plain), &block, Some(&redis.url()))).await;
+    let ta = Instance::start(a, &yaml(a_tls, Some(a_plain), &block, url.as_deref())).await;
     let root = pebble.root().await;
     let sa = verified(a_tls, "shared.example.com", &root, None, Duration::from_secs(60)).await;
     let sb = verified(b_tls, "shared.example.com", &root, None, Duration::from_secs(60)).await;
