@@ -80,7 +80,7 @@ pub fn write_pair(dir: &Path, pem: &Pem) -> Result<(), String> {
 
 /// The local CA of a storage folder: `local-ca/root.pem` and `local-ca/root.key`.
 pub fn local_ca_paths(storage: &Path) -> (PathBuf, PathBuf) {
-    let dir = storage.join("local-ca");
+    let dir = crate::config::managed::local_ca_folder(storage);
     (dir.join("root.pem"), dir.join("root.key"))
 }
 

@@ -201,6 +201,11 @@ pub fn default_storage() -> PathBuf {
     }
 }
 
+/// The folder of the local CA under a storage folder (its root, `root.pem`, and key, `root.key`).
+pub fn local_ca_folder(storage: &Path) -> PathBuf {
+    storage.join("local-ca")
+}
+
 /// A short, stable, file-name-safe form of `names` (the first name, and how many more).
 fn slug(names: &[String]) -> String {
     let first: String = names
@@ -313,15 +318,15 @@ impl RawAcme {
         let folder = format!("acme/{}", directory_slug(&acme.directory));
         let mut out = Vec::with_capacity(self.names.len());
         for (i, entry) in self.names.into_iter().enumerate() {
-            let names = match entry {
-                RawNames::One(n) => vec![n],
-                RawNames::Many(list) => list,
+            let (names, listed) = match entry {
+                RawNames::One(n) => (vec![n], false),
+                RawNames::Many(list) => (list, true),
             };
             let names: Vec<String> = names.into_iter().map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect();
             let place = |j: Option<usize>| {
                 let mut p = at(&["names"]);
                 p.push(Seg::Index(i));
-                p.extend(j.map(Seg::Index));
+                p.extend(j.filter(|_| listed).map(Seg::Index));
                 p
             };
             if names.is_empty() || names.len() > MAX_NAMES {

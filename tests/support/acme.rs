@@ -47,11 +47,31 @@ impl Instance {
     /// Serves `yaml` on `bound`'s listeners (in the config's order).
     pub async fn start(bound: Bound, yaml: &str) -> Instance {
         let config = Config::from_yaml(Path::new("test.yaml"), yaml).unwrap_or_else(|e| panic!("test config: {e}"));
+        Instance::start_config(bound, config).await
+    }
+
+    /// Serves `config` on `bound`'s listeners.
+    pub async fn start_config(bound: Bound, config: Config) -> Instance {
         let shared: tollgate::Shared = Arc::new(ArcSwap::from_pointee(Proxy::new(config)));
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(tollgate::instance::run_all(shared.clone(), bound.listeners, None, None, async move {
             let _ = rx.await;
         }));
+        // Started once every certificate it gets itself is in service (stored, issued or a
+        // placeholder), as `tollgate run` is before its first accept.
+        let managed: std::collections::HashSet<String> = shared
+            .load()
+            .config
+            .listeners
+            .iter()
+            .filter_map(|l| l.tls.as_ref())
+            .flat_map(|t| t.managed.iter().map(|m| m.id.clone()))
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while shared.load().issued().ids().len() < managed.len() {
+            assert!(std::time::Instant::now() < deadline, "certificates not in service within 30 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         Instance { addrs: bound.addrs, shared, stop: Some(tx), task: Some(task) }
     }
 
