@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CustomExtension, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    BasicConstraints, CertificateParams, CustomExtension, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType, SerialNumber,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -116,9 +116,8 @@ fn root_params(name: &str) -> CertificateParams {
 /// signs for the configured names. Never for production: only the machines that install its
 /// root (`tollgate trust`) accept what it signs.
 pub struct LocalCa {
-    /// The root as rcgen signs with it (its name and key identifier match the stored root's).
-    issuer: rcgen::Certificate,
-    key: KeyPair,
+    /// The root as rcgen signs with it (its name, key and key identifier are the stored root's).
+    issuer: Issuer<'static, KeyPair>,
     /// The stored root, as PEM: what clients trust.
     pub root_pem: String,
 }
@@ -137,10 +136,9 @@ impl LocalCa {
         params.not_after = at(now + ROOT_YEARS * 365 * 86_400);
         params.serial_number = Some(serial());
         let key = new_key()?;
-        let issuer = params.self_signed(&key).map_err(err)?;
-        let root_pem = issuer.pem();
+        let root_pem = params.self_signed(&key).map_err(err)?.pem();
         let key_pem = key.serialize_pem();
-        Ok((LocalCa { issuer, key, root_pem }, key_pem))
+        Ok((LocalCa { issuer: Issuer::new(params, key), root_pem }, key_pem))
     }
 
     /// The CA stored as `root_pem` and `key_pem`.
@@ -153,8 +151,7 @@ impl LocalCa {
             pair.facts.as_ref().and_then(|f| f.common_name.clone()).ok_or("the root certificate has no common name")?;
         let key = KeyPair::from_pem(key_pem).map_err(|e| format!("the CA key cannot be read ({e})"))?;
         // The same name and key as the stored root: what a leaf's issuer and AKI are made of.
-        let issuer = root_params(&name).self_signed(&key).map_err(err)?;
-        Ok(LocalCa { issuer, key, root_pem: root_pem.to_owned() })
+        Ok(LocalCa { issuer: Issuer::new(root_params(&name), key), root_pem: root_pem.to_owned() })
     }
 
     /// A leaf for `names` (DNS names, `*.` wildcards, IP addresses), valid from `now` for
@@ -167,7 +164,7 @@ impl LocalCa {
         let mut params = leaf_params(names, now - back, now + lifetime_secs)?;
         params.use_authority_key_identifier_extension = true;
         let key = new_key()?;
-        let cert = params.signed_by(&key, &self.issuer, &self.key).map_err(err)?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(err)?;
         Ok(Pem { chain: cert.pem(), key: key.serialize_pem() })
     }
 }

@@ -255,16 +255,17 @@ mod tests {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca = ca.self_signed(&ca_key).unwrap();
+        let ca = rcgen::Issuer::new(ca, ca_key);
         let mut params = rcgen::CertificateParams::new(vec!["a.example".into()]).unwrap();
         params.serial_number = Some(rcgen::SerialNumber::from(vec![0x12, 0x34, 0x56]));
         params.use_authority_key_identifier_extension = true;
         let key = rcgen::KeyPair::generate().unwrap();
-        let leaf = params.signed_by(&key, &ca, &ca_key).unwrap();
+        let leaf = params.signed_by(&key, &ca).unwrap();
         let f = parse(leaf.der()).unwrap();
         assert_eq!(f.serial, [0x12, 0x34, 0x56]);
         // rcgen's key identifier: the first 20 bytes of the SHA-256 of the issuer's public key.
-        let spki = ring::digest::digest(&ring::digest::SHA256, &ca_key.public_key_der());
+        let spki =
+            ring::digest::digest(&ring::digest::SHA256, &rcgen::PublicKeyData::subject_public_key_info(ca.key()));
         assert_eq!(f.authority_key_id.as_deref(), Some(&spki.as_ref()[..20]));
         assert_eq!(f.dns_names, ["a.example"]);
     }

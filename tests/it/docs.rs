@@ -209,7 +209,7 @@ fn check_config(text: &str) -> Result<Config, String> {
     for (cert, key) in &named.pairs {
         let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         provide(&dir, cert, || made.cert.pem())?;
-        provide(&dir, key, || made.key_pair.serialize_pem())?;
+        provide(&dir, key, || made.signing_key.serialize_pem())?;
     }
     for ca in &named.cas {
         provide(&dir, ca, || rcgen::generate_simple_self_signed(vec!["ca".to_owned()]).unwrap().cert.pem())?;
