@@ -122,3 +122,37 @@ fn tollgate_trust_prints_the_root_the_certificates_chain_to() {
     assert_eq!(first, stored, "the stored root");
     assert_eq!(run().0, first, "made once, then kept");
 }
+
+/// A reload that names another certificate: it is issued and served without a restart, and
+/// the one no longer named goes.
+#[tokio::test]
+async fn a_reload_brings_new_names_their_certificate() {
+    let storage = Dir::new();
+    let bound = Bound::new(1).await;
+    let addr = bound.addrs[0];
+    let config = |names: &str| {
+        format!(
+            "listen:\n  - addr: {addr}\n    tls:\n      internal: {{ names: [{names}], storage: {} }}\nupstreams: {{ d: {{ respond: {{ body: hello }} }} }}\nroutes: [{{ upstream: d }}]\n",
+            y(&storage.0)
+        )
+    };
+    let file = storage.write("proxy.yaml", &config("localhost"));
+    let tg = Instance::start(bound, &std::fs::read_to_string(&file).unwrap()).await;
+    let client = client_trusting(&root(&storage).await, &[b"http/1.1"]);
+    assert!(connect(addr, "new.localhost", client.clone()).await.is_err(), "not named yet");
+    storage.write("proxy.yaml", &config("localhost, new.localhost"));
+    let reloader = tollgate::Reloader::new(file, tg.shared.clone(), Box::new(|_| {}));
+    reloader.reload().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(tls) = connect(addr, "new.localhost", client.clone()).await {
+            let (status, _, body, _) = Client::over(tls).await.get("new.localhost", "/").await;
+            assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reloaded name got no certificate within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(tg.shared.load().issued().ids().len(), 1, "the certificate of the old names is out of service");
+    tg.stop().await;
+}
