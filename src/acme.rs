@@ -385,11 +385,18 @@ impl Manager {
             // Only the renewal window is due.
             return self.ask_window(proxy, id, cert, acme, now).await;
         }
-        let locks = match proxy.redis() {
+        let mut locks = match proxy.redis() {
             Some(r) => lock::Locks::Redis(r.clone()),
             None => lock::Locks::Files,
         };
-        let held = match locks.take(id, &cert.folder(), &self.token, now).await {
+        let mut taken = locks.take(id, &cert.folder(), &self.token, now).await;
+        if let (Err(e), lock::Locks::Redis(_)) = (&taken, &locks) {
+            // A certificate must not expire because Redis is down: the storage's lock instead.
+            tracing::warn!(certificate = label(cert), error = %e, "the order lock falls back to a lock file");
+            locks = lock::Locks::Files;
+            taken = locks.take(id, &cert.folder(), &self.token, now).await;
+        }
+        let held = match taken {
             Ok(Some(h)) => h,
             Ok(None) => {
                 tracing::debug!(certificate = label(cert), "another instance is ordering this certificate");

@@ -303,3 +303,26 @@ async fn two_instances(redis: Option<&RedisNode>) {
     ta.stop().await;
     tb.stop().await;
 }
+
+/// With Redis configured and down, the order lock falls back to the storage's lock file: the
+/// certificate is still ordered.
+#[tokio::test]
+async fn an_order_goes_on_when_the_redis_of_its_lock_is_down() {
+    let mut redis = RedisNode::start();
+    let url = redis.url();
+    redis.kill();
+    let bound = Bound::new(2).await;
+    let (tls, plain) = (bound.addrs[0], bound.addrs[1]);
+    let pebble = match Pebble::start(plain.port(), tls.port(), 3600, &[]).await {
+        Ok(p) => p,
+        Err(why) => return skip(&why),
+    };
+    let storage = Dir::new();
+    let config =
+        yaml(tls, Some(plain), &acme_block(&pebble, &storage, "[lock.example.com]", "http-01", ""), Some(&url));
+    let tg = Instance::start(bound, &config).await;
+    let root = pebble.root().await;
+    verified(tls, "lock.example.com", &root, None, Duration::from_secs(60)).await;
+    assert_eq!(orders(&tg, "lock.example.com", "issued"), 1.0);
+    tg.stop().await;
+}
