@@ -122,6 +122,20 @@ enum Command {
     /// Print the SHA-256 (hex) of the API key read from standard input (one line), as a keys
     /// file (`HASH CONSUMER`) or a Redis hash of `auth.api_key` holds it.
     HashKey,
+    /// Print the root of tollgate's local development CA (`tls: { internal: true }`) as PEM,
+    /// or install it for the system and the browsers; the CA is made if there is none yet.
+    Trust(TrustArgs),
+}
+
+#[derive(clap::Args)]
+struct TrustArgs {
+    /// Install the root into the system's trusted roots (as root) and the browsers' (certutil).
+    #[arg(long)]
+    install: bool,
+    /// The local CA's storage folder (default: the config's `tls.internal.storage`, else
+    /// ~/.local/share/tollgate).
+    #[arg(long)]
+    storage: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -246,6 +260,16 @@ fn main() -> ExitCode {
     if let Some(Command::Replay(args)) = cli.command {
         return replay(&cli.config, *args);
     }
+    if let Some(Command::Trust(args)) = &cli.command {
+        return match tollgate::trust::command(&cli.config, args.storage.as_deref(), args.install) {
+            Ok((out, note)) => {
+                use std::io::Write;
+                let _ = std::io::stderr().write_all(note.as_bytes());
+                output(&out)
+            }
+            Err(e) => fail(e.trim_end(), ExitCode::FAILURE),
+        };
+    }
     if matches!(cli.command, Some(Command::HashKey)) {
         let mut key = String::new();
         if let Err(e) = std::io::stdin().read_line(&mut key) {
@@ -281,7 +305,9 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),
-        Command::Bench | Command::Calibrate(_) | Command::Replay(_) | Command::HashKey => ExitCode::FAILURE,
+        Command::Bench | Command::Calibrate(_) | Command::Replay(_) | Command::HashKey | Command::Trust(_) => {
+            ExitCode::FAILURE
+        }
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),

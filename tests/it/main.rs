@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod acme;
 mod adaptive;
 mod admin_limits;
 mod auth;
@@ -27,6 +28,7 @@ mod layers;
 mod limits;
 mod listener;
 mod live_reload;
+mod local_ca;
 mod memory;
 mod operate;
 mod products;
