@@ -346,6 +346,21 @@ fn listeners(c: &Config) -> Value {
                         "names": s.names,
                         "not_after": crate::pki::x509::date(s.not_after),
                     })).collect::<Vec<_>>()),
+                    "obtained": t.managed.iter().map(|m| match &m.source {
+                        crate::config::CertSource::Acme(a) => json!({
+                            "names": m.names,
+                            "from": "acme",
+                            "directory": a.directory,
+                            "challenge": a.challenge.as_str(),
+                            "storage": a.storage.display().to_string(),
+                        }),
+                        crate::config::CertSource::Internal(i) => json!({
+                            "names": m.names,
+                            "from": "internal",
+                            "lifetime": dur(i.lifetime),
+                            "storage": i.storage.display().to_string(),
+                        }),
+                    }).collect::<Vec<_>>(),
                     "client_ca": t.client_ca.as_ref().map(|p| p.display().to_string()),
                     "client_auth": format!("{:?}", t.client_auth).to_lowercase(),
                     "handshake_timeout": dur(t.handshake_timeout),

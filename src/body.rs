@@ -17,6 +17,7 @@
 
 pub mod h2;
 pub mod h3;
+pub mod unread;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -19,6 +19,7 @@ pub mod group;
 mod guard;
 mod limits;
 mod locate;
+pub mod managed;
 mod otel;
 pub mod plans;
 mod raw;
@@ -42,6 +43,7 @@ pub use gateway::{Conditions, PathRewrite, ValueMatch, MAX_CONDITIONS, MAX_RULES
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
+pub use managed::{CertSource, Challenge, ManagedCert};
 pub use otel::{OtlpProtocol, TracingConfig};
 pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
 pub use rules::HeaderRules;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::config::auth::{ApiKeys, AuthConfig, Credential, Jwks, Method};
 use crate::config::units::Dur;
-use crate::config::{Config, LimitConfig, Mode, StoreKind};
+use crate::config::{CertSource, Config, LimitConfig, Mode, StoreKind};
 use crate::jwt::Alg;
 use crate::limit::algo::{fixed, gcra, leaky, log, sliding};
 use crate::limit::{self, Algorithm, Decision, KeyPart, NonZeroSpan, Span, State, Timestamp};
@@ -273,7 +273,11 @@ pub fn listeners(config: &Config) -> String {
             None if l.redirect_https => out.push_str("HTTP, every request redirected to HTTPS (308)"),
             None => out.push_str("HTTP/1.1 and h2c"),
             Some(t) => {
-                let _ = write!(out, "TLS (h2, http/1.1), handshake within {}", Dur(t.handshake_timeout));
+                let alpn = t.managed.iter().any(
+                    |m| matches!(&m.source, CertSource::Acme(a) if a.challenge == crate::config::Challenge::TlsAlpn01),
+                );
+                let alpn = if alpn { ", acme-tls/1 for ACME validations" } else { "" };
+                let _ = write!(out, "TLS (h2, http/1.1{alpn}), handshake within {}", Dur(t.handshake_timeout));
                 if let Some(ca) = &t.client_ca {
                     let how = match t.client_auth {
                         ClientAuth::Required => "required",
@@ -294,6 +298,9 @@ pub fn listeners(config: &Config) -> String {
                 q.retry_above,
                 q.new_connections_per_ip
             );
+        }
+        if l.acme_http {
+            out.push_str("; answers ACME HTTP-01 validations (/.well-known/acme-challenge/) before anything else");
         }
         match l.proxy_protocol {
             None => {}
@@ -336,8 +343,44 @@ pub fn listeners(config: &Config) -> String {
                 );
             }
         }
+        if let Some(t) = &l.tls {
+            for (i, m) in t.managed.iter().enumerate() {
+                let default = i == 0 && t.certificates.is_empty();
+                let _ = writeln!(out, "  {}", describe_managed(m, default));
+            }
+        }
     }
     out
+}
+
+/// Where a certificate tollgate gets itself comes from, in words.
+fn describe_managed(m: &crate::config::ManagedCert, default: bool) -> String {
+    use crate::config::managed::{LETSENCRYPT, LETSENCRYPT_STAGING};
+    let default = if default { " (also for clients without SNI or with an unknown name)" } else { "" };
+    let names = m.names.join(", ");
+    match &m.source {
+        CertSource::Acme(a) => {
+            let ca = match a.directory.as_str() {
+                LETSENCRYPT => "Let's Encrypt".to_owned(),
+                LETSENCRYPT_STAGING => "Let's Encrypt's staging CA (browsers do not trust it: for trying the setup)".to_owned(),
+                other => format!("the ACME CA at {other}"),
+            };
+            let how = match a.challenge {
+                crate::config::Challenge::Http01 => "http-01 (the CA asks http://NAME/.well-known/acme-challenge/ on port 80; the plain listeners answer)",
+                crate::config::Challenge::TlsAlpn01 => "tls-alpn-01 (the CA connects to NAME:443 with ALPN acme-tls/1; this listener answers)",
+            };
+            let eab = a.eab.as_ref().map(|e| format!(", account bound to key id {}", e.kid)).unwrap_or_default();
+            format!(
+                "certificate for {names}{default}: from {ca}, validated by {how}{eab}; stored in {} (shared by instances that mount it); renewed two thirds into its lifetime or in the CA's renewal window, retried with backoff on failure while the one in service stays; a self-signed placeholder until the first is issued",
+                a.storage.display()
+            )
+        }
+        CertSource::Internal(i) => format!(
+            "certificate for {names}{default}: from tollgate's local CA (root {}; `tollgate trust --install` makes this machine trust it), valid {}, renewed two thirds into it",
+            crate::config::managed::local_ca_folder(&i.storage).join("root.pem").display(),
+            Dur(i.lifetime)
+        ),
+    }
 }
 
 /// A route's `auth` in words: what is verified, where it is read, what a client without it gets.
@@ -556,6 +599,24 @@ routes:
         assert!(text.contains("up to 3 tries in all"), "{text}");
         assert!(text.contains("on connect_failure, 502; retries at most 10 % of requests plus 3/s"), "{text}");
         assert!(text.contains("health check GET /healthz every 5s"), "{text}");
+    }
+
+    #[test]
+    fn where_each_certificate_comes_from_in_plain_words() {
+        let yaml = "listen:\n  - addr: 127.0.0.1:443\n    tls:\n      acme: { directory: letsencrypt-staging, names: [shop.example.com, [example.com, www.example.com]], storage: /var/lib/tg }\n  - { addr: 127.0.0.1:80, redirect_https: true }\n  - addr: 127.0.0.1:8443\n    tls: { internal: { storage: /tmp/dev, lifetime: 1d } }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n";
+        let text = explain(&Config::from_yaml(Path::new("t.yaml"), yaml).unwrap());
+        for want in [
+            "certificate for shop.example.com (also for clients without SNI or with an unknown name): from Let's Encrypt's staging CA",
+            "certificate for example.com, www.example.com: from Let's Encrypt's staging CA",
+            "validated by http-01",
+            "stored in /var/lib/tg",
+            "a self-signed placeholder until the first is issued",
+            "listener 127.0.0.1:80: HTTP, every request redirected to HTTPS (308); answers ACME HTTP-01 validations",
+            "certificate for localhost, 127.0.0.1, ::1 (also for clients without SNI or with an unknown name): from tollgate's local CA (root /tmp/dev/local-ca/root.pem",
+            "valid 24h, renewed two thirds into it",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in:\n{text}");
+        }
     }
 
     #[test]

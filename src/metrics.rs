@@ -224,6 +224,52 @@ pub struct Metrics {
     /// counters are.
     throttles: std::sync::Mutex<std::collections::HashMap<String, Arc<Throttles>>>,
     traces: TraceMetrics,
+    certificates: CertMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertLabel {
+    certificate: Label,
+    origin: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrderLabel {
+    certificate: Label,
+    result: &'static str,
+}
+
+/// The certificates tollgate obtains itself (`tls.acme`, `tls.internal`), by their first name.
+#[derive(Clone, Default)]
+pub struct CertMetrics {
+    expiry: Family<CertLabel, Gauge>,
+    orders: Family<OrderLabel, Counter>,
+}
+
+/// Where a served certificate came from, as the `origin` label says it.
+const ORIGINS: [&str; 3] = ["acme", "internal", "placeholder"];
+
+impl CertMetrics {
+    /// `certificate` is in service from `origin` until `not_after` (unix seconds); its series
+    /// of any other origin goes (a placeholder replaced by the CA's certificate).
+    pub fn served(&self, certificate: &str, origin: &'static str, not_after: i64) {
+        for other in ORIGINS.iter().filter(|o| **o != origin) {
+            self.expiry.remove(&CertLabel { certificate: Label::new(certificate), origin: other });
+        }
+        self.expiry.get_or_create(&CertLabel { certificate: Label::new(certificate), origin }).set(not_after);
+    }
+
+    /// `certificate` is no longer configured.
+    pub fn gone(&self, certificate: &str) {
+        for origin in ORIGINS {
+            self.expiry.remove(&CertLabel { certificate: Label::new(certificate), origin });
+        }
+    }
+
+    /// One order ended: `issued` or `failed`.
+    pub fn order(&self, certificate: &str, result: &'static str) {
+        self.orders.get_or_create(&OrderLabel { certificate: Label::new(certificate), result }).inc();
+    }
 }
 
 /// The span export's counters (`tracing:`): what reached the collector and what did not.
@@ -574,7 +620,20 @@ impl Metrics {
             "OTLP export calls that failed (no connection, a timeout, an error answer); their spans are dropped",
             traces.export_failures.clone(),
         );
+        let certificates = CertMetrics::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When each certificate tollgate obtains itself expires (unix seconds), by its first name and origin \
+             (acme, internal, or placeholder: self-signed while its CA has issued none)",
+            certificates.expiry.clone(),
+        );
+        registry.register(
+            "acme_orders",
+            "ACME orders, by certificate and result (issued, failed)",
+            certificates.orders.clone(),
+        );
         Metrics {
+            certificates,
             traces,
             servers,
             registry,
@@ -701,6 +760,11 @@ impl Metrics {
 
     pub fn in_flight(&self) -> &Gauge {
         &self.in_flight
+    }
+
+    /// The certificates tollgate obtains itself.
+    pub fn certificates(&self) -> &CertMetrics {
+        &self.certificates
     }
 
     /// The span export's counters (`tracing:`).

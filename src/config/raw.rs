@@ -447,7 +447,8 @@ struct Match {
 impl Config {
     pub fn validate(self) -> Result<super::Config, Invalid> {
         let server = self.server.validate()?;
-        let listeners = super::edge::validate(self.listen, !self.trusted_proxies.is_empty())?;
+        let mut warnings = Vec::new();
+        let listeners = super::edge::validate(self.listen, !self.trusted_proxies.is_empty(), &mut warnings)?;
         let type_base = self.problems.type_base;
         let absolute = type_base.split_once(':').is_some_and(|(scheme, rest)| {
             !rest.is_empty()
@@ -666,7 +667,6 @@ impl Config {
                 }
             }
         }
-        let mut warnings = Vec::new();
         let (admin, admin_token_source) = match self.admin {
             Some(a) => {
                 let (addr, source) = a.validate(&mut warnings)?;

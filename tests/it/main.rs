@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod acme;
 mod adaptive;
 mod admin_limits;
 mod auth;
@@ -28,6 +29,7 @@ mod layers;
 mod limits;
 mod listener;
 mod live_reload;
+mod local_ca;
 mod memory;
 mod operate;
 mod products;
@@ -35,6 +37,7 @@ mod proxy_protocol;
 mod redis;
 mod replay;
 mod responder;
+mod semantics;
 mod server;
 mod stale;
 mod tls;

@@ -324,6 +324,60 @@ impl RedisClient {
         }
     }
 
+    /// `SET key value NX PX ttl` within the connect timeout (a lock shared by instances, not
+    /// a decision: not through the breaker); whether the key was set, i.e. the lock taken.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if Redis does not answer or answers with an error.
+    pub async fn set_nx(self: &Arc<Self>, key: &str, value: &str, ttl: Duration) -> Result<bool, StoreError> {
+        let fail = |kind, message: String| StoreError::Unavailable { kind, retry_after: Duration::ZERO, message };
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let call = async {
+            let mut conn = self.conn().await.ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
+            self.metrics.call();
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ms)
+                .query_async::<Option<String>>(&mut conn)
+                .await
+                .map_err(|e| fail(classify(&e), e.to_string()))
+        };
+        match tokio::time::timeout(self.config.connect_timeout, call).await {
+            Ok(r) => r.map(|ok| ok.is_some()),
+            Err(_) => Err(fail(FailureKind::Timeout, "SET timed out".into())),
+        }
+    }
+
+    /// Deletes `key` if it still holds `value` (a lock released by its holder only, in one
+    /// script so another's lock taken meanwhile stays); whether it was deleted.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if Redis does not answer or answers with an error.
+    pub async fn del_if(self: &Arc<Self>, key: &str, value: &str) -> Result<bool, StoreError> {
+        const SCRIPT: &str =
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+        let fail = |kind, message: String| StoreError::Unavailable { kind, retry_after: Duration::ZERO, message };
+        let call = async {
+            let mut conn = self.conn().await.ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
+            self.metrics.call();
+            redis::cmd("EVAL")
+                .arg(SCRIPT)
+                .arg(1)
+                .arg(key)
+                .arg(value)
+                .query_async::<i64>(&mut conn)
+                .await
+                .map_err(|e| fail(classify(&e), e.to_string()))
+        };
+        match tokio::time::timeout(self.config.connect_timeout, call).await {
+            Ok(r) => r.map(|n| n > 0),
+            Err(_) => Err(fail(FailureKind::Timeout, "EVAL timed out".into())),
+        }
+    }
+
     /// Runs one script call within the decision deadline, through the breaker.
     pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &Invocation<'_>) -> Result<T, Failure> {
         let pass = self.breaker.pass();
