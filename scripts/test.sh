@@ -9,6 +9,9 @@ need() { command -v "$1" >/dev/null 2>&1; }
 missing=()
 need redis-server || missing+=(redis-server)
 need redis-cli || missing+=(redis-tools)
+# The guides' own commands (tests/it/guides.rs) run curl, and python3 for one of their lines.
+need curl || missing+=(curl)
+need python3 || missing+=(python3)
 # The dashboard's browser test (tests/it/dashboard.rs) drives headless Chromium.
 need chromium || missing+=(chromium)
 need chromedriver || missing+=(chromium-driver)

@@ -24,6 +24,7 @@ mod otel;
 pub mod plans;
 mod raw;
 mod redis;
+pub mod respond;
 pub mod rules;
 pub mod units;
 
@@ -294,6 +295,8 @@ pub struct Responder {
     pub latency: Duration,
     /// The longest request body read before answering; longer gets `413`.
     pub max_body: u64,
+    /// A load-test target's faults (`None`: the fixed answer above, nothing drawn).
+    pub faults: Option<Box<respond::Faults>>,
 }
 
 #[derive(Debug, Clone)]

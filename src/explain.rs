@@ -437,6 +437,49 @@ fn describe_auth(a: &AuthConfig) -> String {
     out
 }
 
+/// A responder's faults in plain words, one line each.
+fn describe_faults(f: &crate::config::respond::Faults, fixed: Duration) -> Vec<String> {
+    use crate::config::respond::Latency;
+    let ms = |d: Duration| Dur(d).to_string();
+    let pct = |s: f64| format!("{:.3}", s * 100.0).trim_end_matches('0').trim_end_matches('.').to_owned() + " %";
+    let mut out = Vec::new();
+    out.push(match f.latency {
+        None if fixed.is_zero() => "the responder answers at once".to_owned(),
+        None => format!("the responder answers after {}", ms(fixed)),
+        Some(Latency::Uniform { min, max }) => {
+            format!("the responder's latency is uniform between {} and {}", ms(min), ms(max))
+        }
+        Some(Latency::Normal { p50, p99 }) => {
+            format!("the responder's latency is normal: half the answers within {}, 99 % within {}", ms(p50), ms(p99))
+        }
+        Some(Latency::LogNormal { p50, p99 }) => format!(
+            "the responder's latency is log-normal (a long tail): half the answers within {}, 99 % within {}",
+            ms(p50),
+            ms(p99)
+        ),
+    });
+    if let Some(e) = f.errors {
+        out.push(format!("{} of answers are errors: status {}", pct(e.share), e.status.as_u16()));
+    }
+    if f.resets > 0.0 {
+        out.push(format!(
+            "{} of answers are cut after half their body (the HTTP/1.1 connection closed, the HTTP/2 stream reset)",
+            pct(f.resets)
+        ));
+    }
+    if let Some(n) = f.body_size {
+        out.push(format!("the body is {n} bytes"));
+    }
+    if let Some(d) = f.drip {
+        out.push(format!("the body is sent {} bytes at a time, one piece every {}", d.bytes, ms(d.every)));
+    }
+    out.push(match f.seed {
+        Some(s) => format!("draws from seed {s}: one worker (`server.workers: 1`) repeats the same sequence every run"),
+        None => "draws from a random seed (give `seed` to repeat a run)".to_owned(),
+    });
+    out
+}
+
 pub fn explain(config: &Config) -> String {
     let mut out = String::new();
     if let Some(p) = &config.plans {
@@ -453,10 +496,19 @@ pub fn explain(config: &Config) -> String {
     }
     for r in &config.routes {
         let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
-        if let crate::config::UpstreamKind::Http(h) = &config.upstream(r).kind {
-            if let Some(g) = &h.group {
-                for line in describe_group(g, h.tls.is_some()) {
-                    let _ = writeln!(out, "  {line}");
+        match &config.upstream(r).kind {
+            crate::config::UpstreamKind::Http(h) => {
+                if let Some(g) = &h.group {
+                    for line in describe_group(g, h.tls.is_some()) {
+                        let _ = writeln!(out, "  {line}");
+                    }
+                }
+            }
+            crate::config::UpstreamKind::Respond(resp) => {
+                if let Some(f) = &resp.faults {
+                    for line in describe_faults(f, resp.latency) {
+                        let _ = writeln!(out, "  {line}");
+                    }
                 }
             }
         }

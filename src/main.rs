@@ -9,6 +9,12 @@ use tollgate::config::{Config, LogFormat, UpstreamKind};
 use tollgate::instance::process::Process;
 use tollgate::LogSwitch;
 
+// The subcommands that are the binary's own, each in a file of src/main/.
+#[path = "main/proxy.rs"]
+mod proxy;
+#[path = "main/token.rs"]
+mod token;
+
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -125,6 +131,12 @@ enum Command {
     /// Print the root of tollgate's local development CA (`tls: { internal: true }`) as PEM,
     /// or install it for the system and the browsers; the CA is made if there is none yet.
     Trust(TrustArgs),
+    /// A reverse proxy from the command line: `tollgate proxy --to http://localhost:3000
+    /// --limit 10/s` (the flags make a config; `--print-config` shows it).
+    Proxy(Box<proxy::ProxyArgs>),
+    /// Sign a JWT with a private key file, to try a route's `auth.jwt` (`--key
+    /// examples/jwt-test-only.pem --sub alice --aud api`).
+    Token(Box<token::TokenArgs>),
 }
 
 #[derive(clap::Args)]
@@ -281,6 +293,27 @@ fn main() -> ExitCode {
         }
         return output(&format!("{}\n", tollgate::config::auth::hash_key(key.as_bytes())));
     }
+    if let Some(Command::Token(args)) = &cli.command {
+        return match token::token(args) {
+            Ok(t) => output(&format!("{t}\n")),
+            Err(e) => fail(&e, ExitCode::from(2)),
+        };
+    }
+    if let Some(Command::Proxy(args)) = &cli.command {
+        let text = proxy::config_text(args);
+        if args.print_only() {
+            return output(&text);
+        }
+        let path = PathBuf::from("tollgate proxy");
+        let config = match Config::from_yaml(&path, &text) {
+            Ok(c) => c,
+            Err(e) => return fail(&format!("{e}\nthe flags made this config:\n{text}"), ExitCode::from(2)),
+        };
+        return match run(path, cli.listen, cli.log_format, config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
+        };
+    }
     if matches!(cli.command, Some(Command::Bench)) {
         return match tollgate::bench::run_from_env() {
             Ok(()) => ExitCode::SUCCESS,
@@ -305,9 +338,13 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),
-        Command::Bench | Command::Calibrate(_) | Command::Replay(_) | Command::HashKey | Command::Trust(_) => {
-            ExitCode::FAILURE
-        }
+        Command::Bench
+        | Command::Calibrate(_)
+        | Command::Replay(_)
+        | Command::HashKey
+        | Command::Trust(_)
+        | Command::Proxy(_)
+        | Command::Token(_) => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),

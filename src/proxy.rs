@@ -53,7 +53,7 @@ pub enum Backend {
     Http(Box<HttpForwarder>),
     /// `servers:`: a group with balancing, health and retries.
     Group(Arc<forward::group::Group>),
-    Respond(crate::config::Responder),
+    Respond(forward::Respond),
 }
 
 /// Per-route runtime: gate, answers, metric handles, cache policy.
@@ -130,7 +130,7 @@ impl Proxy {
                             None => Backend::Http(Box::new(HttpForwarder::new(&u.name, h, read, &metrics, workers))),
                         }
                     }
-                    UpstreamKind::Respond(r) => Backend::Respond(r.clone()),
+                    UpstreamKind::Respond(r) => Backend::Respond(forward::Respond::new(r, crate::workers::count())),
                 })
             })
             .collect();
