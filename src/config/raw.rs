@@ -667,6 +667,7 @@ impl Config {
             }
             None => (None, None),
         };
+        warnings.extend(super::auth::plain_http_warnings(default_auth.as_deref(), &routes));
         Ok(super::Config {
             listen: listeners[0].addr,
             listeners,
