@@ -165,7 +165,7 @@ pub enum Error {
     Unauthenticated(Challenge),
     /// A verified token for another audience: 403 (RFC 6750's `insufficient_scope`).
     WrongAudience(Challenge),
-    /// The store of API keys cannot answer: 503.
+    /// The store of API keys cannot answer, or a key set URL was never read: 503.
     AuthUnavailable,
 }
 

@@ -87,6 +87,9 @@ pub struct Config {
     pub admin_token_source: Option<admin::TokenSource>,
     /// The token the admin listener's write endpoints need (read from its file at load).
     pub admin_token: Option<admin::AdminToken>,
+    /// `admin.allowed_hosts`: the names a request's `Host` may give the admin listener besides
+    /// its own address and `localhost` (lowercase, no final dot).
+    pub admin_hosts: Vec<String>,
     /// Set when the admin listener is bound off loopback without a token: `check` refuses the
     /// config with this error, `run` warns.
     pub admin_exposed: Option<ConfigError>,

@@ -667,19 +667,21 @@ impl Config {
                 }
             }
         }
-        let (admin, admin_token_source) = match self.admin {
+        let (admin, admin_token_source, admin_hosts) = match self.admin {
             Some(a) => {
-                let (addr, source) = a.validate(&mut warnings)?;
-                (Some(addr), source)
+                let a = a.validate(&mut warnings)?;
+                (Some(a.addr), a.token, a.hosts)
             }
-            None => (None, None),
+            None => (None, None, Vec::new()),
         };
+        warnings.extend(super::auth::plain_http_warnings(default_auth.as_deref(), &routes));
         Ok(super::Config {
             listen: listeners[0].addr,
             listeners,
             admin,
             admin_token_source,
             admin_token: None,
+            admin_hosts,
             admin_exposed: None,
             trusted_proxies: self.trusted_proxies,
             server,
