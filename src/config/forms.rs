@@ -1,5 +1,6 @@
-//! Fields written in one of several forms: a word or a number, or a mapping (`auth: none` or
-//! `auth: { api_key: … }`, `concurrency: 8` or `concurrency: { max: 8 }`).
+//! Fields written in one of several forms: a word or a number, a mapping or a list (`auth: none`
+//! or `auth: { api_key: … }`, `concurrency: 8` or `concurrency: { max: 8 }`, a certificate's
+//! name or its list of names).
 //!
 //! serde's untagged enums try each form and, when none fits, say only "data did not match
 //! any variant", at the field that holds the mapping: a missing or misspelt field inside it
@@ -10,8 +11,8 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use serde::de::value::MapAccessDeserializer;
-use serde::de::{self, Deserialize, Deserializer, MapAccess, Unexpected, Visitor};
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Unexpected, Visitor};
 
 /// A type written in one of several forms. Each reader returns `None` for a form the type
 /// does not take.
@@ -33,11 +34,21 @@ pub(super) trait Forms: Sized {
         let _ = map;
         None
     }
+
+    fn seq<'de, A: SeqAccess<'de>>(seq: A) -> Option<Result<Self, A::Error>> {
+        let _ = seq;
+        None
+    }
 }
 
 /// Reads a mapping as `T` (a struct that denies unknown fields), for [`Forms::map`].
 pub(super) fn read_map<'de, T: Deserialize<'de>, M: MapAccess<'de>>(map: M) -> Result<T, M::Error> {
     T::deserialize(MapAccessDeserializer::new(map))
+}
+
+/// Reads a sequence as `T`, for [`Forms::seq`].
+pub(super) fn read_seq<'de, T: Deserialize<'de>, A: SeqAccess<'de>>(seq: A) -> Result<T, A::Error> {
+    T::deserialize(SeqAccessDeserializer::new(seq))
 }
 
 /// Deserializes a [`Forms`] type by the form the value has.
@@ -71,6 +82,10 @@ impl<'de, T: Forms> Visitor<'de> for FormVisitor<T> {
 
     fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<T, M::Error> {
         T::map(map).unwrap_or_else(|| Err(de::Error::invalid_type(Unexpected::Map, &self)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
+        T::seq(seq).unwrap_or_else(|| Err(de::Error::invalid_type(Unexpected::Seq, &self)))
     }
 }
 

@@ -114,7 +114,53 @@ fn admin(c: &Config, addr: std::net::SocketAddr) -> Value {
                 TokenSource::Inline(_) => Value::Null,
             }),
         ),
+        ("allowed_hosts", json!(c.admin_hosts)),
     ])
+}
+
+/// The certificates a TLS listener obtains itself, as `acme:` and `internal:` write them.
+fn managed(certs: &[super::managed::ManagedCert]) -> (Value, Value) {
+    use super::managed::CertSource;
+    let names = |n: &[String]| if n.len() == 1 { Value::String(n[0].clone()) } else { json!(n) };
+    let acme: Vec<_> = certs
+        .iter()
+        .filter_map(|m| match &m.source {
+            CertSource::Acme(a) => Some((m, a)),
+            CertSource::Internal(_) => None,
+        })
+        .collect();
+    let acme = acme.first().map_or(Value::Null, |(_, a)| {
+        object(vec![
+            ("names", acme.iter().map(|(m, _)| names(&m.names)).collect()),
+            ("email", opt(a.email.as_ref(), |e| Value::String(e.clone()))),
+            ("directory", url(&a.directory)),
+            ("challenge", Value::from(a.challenge.as_str())),
+            ("storage", path(&a.storage)),
+            ("directory_ca", opt(a.directory_ca.as_deref(), path)),
+            (
+                "eab",
+                opt(a.eab.as_ref(), |e| {
+                    object(vec![
+                        ("kid", Value::String(e.kid.clone())),
+                        // Given inline when no file names it: never shown.
+                        ("hmac_key", if e.hmac_key_file.is_none() { Value::from("***") } else { Value::Null }),
+                        ("hmac_key_file", opt(e.hmac_key_file.as_deref(), path)),
+                    ])
+                }),
+            ),
+        ])
+    });
+    let internal = certs
+        .iter()
+        .find_map(|m| match &m.source {
+            CertSource::Internal(i) => Some((m, i)),
+            CertSource::Acme(_) => None,
+        })
+        .map_or(
+            Value::Null,
+            |(m, i)| json!({ "names": m.names, "lifetime": dur(i.lifetime), "storage": path(&i.storage) }),
+        );
+    (acme, internal)
 }
 
 fn listener(l: &Listener) -> Value {
@@ -136,8 +182,11 @@ fn listener(l: &Listener) -> Value {
                 ])
             })
             .collect();
+        let (acme, internal) = managed(&t.managed);
         object(vec![
             ("certificates", Value::Array(certificates)),
+            ("acme", acme),
+            ("internal", internal),
             ("client_ca", opt(t.client_ca.as_deref(), path)),
             (
                 "client_auth",
@@ -363,13 +412,33 @@ fn auth(a: &AuthConfig) -> Value {
 
 fn upstream(u: &Upstream) -> Value {
     match &u.kind {
-        UpstreamKind::Respond(r) => json!({ "respond": {
-            "status": r.status.as_u16(),
-            "headers": r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), Value::from(String::from_utf8_lossy(v.as_bytes())))).collect::<Map<_, _>>(),
-            "body": String::from_utf8_lossy(&r.body),
-            "latency": dur(r.latency),
-            "max_body": size(r.max_body),
-        }}),
+        UpstreamKind::Respond(r) => {
+            let f = r.faults.as_deref();
+            let latency = match f.and_then(|f| f.latency) {
+                None => dur(r.latency),
+                Some(super::respond::Latency::Uniform { min, max }) => {
+                    json!({ "distribution": "uniform", "min": dur(min), "max": dur(max) })
+                }
+                Some(super::respond::Latency::Normal { p50, p99 }) => {
+                    json!({ "distribution": "normal", "p50": dur(p50), "p99": dur(p99) })
+                }
+                Some(super::respond::Latency::LogNormal { p50, p99 }) => {
+                    json!({ "distribution": "lognormal", "p50": dur(p50), "p99": dur(p99) })
+                }
+            };
+            json!({ "respond": object(vec![
+                ("status", Value::from(r.status.as_u16())),
+                ("headers", r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), Value::from(String::from_utf8_lossy(v.as_bytes())))).collect::<Map<_, _>>().into()),
+                ("body", Value::from(String::from_utf8_lossy(&r.body))),
+                ("latency", latency),
+                ("max_body", size(r.max_body)),
+                ("errors", opt(f.and_then(|f| f.errors.as_ref()), |e| json!({ "share": e.share, "status": e.status.as_u16() }))),
+                ("resets", opt(f.filter(|f| f.resets > 0.0), |f| Value::from(f.resets))),
+                ("body_size", opt(f.and_then(|f| f.body_size), size)),
+                ("drip", opt(f.and_then(|f| f.drip), |d| json!({ "bytes": size(d.bytes), "every": dur(d.every) }))),
+                ("seed", opt(f.and_then(|f| f.seed), Value::from)),
+            ])})
+        }
         UpstreamKind::Http(h) => {
             let scheme = if h.tls.is_some() { "https" } else { "http" };
             let mut pairs = match &h.group {
@@ -692,7 +761,7 @@ mod tests {
     }
 }
 
-/// Two configs that write every field the YAML has between them (one form each where the
+/// Three configs that write every field the YAML has between them (one form each where the
 /// forms exclude each other), and the proof: every mapping's fields, as the deserializer
 /// itself lists them, are written; and each field appears in the output at its own path.
 #[cfg(test)]
@@ -724,6 +793,7 @@ mod every_field {
         std::fs::write(dir.join("ocsp.der"), [0x30, 0x03, 0x0a, 0x01, 0x00]).unwrap();
         std::fs::write(dir.join("secret"), "a shared secret of forty bytes, or more\n").unwrap();
         std::fs::write(dir.join("token"), "an-admin-token-from-its-file\n").unwrap();
+        std::fs::write(dir.join("eab.key"), "c2l4dGVlbi1ieXRlcy1vZi1tYWMtZmlsZQ\n").unwrap();
         dir
     }
 
@@ -732,6 +802,7 @@ listen:
   - addr: 127.0.0.1:8443
     tls:
       certificates: [{ cert: cert.pem, key: key.pem, ocsp: ocsp.der }]
+      acme: { names: [api.example.com], challenge: tls-alpn-01, eab: { kid: k1, hmac_key_file: eab.key } }
       client_ca: ca.pem
       client_auth: optional
       handshake_timeout: 5s
@@ -739,7 +810,7 @@ listen:
     quic: { max_concurrent_streams: 50, idle_timeout: 20s, early_data: true, retry_above: 100, new_connections_per_ip: 20 }
   - { addr: 127.0.0.1:8080, redirect_https: true }
   - { addr: 127.0.0.1:8081, proxy_protocol: v2 }
-admin: { addr: 127.0.0.1:9901, token: an-inline-admin-token-of-enough-bytes }
+admin: { addr: 127.0.0.1:9901, token: an-inline-admin-token-of-enough-bytes, allowed_hosts: [admin.internal] }
 trusted_proxies: [10.0.0.0/8]
 server:
   header_read_timeout: 5s
@@ -899,6 +970,15 @@ plans:
   tiers: { free: { per-second: { rate: 5/s } } }
 upstreams:
   canned: { respond: {} }
+  faulty:
+    respond:
+      latency: { distribution: uniform, min: 1ms, max: 5ms }
+      errors: { share: 1%, status: 503 }
+      resets: 0.5%
+      body_size: 1KiB
+      drip: { bytes: 100, every: 10ms }
+      seed: 7
+  skewed: { respond: { latency: { distribution: lognormal, p50: 10ms, p99: 80ms } } }
 routes:
   - name: keyed
     upstream: canned
@@ -906,6 +986,24 @@ routes:
       api_key: { keys: { redis_hash: "tollgate:keys", cache: 10s } }
     limits:
       - { name: per-second, algorithm: token_bucket, key: header:x-api-key, plan: true }
+"#;
+
+    const C: &str = r#"
+listen:
+  - addr: 127.0.0.1:8443
+    tls:
+      acme:
+        names: [a.example, [b.example, c.example]]
+        email: ops@example.com
+        directory: https://ca.example/directory
+        challenge: http-01
+        storage: acme-store
+        directory_ca: ca.pem
+        eab: { kid: k2, hmac_key: c2l4dGVlbi1ieXRlcy1vZi1tYWM }
+      internal: { names: [app.localhost], lifetime: 1d, storage: local-ca }
+  - { addr: 127.0.0.1:8080, redirect_https: true }
+upstreams: { canned: { respond: {} } }
+routes: [{ upstream: canned }]
 "#;
 
     fn load(dir: &Path, name: &str, text: &str) -> Config {
@@ -1008,7 +1106,7 @@ routes:
     #[test]
     fn the_output_names_every_field_the_yaml_has() {
         let dir = files();
-        let docs: Vec<(&str, Yaml, Config)> = [("a.yaml", A), ("b.yaml", B)]
+        let docs: Vec<(&str, Yaml, Config)> = [("a.yaml", A), ("b.yaml", B), ("c.yaml", C)]
             .into_iter()
             .map(|(name, text)| (name, serde_yaml::from_str(text).unwrap(), load(&dir, name, text)))
             .collect();
@@ -1036,7 +1134,7 @@ routes:
             .iter()
             .flat_map(|(g, fields)| fields.difference(&written[g]).map(move |f| format!("{g}.{f}")))
             .collect();
-        assert!(unwritten.is_empty(), "fields the two configs do not write: {unwritten:?}");
+        assert!(unwritten.is_empty(), "fields the configs do not write: {unwritten:?}");
         assert!(known.len() > 40, "{known:?}");
         // Each written field is in the output, at its own path.
         for (name, doc, config) in &docs {
@@ -1046,8 +1144,9 @@ routes:
             assert!(missing.is_empty(), "{name}: /config lacks {missing:?}\n{json:#}");
             // Secrets stay out.
             let text = json.to_string();
-            for secret in ["hunter2", "an-inline-admin-token", "an-admin-token-from", "shared secret", "s3cret", ":pw@"]
-            {
+            let secrets =
+                ["hunter2", "an-inline-admin-token", "an-admin-token-from", "shared secret", "s3cret", ":pw@", "c2l4"];
+            for secret in secrets {
                 assert!(!text.contains(secret), "{name} shows `{secret}`: {text}");
             }
         }

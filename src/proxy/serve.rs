@@ -79,9 +79,18 @@ impl Proxy {
             let this = &*self;
             let _in_flight = InFlight::enter(&this.metrics);
             let mut ctx = Ctx::new(this, &parts, &peer);
+            // A body that an answer made before reading it leaves here (see `body::unread`).
+            let unread = crate::body::unread::Unread::of(&body, &parts);
+            let mut body = Some(body);
             let (idx, mut target) = match routed {
                 Ok(found) => found,
-                Err(e) => return this.unrouted(&e, &parts, &mut ctx, started),
+                Err(e) => {
+                    let resp = this.unrouted(&e, &parts, &mut ctx, started);
+                    return match unread.left(&mut body, true) {
+                        Some(left) => Box::pin(left.settle(resp)).await,
+                        None => resp,
+                    };
+                }
             };
             let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
             let span = this.tracer.as_deref().and_then(|t| Proxy::trace_start(t, &parts));
@@ -109,7 +118,7 @@ impl Proxy {
                     Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
                 }
                 let resp = match &*this.backends[route.upstream] {
-                    Backend::Respond(r) => match this.responder(r, &parts, body).await {
+                    Backend::Respond(r) => match this.responder(r, &parts, &mut body).await {
                         Ok(resp) => resp,
                         Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
                     },
@@ -131,7 +140,10 @@ impl Proxy {
                             None if this.tracer.is_some() => crate::trace::unsampled(&mut parts.headers),
                             None => {}
                         }
-                        let req = Request::from_parts(parts, body);
+                        let Some(req) = body.take().map(|body| Request::from_parts(parts, body)) else {
+                            let e = Error::Internal("the request body was taken before it was forwarded");
+                            break 'answer this.refused(route, lane, &e, None, version, &mut log);
+                        };
                         let sent = Instant::now();
                         let out = match backend {
                             // Boxed: rare, and its future would enlarge every request's.
@@ -162,6 +174,9 @@ impl Proxy {
                 this.settle(route, lane, admission, head.as_deref(), &mut resp, &mut log).await;
                 resp
             };
+            if let Some(left) = unread.left(&mut body, log.error.is_some()) {
+                resp = Box::pin(left.settle(resp)).await;
+            }
             this.finish(
                 lane,
                 &mut resp,
@@ -397,13 +412,14 @@ impl Proxy {
     /// gives it.
     async fn responder(
         &self,
-        r: &crate::config::Responder,
+        r: &forward::Respond,
         parts: &Parts,
-        body: Inbound,
+        body: &mut Option<Inbound>,
     ) -> Result<Response<Body>, Error> {
         let waits =
             parts.headers.get(http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if !waits && !http_body::Body::is_end_stream(&body) {
+        // A body not asked for stays where it is (see `body::unread`).
+        if let Some(body) = body.take_if(|b| !waits && !http_body::Body::is_end_stream(b)) {
             // Boxed: rare on the paths that are measured, and its future would enlarge theirs.
             Box::pin(forward::read_to_end(body, r.max_body, self.config.server.body_read_timeout)).await?;
         }
