@@ -9,6 +9,8 @@ need() { command -v "$1" >/dev/null 2>&1; }
 missing=()
 need redis-server || missing+=(redis-server)
 need redis-cli || missing+=(redis-tools)
+# The DNS discovery tests (tests/it/discovery.rs) start their own dnsmasq on a loopback port.
+need dnsmasq || [[ -x /usr/sbin/dnsmasq ]] || missing+=(dnsmasq-base)
 # The dashboard's browser test (tests/it/dashboard.rs) drives headless Chromium.
 need chromium || missing+=(chromium)
 need chromedriver || missing+=(chromium-driver)

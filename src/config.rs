@@ -99,6 +99,8 @@ pub struct Config {
     pub request_id: Option<HeaderName>,
     /// `tracing:`: OpenTelemetry spans of sampled requests; `None` (the default) traces nothing.
     pub tracing: Option<TracingConfig>,
+    /// `dns:`: how the servers of groups with `resolve:` are found.
+    pub dns: group::DnsConfig,
     /// `auth:` at the top level: the routes without their own use it (files read).
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.

@@ -45,16 +45,26 @@ fn who(limit: &LimitConfig) -> String {
 
 /// A group's servers and policies in plain words. Their health is live state: a running
 /// instance shows it at `/config` and `/readyz`.
-fn describe_group(g: &crate::config::group::GroupConfig, https: bool) -> Vec<String> {
+fn describe_group(
+    g: &crate::config::group::GroupConfig,
+    https: bool,
+    dns: &crate::config::group::DnsConfig,
+) -> Vec<String> {
+    use crate::config::group::Resolve;
     let scheme = if https { "https" } else { "http" };
     let servers: Vec<String> = g
         .servers
         .iter()
         .map(|s| {
-            if s.weight == 1 {
-                format!("{scheme}://{}", s.authority)
-            } else {
-                format!("{scheme}://{} (weight {})", s.authority, s.weight)
+            let weight = if s.weight == 1 { String::new() } else { format!(" (weight {})", s.weight) };
+            match s.resolve {
+                Resolve::Fixed => format!("{scheme}://{}{weight}", s.authority),
+                Resolve::Addresses => format!(
+                    "every A/AAAA address of {} on port {}{weight}",
+                    s.authority.host(),
+                    s.authority.port_u16().unwrap_or(80)
+                ),
+                Resolve::Srv => format!("the SRV records of {} (host, port, weight)", s.authority.host()),
             }
         })
         .collect();
@@ -64,6 +74,18 @@ fn describe_group(g: &crate::config::group::GroupConfig, https: bool) -> Vec<Str
         crate::config::group::describe_balance(&g.balance),
         servers.join(", ")
     )];
+    if g.servers.iter().any(|s| s.resolve != Resolve::Fixed) {
+        let asked = if dns.nameservers.is_empty() {
+            "the name servers of /etc/resolv.conf".to_owned()
+        } else {
+            dns.nameservers.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        };
+        out.push(format!(
+            "names looked up at {asked} again when their TTL ends (at least {} apart, at most {}); a failed lookup keeps the last good servers, a name never resolved gives none (503 while no other server can take requests)",
+            Dur(dns.min_ttl),
+            Dur(dns.max_ttl)
+        ));
+    }
     let r = &g.retry;
     if r.attempts > 1 {
         out.push(format!(
@@ -412,7 +434,7 @@ pub fn explain(config: &Config) -> String {
         let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
         if let crate::config::UpstreamKind::Http(h) = &config.upstream(r).kind {
             if let Some(g) = &h.group {
-                for line in describe_group(g, h.tls.is_some()) {
+                for line in describe_group(g, h.tls.is_some(), &config.dns) {
                     let _ = writeln!(out, "  {line}");
                 }
             }
@@ -504,6 +526,28 @@ routes:
         assert!(text.contains("up to 3 tries in all"), "{text}");
         assert!(text.contains("on connect_failure, 502; retries at most 10 % of requests plus 3/s"), "{text}");
         assert!(text.contains("health check GET /healthz every 5s"), "{text}");
+    }
+
+    #[test]
+    fn servers_found_by_dns_are_described_with_their_lookups() {
+        let yaml = "dns: { nameservers: [10.0.0.53], min_ttl: 2s }
+upstreams:
+  api:
+    servers:
+      - { url: http://10.0.0.1:3000 }
+      - { url: http://api.internal:8080, resolve: true, weight: 2 }
+      - { url: http://_http._tcp.api.internal, resolve: srv }
+routes:
+  - upstream: api
+";
+        let config = Config::from_yaml(Path::new("g.yaml"), yaml).unwrap();
+        let text = explain(&config);
+        let servers = "3 server(s), balanced by least_request: http://10.0.0.1:3000, every A/AAAA address of api.internal on port 8080 (weight 2), the SRV records of _http._tcp.api.internal (host, port, weight)";
+        assert!(text.contains(servers), "{text}");
+        assert!(
+            text.contains("names looked up at 10.0.0.53:53 again when their TTL ends (at least 2s apart, at most 5m)"),
+            "{text}"
+        );
     }
 
     #[test]

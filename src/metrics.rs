@@ -108,6 +108,19 @@ struct ServerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DnsLabel {
+    upstream: Label,
+    name: Label,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DnsResultLabel {
+    upstream: Label,
+    name: Label,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StaleLabel {
     route: Label,
     reason: &'static str,
@@ -220,6 +233,7 @@ pub struct Metrics {
     tunnel_bytes: Family<RouteDirection, Counter>,
     connections: ConnMetrics,
     servers: ServerFamilies,
+    dns: DnsFamilies,
     /// Each route's last throttled requests, by route name: kept across reloads as the
     /// counters are.
     throttles: std::sync::Mutex<std::collections::HashMap<String, Arc<Throttles>>>,
@@ -248,6 +262,27 @@ struct ServerFamilies {
     healthy: Family<ServerLabel, Gauge>,
     in_flight: Family<ServerLabel, Gauge>,
     latency: Family<ServerLabel, Seconds>,
+}
+
+/// The series of the names groups resolve (`resolve:` servers).
+#[derive(Default)]
+struct DnsFamilies {
+    resolutions: Family<DnsResultLabel, Counter>,
+    servers: Family<DnsLabel, Gauge>,
+    stale: Family<DnsLabel, Gauge>,
+}
+
+/// One resolved name's handles.
+#[derive(Clone, Default)]
+pub struct DnsMetrics {
+    /// Lookups that gave servers.
+    pub resolved: Counter,
+    /// Lookups that failed or gave none (the last good servers stay).
+    pub failed: Counter,
+    /// Servers the name gives now.
+    pub servers: Gauge,
+    /// 1 while the last good servers are kept because the latest lookup failed.
+    pub stale: Gauge,
 }
 
 /// One server's handles.
@@ -562,6 +597,18 @@ impl Metrics {
             "Time to a group server's response head",
             s.latency.clone(),
         );
+        let dns = DnsFamilies::default();
+        registry.register(
+            "upstream_dns_resolutions",
+            "Lookups of a group's resolve: names, by result (ok, failed: the last good servers stay)",
+            dns.resolutions.clone(),
+        );
+        registry.register("upstream_dns_servers", "Servers a group's resolve: name gives now", dns.servers.clone());
+        registry.register(
+            "upstream_dns_stale",
+            "1 while a group keeps a name's last good servers because its latest lookup failed",
+            dns.stale.clone(),
+        );
         let traces = TraceMetrics::default();
         registry.register("trace_spans_exported", "Spans the OTLP collector accepted", traces.exported.clone());
         registry.register(
@@ -577,6 +624,7 @@ impl Metrics {
         Metrics {
             traces,
             servers,
+            dns,
             registry,
             requests,
             decisions,
@@ -692,6 +740,23 @@ impl Metrics {
             healthy,
             in_flight: s.in_flight.get_or_create(&l()).clone(),
             latency: s.latency.get_or_create(&l()).clone(),
+        }
+    }
+
+    /// The handles of name `name` resolved for group `upstream`.
+    pub fn dns(&self, upstream: &str, name: &str) -> DnsMetrics {
+        let l = || DnsLabel { upstream: Label::new(upstream), name: Label::new(name) };
+        let r = |result| {
+            self.dns
+                .resolutions
+                .get_or_create(&DnsResultLabel { upstream: Label::new(upstream), name: Label::new(name), result })
+                .clone()
+        };
+        DnsMetrics {
+            resolved: r("ok"),
+            failed: r("failed"),
+            servers: self.dns.servers.get_or_create(&l()).clone(),
+            stale: self.dns.stale.get_or_create(&l()).clone(),
         }
     }
 

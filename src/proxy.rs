@@ -113,6 +113,18 @@ impl Proxy {
     /// unchanged keeps its state (a reload must not hand every client a fresh bucket), and
     /// the cache survives when its size settings are unchanged.
     pub fn build(config: Config, clock: Arc<dyn Clock>, metrics: Arc<Metrics>, previous: Option<&Proxy>) -> Proxy {
+        // The DNS client of `resolve:` servers, made only when a group has one.
+        let resolves = config.upstreams.iter().any(|u| {
+            matches!(&u.kind, UpstreamKind::Http(h) if h.group.as_ref().is_some_and(|g| g.servers.iter().any(|s| s.resolve != crate::config::group::Resolve::Fixed)))
+        });
+        let resolver = resolves
+            .then(|| {
+                forward::group::dns::Resolver::new(&config.dns)
+                    .map(Arc::new)
+                    .map_err(|e| tracing::error!("dns: {e}; `resolve:` servers are not found"))
+                    .ok()
+            })
+            .flatten();
         let backends = config
             .upstreams
             .iter()
@@ -122,7 +134,9 @@ impl Proxy {
                         // The pools' shards: one per worker thread of the process.
                         let workers = crate::workers::count();
                         let read = config.server.body_read_timeout;
-                        match forward::group::Group::new(&u.name, h, read, &metrics, workers) {
+                        let before = previous.and_then(|p| p.groups().find(|g| g.name() == u.name));
+                        let dns = resolver.as_ref();
+                        match forward::group::Group::new(&u.name, h, read, &metrics, workers, dns, before) {
                             Some(group) => Backend::Group(group),
                             None => Backend::Http(Box::new(HttpForwarder::new(&u.name, h, read, &metrics, workers))),
                         }
@@ -350,6 +364,18 @@ impl Proxy {
             return Ok(());
         }
         redis.ping().await.map_err(|e| format!("Redis does not answer: {e}"))
+    }
+
+    /// Waits (at most `within`) for every group's `resolve:` names to have a first answer;
+    /// returns those with no server then, as `upstream`: `name`.
+    pub async fn first_answers(&self, within: Duration) -> Vec<String> {
+        let mut missing = Vec::new();
+        for g in self.groups() {
+            for name in g.first_answers(within).await {
+                missing.push(format!("upstream `{}`: `{name}`", g.name()));
+            }
+        }
+        missing
     }
 
     /// Live keys per limit into the gauges (called when metrics are scraped).

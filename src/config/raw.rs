@@ -46,6 +46,7 @@ pub struct Config {
     plans: Option<super::plans::RawPlans>,
     auth: Option<super::auth::RawAuth>,
     tracing: Option<super::otel::RawTracing>,
+    dns: Option<super::group::RawDns>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -456,6 +457,7 @@ impl Config {
         let redis = self.redis.map(|r| r.validate()).transpose()?;
         let request_id = self.request_id.validate()?;
         let tracing = self.tracing.map(super::otel::RawTracing::validate).transpose()?;
+        let dns = self.dns.map(super::group::RawDns::validate).transpose()?.unwrap_or_default();
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let default_auth =
             self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
@@ -692,6 +694,7 @@ impl Config {
             redis,
             request_id,
             tracing,
+            dns,
             auth: default_auth,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,

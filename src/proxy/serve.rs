@@ -159,7 +159,7 @@ impl Proxy {
                         };
                         lane.upstream_took(&mut log, out.as_ref().map_or(0, |r| r.status().as_u16()), sent.elapsed());
                         if let (Backend::Group(g), Some((server, tries))) = (backend, ctx.served.get()) {
-                            log.served = Some((g.server_name(server).unwrap_or("?"), tries));
+                            log.served = Some((g.server_name(server).unwrap_or_else(|| Arc::from("?")), tries));
                         }
                         match out {
                             Ok(resp) => resp,

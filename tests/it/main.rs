@@ -10,6 +10,7 @@ mod auth;
 mod calibrate;
 mod cli;
 mod dashboard;
+mod discovery;
 mod docs;
 mod drain;
 mod errors;
