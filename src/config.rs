@@ -24,6 +24,7 @@ pub mod plans;
 mod raw;
 mod redis;
 pub mod rules;
+pub mod split;
 pub mod units;
 
 use std::fmt;
@@ -332,6 +333,8 @@ pub struct Route {
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// Whether `auth` is the route's own (its files are read at its own path).
     pub auth_own: bool,
+    /// `split:`: several upstreams by weight (`upstream` is then the first of them).
+    pub split: Option<Arc<split::Split>>,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).

@@ -43,6 +43,27 @@ fn who(limit: &LimitConfig) -> String {
     }
 }
 
+/// How a split route chooses its side, in plain words.
+fn describe_split(s: &crate::config::split::Split) -> String {
+    let mut out = match &s.sticky {
+        None => "each request drawn by weight".to_owned(),
+        Some(k) => {
+            let parts: Vec<String> = k.parts().iter().map(ToString::to_string).collect();
+            format!(
+                "sticky by {}: the same key always goes to the same side (while the weights stay)",
+                parts.join(" + ")
+            )
+        }
+    };
+    if let Some(o) = &s.overrides {
+        let values: Vec<String> =
+            o.values.iter().map(|(v, i)| format!("{} -> {}", v.to_str().unwrap_or("?"), s.sides[*i].name)).collect();
+        out.push_str(&format!("; header {} chooses: {}", o.header, values.join(", ")));
+    }
+    out.push_str("; limits and stale copies are the route's, whichever side answers");
+    out
+}
+
 /// A group's servers and policies in plain words. Their health is live state: a running
 /// instance shows it at `/config` and `/readyz`.
 fn describe_group(
@@ -431,7 +452,15 @@ pub fn explain(config: &Config) -> String {
         out.push_str(&listeners(config));
     }
     for r in &config.routes {
-        let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
+        match &r.split {
+            None => {
+                let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
+            }
+            Some(s) => {
+                let _ = writeln!(out, "route `{}` -> split: {}", r.name, s.shares());
+                let _ = writeln!(out, "  {}", describe_split(s));
+            }
+        }
         if let crate::config::UpstreamKind::Http(h) = &config.upstream(r).kind {
             if let Some(g) = &h.group {
                 for line in describe_group(g, h.tls.is_some(), &config.dns) {

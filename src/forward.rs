@@ -16,6 +16,7 @@ pub mod headers;
 pub mod hop;
 pub mod pool;
 pub mod rules;
+pub mod split;
 pub mod tunnel;
 
 use std::future::Future;

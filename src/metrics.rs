@@ -108,6 +108,13 @@ struct ServerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SplitLabel {
+    route: Label,
+    upstream: Label,
+    by: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DnsLabel {
     upstream: Label,
     name: Label,
@@ -234,6 +241,7 @@ pub struct Metrics {
     connections: ConnMetrics,
     servers: ServerFamilies,
     dns: DnsFamilies,
+    split: Family<SplitLabel, Counter>,
     /// Each route's last throttled requests, by route name: kept across reloads as the
     /// counters are.
     throttles: std::sync::Mutex<std::collections::HashMap<String, Arc<Throttles>>>,
@@ -597,6 +605,12 @@ impl Metrics {
             "Time to a group server's response head",
             s.latency.clone(),
         );
+        let split = Family::<SplitLabel, Counter>::default();
+        registry.register(
+            "route_split_requests",
+            "Requests of a split route by the upstream chosen and how (weight, sticky, override)",
+            split.clone(),
+        );
         let dns = DnsFamilies::default();
         registry.register(
             "upstream_dns_resolutions",
@@ -625,6 +639,7 @@ impl Metrics {
             traces,
             servers,
             dns,
+            split,
             registry,
             requests,
             decisions,
@@ -741,6 +756,11 @@ impl Metrics {
             in_flight: s.in_flight.get_or_create(&l()).clone(),
             latency: s.latency.get_or_create(&l()).clone(),
         }
+    }
+
+    /// The count of split route `route`'s requests sent to `upstream`, chosen `by`.
+    pub fn split(&self, route: &str, upstream: &str, by: &'static str) -> Counter {
+        self.split.get_or_create(&SplitLabel { route: Label::new(route), upstream: Label::new(upstream), by }).clone()
     }
 
     /// The handles of name `name` resolved for group `upstream`.

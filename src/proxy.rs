@@ -74,6 +74,8 @@ struct Lane {
     upstream: String,
     /// `auth:`, compiled; boxed, as routes without it are the common case.
     auth: Option<Box<crate::auth::Auth>>,
+    /// `split:`: which upstream takes each request (`None`: the route's one upstream).
+    split: Option<Box<forward::split::Chooser>>,
 }
 
 pub struct Proxy {
@@ -223,6 +225,7 @@ impl Proxy {
                     request_headers: rules(&r.request_headers),
                     response_headers: rules(&r.response_headers),
                     upstream: upstream.name.clone(),
+                    split: r.split.as_deref().map(|s| Box::new(forward::split::Chooser::new(s, &r.name, &metrics))),
                     auth: r.auth.as_deref().map(|a| {
                         let plans = config.plans.as_deref();
                         Box::new(crate::auth::Auth::new(a, r, plans, redis.as_ref(), &metrics, &mut remote_for))

@@ -391,7 +391,8 @@ struct Route {
     name: Option<String>,
     #[serde(default, rename = "match")]
     matcher: Match,
-    upstream: String,
+    upstream: Option<String>,
+    split: Option<super::split::RawSplit>,
     #[serde(default)]
     strip_prefix: bool,
     #[serde(default)]
@@ -490,13 +491,23 @@ impl Config {
             if routes.iter().any(|r: &super::Route| r.name == name) {
                 return Err((at(&["name"]), format!("route name `{name}` is used twice; names must be unique")));
             }
-            let upstream = upstreams.iter().position(|u| u.name == route.upstream).ok_or_else(|| {
-                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-                (
-                    at(&["upstream"]),
-                    format!("unknown upstream `{}`; expected one of: {}", route.upstream, known.join(", ")),
-                )
-            })?;
+            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            let upstream = match (&route.upstream, &route.split) {
+                (Some(_), Some(_)) => {
+                    return Err((at(&["split"]), "give either `upstream` or `split`, not both".to_owned()))
+                }
+                (None, None) => {
+                    return Err((
+                        vec![key("routes"), Seg::Index(i)],
+                        "expected `upstream: <name>` or a `split:` between upstreams".to_owned(),
+                    ))
+                }
+                (Some(name), None) => upstreams.iter().position(|u| u.name == *name).ok_or_else(|| {
+                    (at(&["upstream"]), format!("unknown upstream `{name}`; expected one of: {}", known.join(", ")))
+                })?,
+                // Set from the split's first side once it is checked (below, with `auth`).
+                (None, Some(_)) => 0,
+            };
             let m = route.matcher;
             let conditions = super::gateway::conditions(m.headers, m.query, &|f: &[&str]| {
                 let mut p = at(&["match"]);
@@ -616,6 +627,19 @@ impl Config {
                 None => (default_auth.clone(), false),
                 Some(a) => (a.validate(&at(&["auth"]), redis.is_some())?.map(std::sync::Arc::new), true),
             };
+            let split = match route.split {
+                None => None,
+                Some(raw) => {
+                    let at_split = |f: &[&str]| {
+                        let mut p = at(&["split"]);
+                        p.extend(f.iter().map(|f| key(f)));
+                        p
+                    };
+                    let find = |name: &str| upstreams.iter().position(|u| u.name == name);
+                    Some(std::sync::Arc::new(raw.validate(&at_split, &find, &known, auth.is_some())?))
+                }
+            };
+            let upstream = split.as_ref().map_or(upstream, |s| s.sides[0].upstream);
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -646,6 +670,7 @@ impl Config {
                 tunnels,
                 auth,
                 auth_own,
+                split,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));

@@ -36,6 +36,7 @@ mod redis;
 mod replay;
 mod semantics;
 mod server;
+mod splits;
 mod stale;
 mod tls;
 mod tls_upstream;
