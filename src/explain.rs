@@ -34,6 +34,7 @@ fn who(limit: &LimitConfig) -> String {
             KeyPart::TlsClient => "TLS client certificate".to_owned(),
             KeyPart::Consumer => "verified consumer".to_owned(),
             KeyPart::Claim(c) => format!("verified claim {c}"),
+            KeyPart::Cookie(c) => format!("cookie {c}"),
         })
         .collect();
     if parts.len() == 1 && parts[0] == "the whole route" {

@@ -441,10 +441,10 @@ fn listener_quic(
 
 fn keys_on_credentials(route: &Route) -> bool {
     route.limits.iter().any(|l| {
-        l.key
-            .parts()
-            .iter()
-            .any(|p| matches!(p, KeyPart::Header(h) if *h == http::header::AUTHORIZATION || *h == http::header::COOKIE))
+        l.key.parts().iter().any(|p| {
+            matches!(p, KeyPart::Header(h) if *h == http::header::AUTHORIZATION || *h == http::header::COOKIE)
+                || matches!(p, KeyPart::Cookie(_))
+        })
     })
 }
 

@@ -121,6 +121,35 @@ async fn a_sticky_key_stays_on_one_side_for_every_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cookie_keeps_its_client_on_one_side() {
+    let (v1, v2) = (version("v1").await, version("v2").await);
+    let split = format!("{}      sticky: cookie:session\n", weights(50, 50));
+    let tg = Tollgate::start(&yaml(&v1, &v2, &split)).await;
+    let c = client();
+    let url = tg.url("/x");
+    let mut sides = std::collections::BTreeSet::new();
+    for session in 0..20 {
+        // Other cookies around it, in another order each time, change nothing.
+        let cookie = |i: usize| {
+            if i % 2 == 0 {
+                format!("theme=dark; session=s{session}; n={i}")
+            } else {
+                format!("n={i}; session=s{session}")
+            }
+        };
+        let (_, first) = send(&c, &url, &[("cookie", &cookie(0))]).await;
+        for i in 1..100 {
+            assert_eq!(send(&c, &url, &[("cookie", &cookie(i))]).await.1, first, "session {session} moved at {i}");
+        }
+        sides.insert(first);
+    }
+    assert_eq!(sides.len(), 2, "20 sessions at 50/50 use both sides: {sides:?}");
+    let by = metric(&tg, "tollgate_route_split_requests_total{route=\"api\",upstream=\"v1\",by=\"sticky\"}")
+        + metric(&tg, "tollgate_route_split_requests_total{route=\"api\",upstream=\"v2\",by=\"sticky\"}");
+    assert_eq!(by, 2000.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_override_header_sends_testers_to_their_side() {
     let (v1, v2) = (version("v1").await, version("v2").await);
     // The canary takes no share by weight: only testers reach it.
