@@ -211,3 +211,49 @@ async fn a_reload_from_90_10_to_50_50_under_load_loses_nothing() {
     let half = share_of_v2(&client(), &tg.url("/x"), 2000).await;
     assert!((940..=1060).contains(&half), "{half} of 2000 went to v2 after the reload to 50/50");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_consumer_stays_on_one_side_whichever_of_its_keys_it_sends() {
+    let (v1, v2) = (version("v1").await, version("v2").await);
+    let dir = std::env::temp_dir().join(format!("tollgate-split-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hash = |k: &str| tollgate::config::auth::hash_key(k.as_bytes());
+    let mut file = String::new();
+    for c in 0..20 {
+        file.push_str(&format!("{} c{c}\n{} c{c}\n", hash(&format!("k{c}-a")), hash(&format!("k{c}-b"))));
+    }
+    let keys = dir.join("keys.txt");
+    std::fs::write(&keys, file).unwrap();
+    let text = format!(
+        "upstreams:
+  v1: {{ url: \"http://{}\" }}
+  v2: {{ url: \"http://{}\" }}
+routes:
+  - name: api
+    auth:
+      api_key: {{ from: 'header:x-api-key', keys: '{}' }}
+    split:
+{}      sticky: consumer
+",
+        v1.addr,
+        v2.addr,
+        keys.display(),
+        weights(50, 50)
+    );
+    let tg = Tollgate::start(&text).await;
+    let c = client();
+    let url = tg.url("/x");
+    let mut sides = std::collections::BTreeSet::new();
+    for consumer in 0..20 {
+        let (s, first) = send(&c, &url, &[("x-api-key", &format!("k{consumer}-a"))]).await;
+        assert_eq!(s, StatusCode::OK, "{first}");
+        for i in 0..50 {
+            // Either of the consumer's keys: the consumer, not the key, is sticky.
+            let key = if i % 2 == 0 { format!("k{consumer}-b") } else { format!("k{consumer}-a") };
+            assert_eq!(send(&c, &url, &[("x-api-key", &key)]).await.1, first, "consumer {consumer} moved at {i}");
+        }
+        sides.insert(first);
+    }
+    assert_eq!(sides.len(), 2, "20 consumers at 50/50 use both sides: {sides:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
