@@ -415,7 +415,7 @@ impl Proxy {
     /// gives it.
     async fn responder(
         &self,
-        r: &crate::config::Responder,
+        r: &forward::Respond,
         parts: &Parts,
         body: &mut Option<Inbound>,
     ) -> Result<Response<Body>, Error> {
