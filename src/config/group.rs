@@ -740,6 +740,7 @@ mod tests {
                 "an address",
             ),
             ("    servers: [{ url: http://a:80, resolve: aaaa }]\n", 3, "upstreams.api.servers[0].resolve", "srv"),
+            ("    servers: [{ url: https://_https._tcp.a, resolve: srv }]\n", 3, "upstreams.api.server_name", "SRV"),
             (
                 "    servers: [{ url: http://_http._tcp.a:8080, resolve: srv }]\n",
                 3,

@@ -791,6 +791,15 @@ impl Upstream {
                         };
                         let (group, base_path, https) = raw.validate(at)?;
                         let authority = group.servers[0].authority.clone();
+                        let srv = group.servers.iter().any(|s| s.resolve == super::group::Resolve::Srv);
+                        if https && srv && tls.server_name.is_none() {
+                            return Err((
+                                at("server_name"),
+                                "https:// servers found by SRV records are verified under one name: set `server_name` \
+                                 (the name their certificates carry; the SRV name is not one)"
+                                    .to_owned(),
+                            ));
+                        }
                         let one_host = group.servers.iter().all(|s| s.authority.host() == authority.host());
                         if https && !one_host && tls.server_name.is_none() {
                             return Err((
