@@ -235,6 +235,11 @@ pub fn effective(c: &Config) -> Value {
                     "servers": g.servers.iter().map(|s| json!({
                         "url": format!("{}://{}", if h.tls.is_some() { "https" } else { "http" }, s.authority),
                         "weight": s.weight,
+                        "resolve": match s.resolve {
+                            crate::config::group::Resolve::Fixed => json!(false),
+                            crate::config::group::Resolve::Addresses => json!(true),
+                            crate::config::group::Resolve::Srv => json!("srv"),
+                        },
                     })).collect::<Vec<_>>(),
                     "balance": crate::config::group::describe_balance(&g.balance),
                     "retry": json!({

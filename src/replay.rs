@@ -135,6 +135,7 @@ impl Engine {
                             .iter()
                             .filter(|p| match p {
                                 KeyPart::Header(h) => !logged.headers.contains(h),
+                                KeyPart::Cookie(_) => !logged.headers.contains(&http::header::COOKIE),
                                 KeyPart::Consumer => !logged.consumers,
                                 // Not in a log line: a client certificate, a token's claims.
                                 KeyPart::TlsClient | KeyPart::Claim(_) => true,

@@ -123,10 +123,10 @@ fn broken_configs_name_line_column_and_field() {
         ),
         // an unknown key part
         (
-            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - algorithm: sliding_log\n        rate: 10/m\n        key: [client_ip, cookie:x]\n",
+            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - algorithm: sliding_log\n        rate: 10/m\n        key: [client_ip, session:x]\n",
             7,
             "routes[0].limits[0].key",
-            "cookie:x",
+            "session:x",
         ),
         // an unknown algorithm
         (

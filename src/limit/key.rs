@@ -57,6 +57,8 @@ pub enum KeyPart {
     Consumer,
     /// A verified token's claim, as text; a token without it shares one "missing" key.
     Claim(String),
+    /// The first value of a cookie of the `Cookie` field (missing → one shared "missing" key).
+    Cookie(String),
 }
 
 impl KeyPart {
@@ -87,8 +89,8 @@ pub enum KeyError {
     #[error("empty key: expected e.g. \"client_ip\" or \"route, header:x-api-key\"")]
     Empty,
     #[error(
-        "unknown key part {0:?}: expected route, client_ip, path, tls_client, consumer, header:NAME, query:NAME or \
-         claim:NAME"
+        "unknown key part {0:?}: expected route, client_ip, path, tls_client, consumer, header:NAME, query:NAME, \
+         cookie:NAME or claim:NAME"
     )]
     Unknown(String),
     #[error("invalid header name {0:?}")]
@@ -97,6 +99,8 @@ pub enum KeyError {
     Query,
     #[error("empty claim name")]
     Claim,
+    #[error("empty cookie name")]
+    Cookie,
 }
 
 impl FromStr for KeyPart {
@@ -116,6 +120,13 @@ impl FromStr for KeyPart {
                 return Err(KeyError::Query);
             }
             return Ok(KeyPart::Query(name.to_owned()));
+        }
+        if let Some(name) = s.strip_prefix("cookie:") {
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(KeyError::Cookie);
+            }
+            return Ok(KeyPart::Cookie(name.to_owned()));
         }
         if let Some(name) = s.strip_prefix("claim:") {
             let name = name.trim();
@@ -146,6 +157,7 @@ impl fmt::Display for KeyPart {
             KeyPart::TlsClient => f.write_str("tls_client"),
             KeyPart::Consumer => f.write_str("consumer"),
             KeyPart::Claim(c) => write!(f, "claim:{c}"),
+            KeyPart::Cookie(c) => write!(f, "cookie:{c}"),
         }
     }
 }
@@ -290,6 +302,17 @@ impl KeySpec {
                         }
                     }
                 }
+                KeyPart::Cookie(name) => {
+                    h.update(&[0x09]);
+                    bytes(&mut h, name.as_bytes());
+                    match cookie(&ctx.parts.headers, name) {
+                        None => h.update(&[0x00]),
+                        Some(v) => {
+                            h.update(&[0x01]);
+                            bytes(&mut h, v);
+                        }
+                    }
+                }
                 KeyPart::Claim(name) => {
                     h.update(&[0x08]);
                     bytes(&mut h, name.as_bytes());
@@ -379,6 +402,7 @@ impl KeyPart {
             KeyPart::TlsClient => ctx.tls_client.map(|id| capped(id.as_bytes())),
             KeyPart::Consumer => ctx.identity.map(|id| capped(id.consumer.as_bytes())),
             KeyPart::Claim(name) => ctx.identity.and_then(|id| id.claim(name)).map(|v| capped(v.as_bytes())),
+            KeyPart::Cookie(name) => cookie(&ctx.parts.headers, name).map(capped),
             KeyPart::ClientIp => {
                 use std::io::Write;
                 let mut w = &mut buf[..];
@@ -388,6 +412,18 @@ impl KeyPart {
             }
         }
     }
+}
+
+/// The value of the first cookie named `name` in the request's `Cookie` fields (RFC 6265
+/// §5.4: `name=value` pairs separated by `;`), without allocating.
+fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a [u8]> {
+    headers.get_all(http::header::COOKIE).iter().find_map(|field| {
+        field.as_bytes().split(|&b| b == b';').find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
+        })
+    })
 }
 
 /// Length-prefixed, capped material: the prefix keeps `[a, bc]` apart from `[ab, c]`.
@@ -527,6 +563,25 @@ fn parse_forwarded_element(element: &str) -> Option<IpAddr> {
     // "192.0.2.43" or "192.0.2.43:47011"; "unknown" and "_hidden" fail to parse.
     let addr = node.split_once(':').map_or(node, |(a, _)| a);
     Ipv4Addr::from_str(addr).ok().map(IpAddr::V4)
+}
+
+#[cfg(test)]
+mod cookie_tests {
+    use super::*;
+
+    #[test]
+    fn a_cookie_key_reads_the_named_cookie_of_any_cookie_field() {
+        let mut h = http::HeaderMap::new();
+        h.append(http::header::COOKIE, http::HeaderValue::from_static("theme=dark; session = abc ;x=1"));
+        h.append(http::header::COOKIE, http::HeaderValue::from_static("other=2; session=late"));
+        assert_eq!(cookie(&h, "session"), Some(&b"abc"[..]));
+        assert_eq!(cookie(&h, "other"), Some(&b"2"[..]));
+        assert_eq!(cookie(&h, "sess"), None);
+        assert_eq!(cookie(&http::HeaderMap::new(), "session"), None);
+        assert_eq!("cookie:session".parse::<KeyPart>(), Ok(KeyPart::Cookie("session".to_owned())));
+        assert_eq!("cookie: ".parse::<KeyPart>(), Err(KeyError::Cookie));
+        assert_eq!(KeyPart::Cookie("s".to_owned()).to_string(), "cookie:s");
+    }
 }
 
 #[cfg(test)]
