@@ -12,6 +12,8 @@ need redis-cli || missing+=(redis-tools)
 # The guides' own commands (tests/it/guides.rs) run curl, and python3 for one of their lines.
 need curl || missing+=(curl)
 need python3 || missing+=(python3)
+# The DNS discovery tests (tests/it/discovery.rs) start their own dnsmasq on a loopback port.
+need dnsmasq || [[ -x /usr/sbin/dnsmasq ]] || missing+=(dnsmasq-base)
 # The dashboard's browser test (tests/it/dashboard.rs) drives headless Chromium.
 need chromium || missing+=(chromium)
 need chromedriver || missing+=(chromium-driver)

@@ -106,8 +106,9 @@ pub enum UpstreamFailure {
     /// The response head cannot be passed on (framing, an unasked-for 101): 502.
     BadResponse(&'static str),
     /// No server of a group may take requests (all ejected or failing their checks): 503
-    /// with Retry-After no shorter than the earliest re-admission.
-    Unavailable { retry_after_secs: u32 },
+    /// with Retry-After no shorter than the earliest re-admission. `unresolved`: the group has
+    /// no server at all, its `resolve:` names having given no address yet.
+    Unavailable { retry_after_secs: u32, unresolved: bool },
 }
 
 /// Why a stale copy is wanted (the answer a stale copy stands in for); it decides the `Cache-Status` and whether the response's
@@ -360,7 +361,9 @@ impl Error {
             Error::OverCapacity => Some(1),
             Error::StoreUnavailable { retry_after_secs, .. } => Some(*retry_after_secs),
             Error::AuthUnavailable => Some(1),
-            Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs }) => Some(u64::from(*retry_after_secs)),
+            Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs, .. }) => {
+                Some(u64::from(*retry_after_secs))
+            }
             _ => None,
         }
     }
@@ -615,8 +618,11 @@ impl RouteAnswers {
             Error::Upstream(UpstreamFailure::BadResponse(why)) => {
                 format!("upstream `{up}` sent a response that cannot be passed on: {why}")
             }
-            Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs }) => format!(
+            Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs, unresolved: false }) => format!(
                 "no server of upstream `{up}` can take requests now (ejected or failing health checks); retry after {retry_after_secs} s"
+            ),
+            Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs, unresolved: true }) => format!(
+                "upstream `{up}` has no server yet: its names have not resolved in DNS; retry after {retry_after_secs} s"
             ),
             Error::Internal(why) => format!("tollgate failed to serve the request: {why}"),
             Error::Forbidden => format!("route `{}`: this client's plan does not allow requests", self.name),

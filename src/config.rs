@@ -28,6 +28,7 @@ mod redis;
 pub mod respond;
 pub mod rules;
 pub mod shown;
+pub mod split;
 pub mod units;
 
 use std::fmt;
@@ -113,6 +114,8 @@ pub struct Config {
     pub request_id: Option<HeaderName>,
     /// `tracing:`: OpenTelemetry spans of sampled requests; `None` (the default) traces nothing.
     pub tracing: Option<TracingConfig>,
+    /// `dns:`: how the servers of groups with `resolve:` are found.
+    pub dns: group::DnsConfig,
     /// `auth:` at the top level: the routes without their own use it (files read).
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.
@@ -346,6 +349,8 @@ pub struct Route {
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// Whether `auth` is the route's own (its files are read at its own path).
     pub auth_own: bool,
+    /// `split:`: several upstreams by weight (`upstream` is then the first of them).
+    pub split: Option<Arc<split::Split>>,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).

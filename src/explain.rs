@@ -34,6 +34,7 @@ fn who(limit: &LimitConfig) -> String {
             KeyPart::TlsClient => "TLS client certificate".to_owned(),
             KeyPart::Consumer => "verified consumer".to_owned(),
             KeyPart::Claim(c) => format!("verified claim {c}"),
+            KeyPart::Cookie(c) => format!("cookie {c}"),
         })
         .collect();
     if parts.len() == 1 && parts[0] == "the whole route" {
@@ -43,18 +44,49 @@ fn who(limit: &LimitConfig) -> String {
     }
 }
 
+/// How a split route chooses its side, in plain words.
+fn describe_split(s: &crate::config::split::Split) -> String {
+    let mut out = match &s.sticky {
+        None => "each request drawn by weight".to_owned(),
+        Some(k) => {
+            let parts: Vec<String> = k.parts().iter().map(ToString::to_string).collect();
+            format!(
+                "sticky by {}: the same key always goes to the same side (while the weights stay)",
+                parts.join(" + ")
+            )
+        }
+    };
+    if let Some(o) = &s.overrides {
+        let values: Vec<String> =
+            o.values.iter().map(|(v, i)| format!("{} -> {}", v.to_str().unwrap_or("?"), s.sides[*i].name)).collect();
+        out.push_str(&format!("; header {} chooses: {}", o.header, values.join(", ")));
+    }
+    out.push_str("; limits and stale copies are the route's, whichever side answers");
+    out
+}
+
 /// A group's servers and policies in plain words. Their health is live state: a running
 /// instance shows it at `/config` and `/readyz`.
-fn describe_group(g: &crate::config::group::GroupConfig, https: bool) -> Vec<String> {
+fn describe_group(
+    g: &crate::config::group::GroupConfig,
+    https: bool,
+    dns: &crate::config::group::DnsConfig,
+) -> Vec<String> {
+    use crate::config::group::Resolve;
     let scheme = if https { "https" } else { "http" };
     let servers: Vec<String> = g
         .servers
         .iter()
         .map(|s| {
-            if s.weight == 1 {
-                format!("{scheme}://{}", s.authority)
-            } else {
-                format!("{scheme}://{} (weight {})", s.authority, s.weight)
+            let weight = if s.weight == 1 { String::new() } else { format!(" (weight {})", s.weight) };
+            match s.resolve {
+                Resolve::Fixed => format!("{scheme}://{}{weight}", s.authority),
+                Resolve::Addresses => format!(
+                    "every A/AAAA address of {} on port {}{weight}",
+                    s.authority.host(),
+                    s.authority.port_u16().unwrap_or(80)
+                ),
+                Resolve::Srv => format!("the SRV records of {} (host, port, weight)", s.authority.host()),
             }
         })
         .collect();
@@ -64,6 +96,18 @@ fn describe_group(g: &crate::config::group::GroupConfig, https: bool) -> Vec<Str
         crate::config::group::describe_balance(&g.balance),
         servers.join(", ")
     )];
+    if g.servers.iter().any(|s| s.resolve != Resolve::Fixed) {
+        let asked = if dns.nameservers.is_empty() {
+            "the name servers of /etc/resolv.conf".to_owned()
+        } else {
+            dns.nameservers.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        };
+        out.push(format!(
+            "names looked up at {asked} again when their TTL ends (at least {} apart, at most {}); a failed lookup keeps the last good servers, a name never resolved gives none (503 while no other server can take requests)",
+            Dur(dns.min_ttl),
+            Dur(dns.max_ttl)
+        ));
+    }
     let r = &g.retry;
     if r.attempts > 1 {
         out.push(format!(
@@ -498,21 +542,38 @@ pub fn explain(config: &Config) -> String {
         out.push_str(&listeners(config));
     }
     for r in &config.routes {
-        let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
-        match &config.upstream(r).kind {
-            crate::config::UpstreamKind::Http(h) => {
-                if let Some(g) = &h.group {
-                    for line in describe_group(g, h.tls.is_some()) {
-                        let _ = writeln!(out, "  {line}");
+        let sides: Vec<usize> = match &r.split {
+            None => {
+                let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
+                vec![r.upstream]
+            }
+            Some(s) => {
+                let _ = writeln!(out, "route `{}` -> split: {}", r.name, s.shares());
+                let _ = writeln!(out, "  {}", describe_split(s));
+                s.sides.iter().map(|side| side.upstream).collect()
+            }
+        };
+        for u in sides {
+            let upstream = &config.upstreams[u];
+            let indent = if r.split.is_some() { "    " } else { "  " };
+            let mut lines = Vec::new();
+            match &upstream.kind {
+                crate::config::UpstreamKind::Http(h) => {
+                    if let Some(g) = &h.group {
+                        lines.extend(describe_group(g, h.tls.is_some(), &config.dns));
+                    }
+                }
+                crate::config::UpstreamKind::Respond(resp) => {
+                    if let Some(f) = &resp.faults {
+                        lines.extend(describe_faults(f, resp.latency));
                     }
                 }
             }
-            crate::config::UpstreamKind::Respond(resp) => {
-                if let Some(f) = &resp.faults {
-                    for line in describe_faults(f, resp.latency) {
-                        let _ = writeln!(out, "  {line}");
-                    }
-                }
+            if r.split.is_some() && !lines.is_empty() {
+                let _ = writeln!(out, "  upstream `{}`:", upstream.name);
+            }
+            for line in lines {
+                let _ = writeln!(out, "{indent}{line}");
             }
         }
         if let Some(a) = &r.auth {
@@ -602,6 +663,28 @@ routes:
         assert!(text.contains("up to 3 tries in all"), "{text}");
         assert!(text.contains("on connect_failure, 502; retries at most 10 % of requests plus 3/s"), "{text}");
         assert!(text.contains("health check GET /healthz every 5s"), "{text}");
+    }
+
+    #[test]
+    fn servers_found_by_dns_are_described_with_their_lookups() {
+        let yaml = "dns: { nameservers: [10.0.0.53], min_ttl: 2s }
+upstreams:
+  api:
+    servers:
+      - { url: http://10.0.0.1:3000 }
+      - { url: http://api.internal:8080, resolve: true, weight: 2 }
+      - { url: http://_http._tcp.api.internal, resolve: srv }
+routes:
+  - upstream: api
+";
+        let config = Config::from_yaml(Path::new("g.yaml"), yaml).unwrap();
+        let text = explain(&config);
+        let servers = "3 server(s), balanced by least_request: http://10.0.0.1:3000, every A/AAAA address of api.internal on port 8080 (weight 2), the SRV records of _http._tcp.api.internal (host, port, weight)";
+        assert!(text.contains(servers), "{text}");
+        assert!(
+            text.contains("names looked up at 10.0.0.53:53 again when their TTL ends (at least 2s apart, at most 5m)"),
+            "{text}"
+        );
     }
 
     #[test]

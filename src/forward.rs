@@ -17,6 +17,7 @@ pub mod headers;
 pub mod hop;
 pub mod pool;
 pub mod rules;
+pub mod split;
 pub mod tunnel;
 
 use std::future::Future;
@@ -112,6 +113,19 @@ impl HttpForwarder {
         metrics: &crate::metrics::Metrics,
         workers: usize,
     ) -> HttpForwarder {
+        HttpForwarder::at(name, cfg, cfg.authority.as_str(), body_read_timeout, metrics, workers)
+    }
+
+    /// [`HttpForwarder::new`] for a server reached at `connect` (`host:port`, an address a
+    /// name resolved to) that stands for `cfg.authority` (its `Host`, `:authority`).
+    pub fn at(
+        name: &str,
+        cfg: &HttpUpstream,
+        connect: &str,
+        body_read_timeout: Duration,
+        metrics: &crate::metrics::Metrics,
+        workers: usize,
+    ) -> HttpForwarder {
         if cfg.tls.as_ref().is_some_and(|t| t.insecure_skip_verify) {
             tracing::warn!(
                 upstream = name,
@@ -120,7 +134,7 @@ impl HttpForwarder {
         }
         use crate::config::UpstreamProtocol;
         let connector = connector::Connector::new(
-            cfg.authority.as_str().to_owned(),
+            connect.to_owned(),
             cfg.connect_timeout,
             cfg.tls.as_ref().map(|t| {
                 connector::TlsClient::build(t).map(Arc::new).map_err(|e| {

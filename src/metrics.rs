@@ -108,6 +108,26 @@ struct ServerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SplitLabel {
+    route: Label,
+    upstream: Label,
+    by: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DnsLabel {
+    upstream: Label,
+    name: Label,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DnsResultLabel {
+    upstream: Label,
+    name: Label,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StaleLabel {
     route: Label,
     reason: &'static str,
@@ -223,6 +243,8 @@ pub struct Metrics {
     tunnel_bytes: Family<RouteDirection, Counter>,
     connections: ConnMetrics,
     servers: ServerFamilies,
+    dns: DnsFamilies,
+    split: Family<SplitLabel, Counter>,
     /// Each route's last throttled requests, by route name: kept across reloads as the
     /// counters are.
     throttles: std::sync::Mutex<std::collections::HashMap<String, Arc<Throttles>>>,
@@ -297,6 +319,27 @@ struct ServerFamilies {
     healthy: Family<ServerLabel, Gauge>,
     in_flight: Family<ServerLabel, Gauge>,
     latency: Family<ServerLabel, Seconds>,
+}
+
+/// The series of the names groups resolve (`resolve:` servers).
+#[derive(Default)]
+struct DnsFamilies {
+    resolutions: Family<DnsResultLabel, Counter>,
+    servers: Family<DnsLabel, Gauge>,
+    stale: Family<DnsLabel, Gauge>,
+}
+
+/// One resolved name's handles.
+#[derive(Clone, Default)]
+pub struct DnsMetrics {
+    /// Lookups that gave servers.
+    pub resolved: Counter,
+    /// Lookups that failed or gave none (the last good servers stay).
+    pub failed: Counter,
+    /// Servers the name gives now.
+    pub servers: Gauge,
+    /// 1 while the last good servers are kept because the latest lookup failed.
+    pub stale: Gauge,
 }
 
 /// One server's handles.
@@ -611,6 +654,24 @@ impl Metrics {
             "Time to a group server's response head",
             s.latency.clone(),
         );
+        let split = Family::<SplitLabel, Counter>::default();
+        registry.register(
+            "route_split_requests",
+            "Requests of a split route by the upstream chosen and how (weight, sticky, override)",
+            split.clone(),
+        );
+        let dns = DnsFamilies::default();
+        registry.register(
+            "upstream_dns_resolutions",
+            "Lookups of a group's resolve: names, by result (ok, failed: the last good servers stay)",
+            dns.resolutions.clone(),
+        );
+        registry.register("upstream_dns_servers", "Servers a group's resolve: name gives now", dns.servers.clone());
+        registry.register(
+            "upstream_dns_stale",
+            "1 while a group keeps a name's last good servers because its latest lookup failed",
+            dns.stale.clone(),
+        );
         let traces = TraceMetrics::default();
         registry.register("trace_spans_exported", "Spans the OTLP collector accepted", traces.exported.clone());
         registry.register(
@@ -639,6 +700,8 @@ impl Metrics {
             certificates,
             traces,
             servers,
+            dns,
+            split,
             registry: registry.registry,
             families: registry.families,
             requests,
@@ -755,6 +818,28 @@ impl Metrics {
             healthy,
             in_flight: s.in_flight.get_or_create(&l()).clone(),
             latency: s.latency.get_or_create(&l()).clone(),
+        }
+    }
+
+    /// The count of split route `route`'s requests sent to `upstream`, chosen `by`.
+    pub fn split(&self, route: &str, upstream: &str, by: &'static str) -> Counter {
+        self.split.get_or_create(&SplitLabel { route: Label::new(route), upstream: Label::new(upstream), by }).clone()
+    }
+
+    /// The handles of name `name` resolved for group `upstream`.
+    pub fn dns(&self, upstream: &str, name: &str) -> DnsMetrics {
+        let l = || DnsLabel { upstream: Label::new(upstream), name: Label::new(name) };
+        let r = |result| {
+            self.dns
+                .resolutions
+                .get_or_create(&DnsResultLabel { upstream: Label::new(upstream), name: Label::new(name), result })
+                .clone()
+        };
+        DnsMetrics {
+            resolved: r("ok"),
+            failed: r("failed"),
+            servers: self.dns.servers.get_or_create(&l()).clone(),
+            stale: self.dns.stale.get_or_create(&l()).clone(),
         }
     }
 

@@ -73,6 +73,8 @@ struct Lane {
     upstream: String,
     /// `auth:`, compiled; boxed, as routes without it are the common case.
     auth: Option<Box<crate::auth::Auth>>,
+    /// `split:`: which upstream takes each request (`None`: the route's one upstream).
+    split: Option<Box<forward::split::Chooser>>,
 }
 
 pub struct Proxy {
@@ -115,6 +117,18 @@ impl Proxy {
     /// unchanged keeps its state (a reload must not hand every client a fresh bucket), and
     /// the cache survives when its size settings are unchanged.
     pub fn build(config: Config, clock: Arc<dyn Clock>, metrics: Arc<Metrics>, previous: Option<&Proxy>) -> Proxy {
+        // The DNS client of `resolve:` servers, made only when a group has one.
+        let resolves = config.upstreams.iter().any(|u| {
+            matches!(&u.kind, UpstreamKind::Http(h) if h.group.as_ref().is_some_and(|g| g.servers.iter().any(|s| s.resolve != crate::config::group::Resolve::Fixed)))
+        });
+        let resolver = resolves
+            .then(|| {
+                forward::group::dns::Resolver::new(&config.dns)
+                    .map(Arc::new)
+                    .map_err(|e| tracing::error!("dns: {e}; `resolve:` servers are not found"))
+                    .ok()
+            })
+            .flatten();
         let backends = config
             .upstreams
             .iter()
@@ -124,7 +138,9 @@ impl Proxy {
                         // The pools' shards: one per worker thread of the process.
                         let workers = crate::workers::count();
                         let read = config.server.body_read_timeout;
-                        match forward::group::Group::new(&u.name, h, read, &metrics, workers) {
+                        let before = previous.and_then(|p| p.groups().find(|g| g.name() == u.name));
+                        let dns = resolver.as_ref();
+                        match forward::group::Group::new(&u.name, h, read, &metrics, workers, dns, before) {
                             Some(group) => Backend::Group(group),
                             None => Backend::Http(Box::new(HttpForwarder::new(&u.name, h, read, &metrics, workers))),
                         }
@@ -211,6 +227,7 @@ impl Proxy {
                     request_headers: rules(&r.request_headers),
                     response_headers: rules(&r.response_headers),
                     upstream: upstream.name.clone(),
+                    split: r.split.as_deref().map(|s| Box::new(forward::split::Chooser::new(s, &r.name, &metrics))),
                     auth: r.auth.as_deref().map(|a| {
                         let plans = config.plans.as_deref();
                         Box::new(crate::auth::Auth::new(a, r, plans, redis.as_ref(), &metrics, &mut remote_for))
@@ -375,6 +392,18 @@ impl Proxy {
         redis.ping().await.map_err(|e| format!("Redis does not answer: {e}"))
     }
 
+    /// Waits (at most `within`) for every group's `resolve:` names to have a first answer;
+    /// returns those with no server then, as `upstream`: `name`.
+    pub async fn first_answers(&self, within: Duration) -> Vec<String> {
+        let mut missing = Vec::new();
+        for g in self.groups() {
+            for name in g.first_answers(within).await {
+                missing.push(format!("upstream `{}`: `{name}`", g.name()));
+            }
+        }
+        missing
+    }
+
     /// Live keys per limit into the gauges (called when metrics are scraped).
     /// Each group upstream by name (`/config` shows its servers' state).
     pub fn groups(&self) -> impl Iterator<Item = &forward::group::Group> {
@@ -444,10 +473,10 @@ fn listener_quic(
 
 fn keys_on_credentials(route: &Route) -> bool {
     route.limits.iter().any(|l| {
-        l.key
-            .parts()
-            .iter()
-            .any(|p| matches!(p, KeyPart::Header(h) if *h == http::header::AUTHORIZATION || *h == http::header::COOKIE))
+        l.key.parts().iter().any(|p| {
+            matches!(p, KeyPart::Header(h) if *h == http::header::AUTHORIZATION || *h == http::header::COOKIE)
+                || matches!(p, KeyPart::Cookie(_))
+        })
     })
 }
 

@@ -147,6 +147,7 @@ impl Engine {
                             .iter()
                             .filter(|p| match p {
                                 KeyPart::Header(h) => !logged.headers.contains(h),
+                                KeyPart::Cookie(_) => !logged.headers.contains(&http::header::COOKIE),
                                 KeyPart::Consumer => !logged.consumers,
                                 KeyPart::ClientIp => peer_is_balancer,
                                 // Not in a log line: a client certificate, a token's claims.

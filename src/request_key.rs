@@ -85,6 +85,7 @@ impl<'a> KeyCtx<'a> {
                 KeyPart::TlsClient => m.tls_client(self.tls_client),
                 KeyPart::Consumer => m.consumer(self.identity().map(|id| &*id.consumer)),
                 KeyPart::Claim(name) => m.claim(name, self.identity().and_then(|id| id.claim(name))),
+                KeyPart::Cookie(name) => m.cookie(name, cookie(&self.parts.headers, name)),
             }
         }
         m.finish()
@@ -109,6 +110,7 @@ impl<'a> KeyCtx<'a> {
             KeyPart::TlsClient => ctx.tls_client.map(|id| capped(id.as_bytes())),
             KeyPart::Consumer => ctx.identity().map(|id| capped(id.consumer.as_bytes())),
             KeyPart::Claim(name) => ctx.identity().and_then(|id| id.claim(name)).map(|v| capped(v.as_bytes())),
+            KeyPart::Cookie(name) => cookie(&ctx.parts.headers, name).map(capped),
             KeyPart::ClientIp => {
                 use std::io::Write;
                 let mut w = &mut buf[..];
@@ -118,6 +120,18 @@ impl<'a> KeyCtx<'a> {
             }
         }
     }
+}
+
+/// The value of the first cookie named `name` in the request's `Cookie` fields (RFC 6265
+/// §5.4: `name=value` pairs separated by `;`), without allocating.
+fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a [u8]> {
+    headers.get_all(http::header::COOKIE).iter().find_map(|field| {
+        field.as_bytes().split(|&b| b == b';').find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            (pair[..eq].trim_ascii() == name.as_bytes()).then(|| pair[eq + 1..].trim_ascii())
+        })
+    })
 }
 
 /// Decodes `%XX` and `+` from `raw` into `out`, stopping when `out` is full; returns the length.
@@ -249,6 +263,26 @@ fn parse_forwarded_element(element: &str) -> Option<IpAddr> {
     // "192.0.2.43" or "192.0.2.43:47011"; "unknown" and "_hidden" fail to parse.
     let addr = node.split_once(':').map_or(node, |(a, _)| a);
     Ipv4Addr::from_str(addr).ok().map(IpAddr::V4)
+}
+
+#[cfg(test)]
+mod cookie_tests {
+    use super::*;
+    use crate::limit::{KeyError, KeyPart};
+
+    #[test]
+    fn a_cookie_key_reads_the_named_cookie_of_any_cookie_field() {
+        let mut h = http::HeaderMap::new();
+        h.append(http::header::COOKIE, http::HeaderValue::from_static("theme=dark; session = abc ;x=1"));
+        h.append(http::header::COOKIE, http::HeaderValue::from_static("other=2; session=late"));
+        assert_eq!(cookie(&h, "session"), Some(&b"abc"[..]));
+        assert_eq!(cookie(&h, "other"), Some(&b"2"[..]));
+        assert_eq!(cookie(&h, "sess"), None);
+        assert_eq!(cookie(&http::HeaderMap::new(), "session"), None);
+        assert_eq!("cookie:session".parse::<KeyPart>(), Ok(KeyPart::Cookie("session".to_owned())));
+        assert_eq!("cookie: ".parse::<KeyPart>(), Err(KeyError::Cookie));
+        assert_eq!(KeyPart::Cookie("s".to_owned()).to_string(), "cookie:s");
+    }
 }
 
 #[cfg(test)]

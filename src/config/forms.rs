@@ -30,6 +30,11 @@ pub(super) trait Forms: Sized {
         None
     }
 
+    fn flag(b: bool) -> Option<Self> {
+        let _ = b;
+        None
+    }
+
     fn map<'de, M: MapAccess<'de>>(map: M) -> Option<Result<Self, M::Error>> {
         let _ = map;
         None
@@ -71,6 +76,10 @@ impl<'de, T: Forms> Visitor<'de> for FormVisitor<T> {
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
         T::number(v).ok_or_else(|| E::invalid_value(Unexpected::Unsigned(v), &self))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<T, E> {
+        T::flag(v).ok_or_else(|| E::invalid_type(Unexpected::Bool(v), &self))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {

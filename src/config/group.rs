@@ -23,6 +23,37 @@ pub const MAX_WEIGHT: u32 = 100;
 pub struct RawServer {
     url: String,
     weight: Option<u32>,
+    resolve: Option<RawResolve>,
+}
+
+/// `resolve: true` (A and AAAA) or `resolve: srv`.
+pub enum RawResolve {
+    Flag(bool),
+    Name(String),
+}
+
+impl Forms for RawResolve {
+    const EXPECTING: &'static str = "`true` (A and AAAA records), `srv` or `false`";
+    fn flag(b: bool) -> Option<Self> {
+        Some(RawResolve::Flag(b))
+    }
+    fn text(s: &str) -> Option<Self> {
+        Some(RawResolve::Name(s.to_owned()))
+    }
+}
+by_form!(RawResolve);
+
+/// The top-level `dns:` section: how `resolve:` servers are found.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawDns {
+    #[serde(default)]
+    nameservers: Vec<String>,
+    min_ttl: Option<Dur>,
+    max_ttl: Option<Dur>,
+    timeout: Option<Dur>,
+    #[serde(default)]
+    required: bool,
 }
 
 /// `balance: least_request | round_robin` or `balance: { hash: <key> }`.
@@ -139,10 +170,81 @@ pub struct GroupConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupServer {
-    /// `host:port`, the port explicit.
+    /// `host:port`, the port explicit (for `resolve: srv`, the port is the records').
     pub authority: http::uri::Authority,
-    /// 1..=[`MAX_WEIGHT`].
+    /// 1..=[`MAX_WEIGHT`] (for `resolve: srv`, the records' weights instead).
     pub weight: u32,
+    pub resolve: Resolve,
+}
+
+/// Whether a server is one fixed address or the addresses DNS gives for its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve {
+    /// One server: the name (if any) is resolved by the system at each new connection.
+    Fixed,
+    /// Every A and AAAA address of the name is a server (on the URL's port), followed by TTL.
+    Addresses,
+    /// The SRV records of the name give each server's host, port and weight.
+    Srv,
+}
+
+/// `dns:`: the resolver of `resolve:` servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// Name servers to ask (UDP, then TCP on truncation); empty: those of `/etc/resolv.conf`.
+    pub nameservers: Vec<std::net::SocketAddr>,
+    /// A record's TTL is followed, but never more often than this…
+    pub min_ttl: Duration,
+    /// …nor less often than this.
+    pub max_ttl: Duration,
+    /// One query's wait for an answer.
+    pub timeout: Duration,
+    /// `tollgate run` fails to start when a `resolve:` name has no address at start.
+    pub required: bool,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        DnsConfig {
+            nameservers: Vec::new(),
+            min_ttl: Duration::from_secs(1),
+            max_ttl: Duration::from_secs(300),
+            timeout: Duration::from_secs(2),
+            required: false,
+        }
+    }
+}
+
+impl RawDns {
+    pub fn validate(self) -> Result<DnsConfig, Invalid> {
+        let at = |f: &str| vec![key("dns"), key(f)];
+        let d = DnsConfig::default();
+        let mut nameservers = Vec::with_capacity(self.nameservers.len());
+        for (i, n) in self.nameservers.iter().enumerate() {
+            let addr = n
+                .parse::<std::net::SocketAddr>()
+                .or_else(|_| n.parse::<std::net::IpAddr>().map(|ip| std::net::SocketAddr::new(ip, 53)))
+                .map_err(|_| {
+                    let mut p = at("nameservers");
+                    p.push(Seg::Index(i));
+                    (p, format!("`{n}` is not an IP address; expected e.g. 10.0.0.2 or 127.0.0.1:5353"))
+                })?;
+            nameservers.push(addr);
+        }
+        let min_ttl = self.min_ttl.map_or(d.min_ttl, |v| v.0);
+        let max_ttl = self.max_ttl.map_or(d.max_ttl.max(min_ttl), |v| v.0);
+        if min_ttl < Duration::from_millis(100) {
+            return Err((at("min_ttl"), "expected at least 100ms (a floor under each record's TTL)".to_owned()));
+        }
+        if max_ttl < min_ttl {
+            return Err((at("max_ttl"), "shorter than `min_ttl`; expected at least as long".to_owned()));
+        }
+        let timeout = self.timeout.map_or(d.timeout, |v| v.0);
+        if timeout.is_zero() {
+            return Err((at("timeout"), "expected a duration above zero".to_owned()));
+        }
+        Ok(DnsConfig { nameservers, min_ttl, max_ttl, timeout, required: self.required })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,7 +408,36 @@ impl RawGroup {
             if !(1..=MAX_WEIGHT).contains(&weight) {
                 return Err((here("weight"), format!("weight {weight}; expected 1 to {MAX_WEIGHT}")));
             }
-            servers.push(GroupServer { authority, weight });
+            let resolve = match &s.resolve {
+                None | Some(RawResolve::Flag(false)) => Resolve::Fixed,
+                Some(RawResolve::Flag(true)) => Resolve::Addresses,
+                Some(RawResolve::Name(n)) if n == "srv" => Resolve::Srv,
+                Some(RawResolve::Name(n)) => {
+                    return Err((here("resolve"), format!("`{n}`; expected true (A and AAAA records) or srv")))
+                }
+            };
+            let literal = authority.host().starts_with('[') || authority.host().parse::<std::net::IpAddr>().is_ok();
+            if resolve != Resolve::Fixed && literal {
+                return Err((here("resolve"), format!("`{}` is an address, not a name to resolve", authority.host())));
+            }
+            if resolve == Resolve::Srv {
+                if s.weight.is_some() {
+                    return Err((
+                        here("weight"),
+                        "the SRV records give the weights of `resolve: srv` servers".to_owned(),
+                    ));
+                }
+                if s.url.parse::<http::Uri>().ok().and_then(|u| u.port_u16()).is_some() {
+                    return Err((
+                        here("url"),
+                        format!(
+                            "`{}` has a port; the SRV records give the ports (e.g. http://_http._tcp.api.internal)",
+                            s.url
+                        ),
+                    ));
+                }
+            }
+            servers.push(GroupServer { authority, weight, resolve });
         }
         let (base, https) = first.unwrap_or_default();
         let balance = match self.balance {
@@ -537,6 +668,50 @@ mod tests {
     }
 
     #[test]
+    fn servers_may_be_found_by_dns() {
+        let g = group(
+            "    servers:
+      - { url: http://api.internal:8080, resolve: true, weight: 3 }
+      - { url: http://_http._tcp.api.internal, resolve: srv }
+      - { url: http://10.0.0.1:80, resolve: false }
+",
+        );
+        let r: Vec<Resolve> = g.servers.iter().map(|s| s.resolve).collect();
+        assert_eq!(r, [Resolve::Addresses, Resolve::Srv, Resolve::Fixed]);
+        assert_eq!(g.servers[0].weight, 3);
+        let c = Config::from_yaml(Path::new("p.yaml"), &upstream("    url: http://a:1\n")).unwrap();
+        assert_eq!(c.dns, DnsConfig::default(), "no `dns:` section: resolv.conf, 1s to 5m");
+    }
+
+    #[test]
+    fn the_dns_section_is_checked() {
+        let ok = Config::from_yaml(
+            Path::new("p.yaml"),
+            "dns: { nameservers: [10.0.0.2, \"127.0.0.1:5353\"], min_ttl: 5s, max_ttl: 1m, timeout: 1s, required: true }\nupstreams:\n  api: { url: http://a:1 }\nroutes:\n  - upstream: api\n",
+        )
+        .unwrap();
+        let want: Vec<std::net::SocketAddr> = vec!["10.0.0.2:53".parse().unwrap(), "127.0.0.1:5353".parse().unwrap()];
+        assert_eq!(ok.dns.nameservers, want);
+        assert_eq!(
+            (ok.dns.min_ttl, ok.dns.max_ttl, ok.dns.required),
+            (Duration::from_secs(5), Duration::from_secs(60), true)
+        );
+        let bad = |dns: &str| {
+            let yaml = format!("dns: {dns}\nupstreams:\n  api: {{ url: http://a:1 }}\nroutes:\n  - upstream: api\n");
+            match Config::from_yaml(Path::new("p.yaml"), &yaml) {
+                Ok(_) => panic!("should be refused: {dns}"),
+                Err(e) => (e.path, e.message),
+            }
+        };
+        let (p, m) = bad("{ nameservers: [dns.example] }");
+        assert_eq!(p, "dns.nameservers[0]");
+        assert!(m.contains("not an IP address"), "{m}");
+        assert_eq!(bad("{ min_ttl: 10s, max_ttl: 5s }").0, "dns.max_ttl");
+        assert_eq!(bad("{ min_ttl: 1ms }").0, "dns.min_ttl");
+        assert_eq!(bad("{ resolver: x }").0, "dns.resolver");
+    }
+
+    #[test]
     fn a_single_url_stays_a_single_server() {
         let c = Config::from_yaml(Path::new("p.yaml"), &upstream("    url: http://10.0.0.1:3000\n")).unwrap();
         let UpstreamKind::Http(h) = &c.upstreams[0].kind else { panic!() };
@@ -596,6 +771,26 @@ mod tests {
             ),
             ("    url: http://a:1\n    balance: round_robin\n", 4, "upstreams.api.balance", "servers"),
             ("    servers: [{ url: https://a:1 }, { url: https://b:1 }]\n", 3, "upstreams.api.servers", "server_name"),
+            (
+                "    servers: [{ url: http://10.0.0.1:80, resolve: true }]\n",
+                3,
+                "upstreams.api.servers[0].resolve",
+                "an address",
+            ),
+            ("    servers: [{ url: http://a:80, resolve: aaaa }]\n", 3, "upstreams.api.servers[0].resolve", "srv"),
+            ("    servers: [{ url: https://_https._tcp.a, resolve: srv }]\n", 3, "upstreams.api.server_name", "SRV"),
+            (
+                "    servers: [{ url: http://_http._tcp.a:8080, resolve: srv }]\n",
+                3,
+                "upstreams.api.servers[0].url",
+                "SRV records give the ports",
+            ),
+            (
+                "    servers: [{ url: http://_http._tcp.a, resolve: srv, weight: 2 }]\n",
+                3,
+                "upstreams.api.servers[0].weight",
+                "SRV records give the weights",
+            ),
         ];
         for (body, line, path, word) in cases {
             let (l, p, m) = fails(body);

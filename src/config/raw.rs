@@ -46,6 +46,7 @@ pub struct Config {
     plans: Option<super::plans::RawPlans>,
     auth: Option<super::auth::RawAuth>,
     tracing: Option<super::otel::RawTracing>,
+    dns: Option<super::group::RawDns>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
 }
@@ -412,7 +413,8 @@ struct Route {
     name: Option<String>,
     #[serde(default, rename = "match")]
     matcher: Match,
-    upstream: String,
+    upstream: Option<String>,
+    split: Option<super::split::RawSplit>,
     #[serde(default)]
     strip_prefix: bool,
     #[serde(default)]
@@ -479,6 +481,7 @@ impl Config {
         let redis = self.redis.map(|r| r.validate()).transpose()?;
         let request_id = self.request_id.validate()?;
         let tracing = self.tracing.map(super::otel::RawTracing::validate).transpose()?;
+        let dns = self.dns.map(super::group::RawDns::validate).transpose()?.unwrap_or_default();
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let default_auth =
             self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
@@ -511,13 +514,23 @@ impl Config {
             if routes.iter().any(|r: &super::Route| r.name == name) {
                 return Err((at(&["name"]), format!("route name `{name}` is used twice; names must be unique")));
             }
-            let upstream = upstreams.iter().position(|u| u.name == route.upstream).ok_or_else(|| {
-                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-                (
-                    at(&["upstream"]),
-                    format!("unknown upstream `{}`; expected one of: {}", route.upstream, known.join(", ")),
-                )
-            })?;
+            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            let upstream = match (&route.upstream, &route.split) {
+                (Some(_), Some(_)) => {
+                    return Err((at(&["split"]), "give either `upstream` or `split`, not both".to_owned()))
+                }
+                (None, None) => {
+                    return Err((
+                        vec![key("routes"), Seg::Index(i)],
+                        "expected `upstream: <name>` or a `split:` between upstreams".to_owned(),
+                    ))
+                }
+                (Some(name), None) => upstreams.iter().position(|u| u.name == *name).ok_or_else(|| {
+                    (at(&["upstream"]), format!("unknown upstream `{name}`; expected one of: {}", known.join(", ")))
+                })?,
+                // Set from the split's first side once it is checked (below, with `auth`).
+                (None, Some(_)) => 0,
+            };
             let m = route.matcher;
             let conditions = super::gateway::conditions(m.headers, m.query, &|f: &[&str]| {
                 let mut p = at(&["match"]);
@@ -637,6 +650,19 @@ impl Config {
                 None => (default_auth.clone(), false),
                 Some(a) => (a.validate(&at(&["auth"]), redis.is_some())?.map(std::sync::Arc::new), true),
             };
+            let split = match route.split {
+                None => None,
+                Some(raw) => {
+                    let at_split = |f: &[&str]| {
+                        let mut p = at(&["split"]);
+                        p.extend(f.iter().map(|f| key(f)));
+                        p
+                    };
+                    let find = |name: &str| upstreams.iter().position(|u| u.name == name);
+                    Some(std::sync::Arc::new(raw.validate(&at_split, &find, &known, auth.is_some())?))
+                }
+            };
+            let upstream = split.as_ref().map_or(upstream, |s| s.sides[0].upstream);
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -667,6 +693,7 @@ impl Config {
                 tunnels,
                 auth,
                 auth_own,
+                split,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -716,6 +743,7 @@ impl Config {
             redis,
             request_id,
             tracing,
+            dns,
             auth: default_auth,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,
@@ -778,6 +806,15 @@ impl Upstream {
                         };
                         let (group, base_path, https) = raw.validate(at)?;
                         let authority = group.servers[0].authority.clone();
+                        let srv = group.servers.iter().any(|s| s.resolve == super::group::Resolve::Srv);
+                        if https && srv && tls.server_name.is_none() {
+                            return Err((
+                                at("server_name"),
+                                "https:// servers found by SRV records are verified under one name: set `server_name` \
+                                 (the name their certificates carry; the SRV name is not one)"
+                                    .to_owned(),
+                            ));
+                        }
                         let one_host = group.servers.iter().all(|s| s.authority.host() == authority.host());
                         if https && !one_host && tls.server_name.is_none() {
                             return Err((

@@ -97,6 +97,16 @@ pub fn shown(c: &Config) -> Value {
         ("plans", opt(c.plans.as_deref(), |p| plans(p, c))),
         ("auth", opt(c.auth.as_deref(), auth)),
         ("tracing", opt(c.tracing.as_ref(), tracing)),
+        (
+            "dns",
+            json!({
+                "nameservers": c.dns.nameservers.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "min_ttl": dur(c.dns.min_ttl),
+                "max_ttl": dur(c.dns.max_ttl),
+                "timeout": dur(c.dns.timeout),
+                "required": c.dns.required,
+            }),
+        ),
         ("upstreams", Value::Object(c.upstreams.iter().map(|u| (u.name.clone(), upstream(u))).collect())),
         ("routes", c.routes.iter().map(|r| route(c, r)).collect()),
     ])
@@ -496,7 +506,14 @@ fn group(g: &GroupConfig, scheme: &str) -> Vec<(&'static str, Value)> {
             "servers",
             g.servers
                 .iter()
-                .map(|s| json!({ "url": format!("{scheme}://{}", s.authority), "weight": s.weight }))
+                .map(|s| {
+                    let resolve = match s.resolve {
+                        super::group::Resolve::Fixed => Value::Bool(false),
+                        super::group::Resolve::Addresses => Value::Bool(true),
+                        super::group::Resolve::Srv => Value::from("srv"),
+                    };
+                    json!({ "url": format!("{scheme}://{}", s.authority), "weight": s.weight, "resolve": resolve })
+                })
                 .collect(),
         ),
         (
@@ -603,6 +620,7 @@ fn route(c: &Config, r: &Route) -> Value {
         ("name", Value::String(r.name.clone())),
         ("match", matcher),
         ("upstream", Value::String(c.upstream(r).name.clone())),
+        ("split", opt(r.split.as_deref(), |s| split(c, s))),
         ("strip_prefix", Value::Bool(r.strip_prefix)),
         ("limits", r.limits.iter().map(limit).collect()),
         ("concurrency", opt(r.concurrency.as_ref(), concurrency)),
@@ -620,6 +638,34 @@ fn route(c: &Config, r: &Route) -> Value {
         ("tunnels", json!({ "idle_timeout": dur(r.tunnels.idle_timeout), "max": r.tunnels.max })),
         // The auth in effect: the route's own, the top-level default it inherits, or `none`.
         ("auth", r.auth.as_deref().map_or_else(|| Value::from("none"), auth)),
+    ])
+}
+
+/// `split:`: its sides by upstream name, the sticky key and the override header.
+fn split(c: &Config, s: &super::split::Split) -> Value {
+    object(vec![
+        (
+            "upstreams",
+            s.sides
+                .iter()
+                .map(|side| json!({ "name": c.upstreams[side.upstream].name, "weight": side.weight }))
+                .collect(),
+        ),
+        ("sticky", opt(s.sticky.as_ref(), |k| k.parts().iter().map(|p| Value::String(p.to_string())).collect())),
+        (
+            "override",
+            opt(s.overrides.as_ref(), |o| {
+                let values: Map<String, Value> = o
+                    .values
+                    .iter()
+                    .map(|(v, side)| {
+                        let name = s.sides.get(*side).map_or("", |sd| c.upstreams[sd.upstream].name.as_str());
+                        (String::from_utf8_lossy(v.as_bytes()).into_owned(), Value::from(name))
+                    })
+                    .collect();
+                json!({ "header": o.header.as_str(), "values": values })
+            }),
+        ),
     ])
 }
 
@@ -868,6 +914,7 @@ auth:
   optional: true
   claims_to_headers: { sub: x-user }
   strip_credentials: true
+dns: { nameservers: ["127.0.0.1:53"], min_ttl: 2s, max_ttl: 1m, timeout: 1s, required: false }
 tracing:
   otlp: { endpoint: "http://127.0.0.1:4317", protocol: grpc }
   sample: 0.5
@@ -893,7 +940,7 @@ upstreams:
     protocol: auto
     h2: { max_connections: 2, max_streams_per_connection: 50, ping_interval: 10s, ping_timeout: 5s }
   group:
-    servers: [{ url: "http://10.0.0.1:3000", weight: 2 }, { url: "http://10.0.0.2:3000" }]
+    servers: [{ url: "http://10.0.0.1:3000", weight: 2 }, { url: "http://10.0.0.2:3000" }, { url: "http://app.internal:3000", resolve: true }]
     balance: { hash: [client_ip] }
     retry: { attempts: 2, on: [connect_failure, 502], per_try_timeout: 1s, budget: { ratio: 0.2, min_per_s: 5 } }
     health: { path: /health, interval: 2s, timeout: 1s, healthy: 2, unhealthy: 3, expect: 200-299 }
@@ -980,6 +1027,11 @@ upstreams:
       seed: 7
   skewed: { respond: { latency: { distribution: lognormal, p50: 10ms, p99: 80ms } } }
 routes:
+  - name: canary
+    split:
+      upstreams: [{ name: faulty, weight: 90 }, { name: skewed, weight: 10 }]
+      sticky: client_ip
+      override: { header: x-canary, values: { always: skewed } }
   - name: keyed
     upstream: canned
     auth:

@@ -123,10 +123,10 @@ fn broken_configs_name_line_column_and_field() {
         ),
         // an unknown key part
         (
-            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - algorithm: sliding_log\n        rate: 10/m\n        key: [client_ip, cookie:x]\n",
+            "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    limits:\n      - algorithm: sliding_log\n        rate: 10/m\n        key: [client_ip, session:x]\n",
             7,
             "routes[0].limits[0].key",
-            "cookie:x",
+            "session:x",
         ),
         // an unknown algorithm
         (
@@ -541,6 +541,13 @@ fn a_mistake_inside_a_field_of_several_forms_names_its_own_field() {
             4,
             "listen[0].tls.acme.names[0]",
             "expected a name, or a list of names for one certificate",
+        ),
+        // a group server's `resolve`
+        (
+            "upstreams:\n  g:\n    servers: [{ url: 'http://a.internal:1', resolve: [srv] }]\nroutes: [{ upstream: g }]\n".to_owned(),
+            3,
+            "upstreams.g.servers[0].resolve",
+            "expected `true` (A and AAAA records), `srv` or `false`",
         ),
         // `server.workers`
         (

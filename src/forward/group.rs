@@ -15,18 +15,20 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, Uri, Version};
 use hyper::body::{Body as _, Incoming};
 use tower::retry::budget::{Budget as _, TpsBudget};
 
 mod balance;
+pub mod dns;
 mod health;
 
 use super::{Downstream, HttpForwarder};
 use crate::answer::{Cause, Error, UpstreamFailure};
 use crate::body::{Body, Inbound, RequestBody, UpstreamConn};
-use crate::config::group::{Balance, GroupConfig};
+use crate::config::group::{Balance, GroupConfig, Resolve};
 use crate::config::HttpUpstream;
 use crate::limit::KeySpec;
 use crate::metrics::{Metrics, ServerMetrics};
@@ -34,6 +36,11 @@ use crate::metrics::{Metrics, ServerMetrics};
 /// One server of a group.
 pub struct Member {
     pub fwd: HttpForwarder,
+    /// Its address as logs, metrics and `/config` name it (`host:port`, or the address a
+    /// resolved name gave).
+    name: Arc<str>,
+    /// The name it was found under (`resolve:` servers).
+    from: Option<Arc<str>>,
     weight: u32,
     /// Mixed with a request's key for rendezvous hashing.
     seed: u64,
@@ -50,10 +57,29 @@ pub struct Member {
     ewma_at: AtomicU64,
 }
 
+impl Member {
+    fn is_at(&self, p: &Place) -> bool {
+        *self.name == *p.connect && self.fwd.authority == p.authority && self.weight == p.weight && self.from == p.from
+    }
+}
+
+/// Where one member is: the address it is reached at, the authority it stands for (`Host`
+/// when not preserved, the `:authority` of HTTP/2), its weight and the name it was found under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) connect: Arc<str>,
+    pub(crate) authority: http::uri::Authority,
+    pub(crate) weight: u32,
+    pub(crate) from: Option<Arc<str>>,
+}
+
 /// A server as `/config`, `explain` and `/readyz` show it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ServerView {
     pub url: String,
+    /// The name a `resolve:` server was found under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved_from: Option<String>,
     pub weight: u32,
     /// `healthy`, `ejected` (passive, for `ejected_for_s` more) or `unhealthy` (active checks).
     pub state: &'static str,
@@ -64,12 +90,34 @@ pub struct ServerView {
     pub ejections: u64,
 }
 
+/// The servers of a group at one moment. A request keeps the set it started with for all its
+/// tries; a DNS answer that changes the servers swaps in a new set (members that stay are
+/// the same, with their pools, health and ejection).
+pub(crate) struct Set {
+    members: Vec<Arc<Member>>,
+    /// Weighted round robin: member indices, each as often as its weight, interleaved.
+    schedule: Vec<u16>,
+}
+
+impl Set {
+    fn new(members: Vec<Arc<Member>>) -> Set {
+        let weights: Vec<u32> = members.iter().map(|m| m.weight).collect();
+        Set { schedule: balance::smooth_round_robin(&weights), members }
+    }
+}
+
+/// What a new member is made from (a server found by DNS joins after the group was built).
+struct Maker {
+    upstream: HttpUpstream,
+    body_read_timeout: Duration,
+    metrics: Arc<Metrics>,
+    workers: usize,
+}
+
 pub struct Group {
     name: String,
-    members: Vec<Member>,
     cfg: Arc<GroupConfig>,
-    /// Weighted round robin: server indices, each as often as its weight, interleaved.
-    schedule: Vec<u16>,
+    set: ArcSwap<Set>,
     next: AtomicUsize,
     budget: TpsBudget,
     /// Held while an ejection is decided, so concurrent failures cannot together eject
@@ -79,6 +127,13 @@ pub struct Group {
     timeout: Duration,
     h2: bool,
     scheme: &'static str,
+    make: Maker,
+    /// Per `servers:` entry (by index), what DNS last gave for a `resolve:` one; written by
+    /// the discovery task only, read by a reload (which starts from it) and `/config`.
+    found: std::sync::Mutex<Vec<dns::Found>>,
+    /// `resolve:` entries that had a first answer (an address or a failure); see
+    /// [`Group::first_answers`].
+    answered: tokio::sync::watch::Sender<usize>,
 }
 
 /// Servers a request has tried (at most 256 in a group).
@@ -131,44 +186,28 @@ impl Drop for InFlight<'_> {
 }
 
 impl Group {
-    /// A group for upstream `name`; `cfg.group` must be set.
+    /// A group for upstream `name`; `None` unless `cfg.group` is set. `resolver` finds the
+    /// `resolve:` servers; `previous` (the same upstream before a reload) gives them their
+    /// last good addresses at once, so a reload never waits for DNS.
     pub fn new(
         name: &str,
         cfg: &HttpUpstream,
         body_read_timeout: Duration,
-        metrics: &Metrics,
+        metrics: &Arc<Metrics>,
         workers: usize,
+        resolver: Option<&Arc<dns::Resolver>>,
+        previous: Option<&Group>,
     ) -> Option<Arc<Group>> {
         let gcfg = cfg.group.clone()?;
         let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-        let members: Vec<Member> = gcfg
-            .servers
-            .iter()
-            .map(|s| {
-                let mut one = cfg.clone();
-                one.authority = s.authority.clone();
-                one.group = None;
-                let url = format!("{scheme}://{}", s.authority);
-                Member {
-                    fwd: HttpForwarder::new(name, &one, body_read_timeout, metrics, workers),
-                    weight: s.weight,
-                    seed: xxhash_rust::xxh3::xxh3_64(s.authority.as_str().as_bytes()),
-                    metrics: metrics.server(name, &url),
-                    consecutive_failures: AtomicU32::new(0),
-                    ejected_until: AtomicU64::new(0),
-                    ejections: AtomicU32::new(0),
-                    up: AtomicBool::new(true),
-                    ewma_us: AtomicU64::new(0f64.to_bits()),
-                    ewma_at: AtomicU64::new(0),
-                }
-            })
-            .collect();
-        let weights: Vec<u32> = members.iter().map(|m| m.weight).collect();
+        let mut upstream = cfg.clone();
+        upstream.group = None;
+        let make = Maker { upstream, body_read_timeout, metrics: metrics.clone(), workers };
+        let found = dns::Found::start(&gcfg, previous.filter(|p| p.scheme == scheme));
         let retry = &gcfg.retry;
         let group = Arc::new(Group {
             name: name.to_owned(),
-            schedule: balance::smooth_round_robin(&weights),
-            members,
+            set: ArcSwap::from_pointee(Set::new(Vec::new())),
             budget: TpsBudget::new(Duration::from_secs(10), retry.min_per_s, retry.ratio),
             cfg: gcfg.clone(),
             next: AtomicUsize::new(0),
@@ -177,20 +216,82 @@ impl Group {
             timeout: cfg.timeout,
             h2: cfg.protocol == crate::config::UpstreamProtocol::H2c,
             scheme,
+            make,
+            found: std::sync::Mutex::new(found),
+            answered: tokio::sync::watch::Sender::new(0),
         });
-        if let Some(h) = &gcfg.health {
-            group.start_checks(h);
+        group.rebuild();
+        if gcfg.servers.iter().any(|s| s.resolve != Resolve::Fixed) {
+            match resolver {
+                Some(r) => group.start_discovery(r.clone()),
+                None => tracing::error!(upstream = name, "no DNS resolver: its `resolve:` servers are never found"),
+            }
         }
         Some(group)
+    }
+
+    /// A member at `place`, its health checks started.
+    fn member(self: &Arc<Self>, place: &Place) -> Arc<Member> {
+        let mut one = self.make.upstream.clone();
+        one.authority = place.authority.clone();
+        let fwd = HttpForwarder::at(
+            &self.name,
+            &one,
+            &place.connect,
+            self.make.body_read_timeout,
+            &self.make.metrics,
+            self.make.workers,
+        );
+        let url = format!("{}://{}", self.scheme, place.connect);
+        let member = Arc::new(Member {
+            fwd,
+            name: place.connect.clone(),
+            from: place.from.clone(),
+            weight: place.weight,
+            seed: xxhash_rust::xxh3::xxh3_64(place.connect.as_bytes()),
+            metrics: self.make.metrics.server(&self.name, &url),
+            consecutive_failures: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            ejections: AtomicU32::new(0),
+            up: AtomicBool::new(true),
+            ewma_us: AtomicU64::new(0f64.to_bits()),
+            ewma_at: AtomicU64::new(0),
+        });
+        if let Some(h) = &self.cfg.health {
+            self.start_check(&member, h);
+        }
+        member
+    }
+
+    /// Makes the set from the fixed servers and what DNS found, keeping every member whose
+    /// place is unchanged; swaps it in when it differs from the current one.
+    fn rebuild(self: &Arc<Self>) {
+        let places = {
+            let found = self.found.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            dns::places(&self.cfg, &found)
+        };
+        let current = self.set.load_full();
+        let same =
+            current.members.len() == places.len() && current.members.iter().zip(&places).all(|(m, p)| m.is_at(p));
+        if same && !places.is_empty() {
+            return;
+        }
+        let members = places
+            .iter()
+            .map(|p| current.members.iter().find(|m| m.is_at(p)).cloned().unwrap_or_else(|| self.member(p)))
+            .collect();
+        self.set.store(Arc::new(Set::new(members)));
     }
 
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The address of the server at `index` (as [`Served`](super::Served) names it).
-    pub fn server_name(&self, index: usize) -> Option<&str> {
-        self.members.get(index).map(|m| m.fwd.authority.as_str())
+    /// The address of the server at `index` of the current set (as [`Served`](super::Served)
+    /// names it). Should DNS change the set while the request was out, the name may be
+    /// another's: it is for the log line only.
+    pub fn server_name(&self, index: usize) -> Option<Arc<str>> {
+        self.set.load().members.get(index).map(|m| m.name.clone())
     }
 
     /// The key a `hash` group balances on.
@@ -212,8 +313,8 @@ impl Group {
         crate::timer::now_ms().max(1)
     }
 
-    fn enter(&self, i: usize) -> InFlight<'_> {
-        let m = &self.members[i].metrics;
+    fn enter<'s>(&self, set: &'s Set, i: usize) -> InFlight<'s> {
+        let m = &set.members[i].metrics;
         m.requests.inc();
         m.in_flight.inc();
         InFlight(&m.in_flight)
@@ -232,18 +333,20 @@ impl Group {
         key: u64,
     ) -> Result<Response<Body>, Error> {
         self.budget.deposit();
+        // The servers as they are now, for every try of this request.
+        let set = self.set.load_full();
         let mut tried = Tried::default();
         let now = self.now_ms();
-        let Some(mut at) = self.pick(key, &tried, now) else { return Err(self.unavailable(now)) };
+        let Some(mut at) = self.pick(&set, key, &tried, now) else { return Err(self.unavailable(&set, now)) };
         if self.h2 {
             // Boxed: an HTTP/1.1 group's future does not carry an h2 stream's.
-            return Box::pin(self.forward_h2(req, strip, down, key, at, tried)).await;
+            return Box::pin(self.forward_h2(&set, req, strip, down, key, at, tried)).await;
         }
         let retry = &self.cfg.retry;
         // Each borrowed request lives in a block that ends before the first await: a borrowed
         // local stays in the future's state until its scope ends, even once moved.
         let (mut pending, replay) = {
-            let req = self.members[at].fwd.prepare(req, strip, down)?;
+            let req = set.members[at].fwd.prepare(req, strip, down)?;
             let replay = self.replay_head(&req);
             (Some(req), replay)
         };
@@ -254,7 +357,7 @@ impl Group {
             let first = tries == 1;
             tried.add(at);
             down.served.record(at, tries);
-            let member = &self.members[at];
+            let member = &set.members[at];
             let req = {
                 let Some(mut req) = pending.take().or_else(|| replay.as_ref().map(Head::request)) else {
                     return Err(Error::Internal("a retry without its request"));
@@ -268,21 +371,21 @@ impl Group {
             let left = if first { self.timeout } else { self.timeout.saturating_sub(started.elapsed()) };
             let wait = retry.per_try_timeout.map_or(left, |t| t.min(left));
             let sent = if first { started } else { Instant::now() };
-            let waiting = self.enter(at);
+            let waiting = self.enter(&set, at);
             // The coarse wheel for waits of a second or more: no tokio timer entry per try.
             let out = crate::timer::timeout(wait, attempt(&member.fwd, req)).await;
             drop(waiting);
             // Whether this failure may go to another server, and the request it goes with.
             let try_ = Try { at, tries, sent, started, replayable: replay.is_some() };
-            let (error, unsent, answered) = match self.judge(out, &try_) {
+            let (error, unsent, answered) = match self.judge(&set, out, &try_) {
                 Judged::Done(result) => return result,
                 Judged::Again { error, unsent, answered } => (error, unsent, answered),
             };
             // Another server, never one already tried, and only within the budget.
-            let next = self.pick(key, &tried, self.now_ms());
+            let next = self.pick(&set, key, &tried, self.now_ms());
             match next {
                 Some(n) if self.budget.withdraw() => {
-                    self.members[at].metrics.retried.inc();
+                    set.members[at].metrics.retried.inc();
                     at = n;
                     pending = unsent;
                 }
@@ -298,13 +401,13 @@ impl Group {
 
     /// What one try's outcome means: passed on as it is, or tried again elsewhere (with the
     /// error, the request given back, and an answer to pass on if no other server may take it).
-    fn judge(&self, out: Attempted, t: &Try) -> Judged {
+    fn judge(&self, set: &Set, out: Attempted, t: &Try) -> Judged {
         let retry = &self.cfg.retry;
-        let member = &self.members[t.at];
+        let member = &set.members[t.at];
         match out {
             Ok(Ok((resp, conn))) => {
                 let status = resp.status();
-                self.observe(t.at, status.is_server_error(), Some(t.sent.elapsed()));
+                self.observe(set, t.at, status.is_server_error(), Some(t.sent.elapsed()));
                 // A 503 (or 429) with Retry-After is the upstream's word: passed on at once.
                 let retryable = match status.as_u16() {
                     502 => retry.on.status_502,
@@ -326,7 +429,7 @@ impl Group {
                 // A pooled connection the server closed while idle is not its failure.
                 let stale = unsent.is_some() && !matches!(error, Error::Upstream(UpstreamFailure::Connect(_)));
                 if upstream && !stale {
-                    self.observe(t.at, true, None);
+                    self.observe(set, t.at, true, None);
                 }
                 let allowed = match (&unsent, &error) {
                     (Some(_), _) => retry.on.connect_failure,
@@ -342,7 +445,7 @@ impl Group {
                 }
             }
             Err(_) => {
-                self.observe(t.at, true, None);
+                self.observe(set, t.at, true, None);
                 let error = Error::Upstream(UpstreamFailure::Timeout);
                 if retry.on.status_504 && t.replayable && t.tries < retry.attempts && t.started.elapsed() < self.timeout
                 {
@@ -371,8 +474,10 @@ impl Group {
 
     /// An `h2c` group: a request that never left (no connection) goes to another server;
     /// one that was sent is not tried again (its stream's request cannot be had back).
+    #[allow(clippy::too_many_arguments)]
     async fn forward_h2(
         &self,
+        set: &Set,
         req: Request<Inbound>,
         strip: usize,
         down: &Downstream<'_>,
@@ -380,7 +485,7 @@ impl Group {
         mut at: usize,
         mut tried: Tried,
     ) -> Result<Response<Body>, Error> {
-        let first = &self.members[at].fwd;
+        let first = &set.members[at].fwd;
         let mut req = first.prepare(req, strip, down)?;
         first.h2_target(&mut req)?;
         let retry = &self.cfg.retry;
@@ -389,12 +494,12 @@ impl Group {
             tries += 1;
             tried.add(at);
             down.served.record(at, tries);
-            let member = &self.members[at];
+            let member = &set.members[at];
             if !self.preserve_host && tries > 1 {
                 // The `:authority` is this server's own.
                 member.fwd.h2_own_authority(&mut req)?;
             }
-            let waiting = self.enter(at);
+            let waiting = self.enter(set, at);
             let sent = Instant::now();
             // The head is kept to be sent again only while another try may follow.
             let keep = retry.on.connect_failure && tries < retry.attempts;
@@ -402,17 +507,17 @@ impl Group {
             drop(waiting);
             match out {
                 Ok(resp) => {
-                    self.observe(at, resp.status().is_server_error(), Some(sent.elapsed()));
+                    self.observe(set, at, resp.status().is_server_error(), Some(sent.elapsed()));
                     return Ok(resp);
                 }
                 Err(Failed { error, unsent }) => {
                     if matches!(error, Error::Upstream(_)) {
-                        self.observe(at, true, None);
+                        self.observe(set, at, true, None);
                     }
                     let (Some(unsent), true) = (unsent, retry.on.connect_failure && tries < retry.attempts) else {
                         return Err(error);
                     };
-                    match self.pick(key, &tried, self.now_ms()) {
+                    match self.pick(set, key, &tried, self.now_ms()) {
                         Some(next) if self.budget.withdraw() => {
                             member.metrics.retried.inc();
                             at = next;
@@ -439,15 +544,16 @@ impl Group {
         key: u64,
     ) -> Result<Response<Body>, Error> {
         let now = self.now_ms();
-        let Some(at) = self.pick(key, &Tried::default(), now) else { return Err(self.unavailable(now)) };
-        let _waiting = self.enter(at);
+        let set = self.set.load_full();
+        let Some(at) = self.pick(&set, key, &Tried::default(), now) else { return Err(self.unavailable(&set, now)) };
+        let _waiting = self.enter(&set, at);
         let sent = Instant::now();
-        let out = self.members[at].fwd.upgrade(req, strip, down, allowed, held).await;
+        let out = set.members[at].fwd.upgrade(req, strip, down, allowed, held).await;
         let failed = match &out {
             Ok(r) => r.status().is_server_error(),
             Err(e) => matches!(e, Error::Upstream(_)),
         };
-        self.observe(at, failed, out.as_ref().ok().map(|_| sent.elapsed()));
+        self.observe(&set, at, failed, out.as_ref().ok().map(|_| sent.elapsed()));
         out
     }
 }

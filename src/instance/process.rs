@@ -61,6 +61,16 @@ pub fn run(config: Config, process: Process) -> io::Result<()> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Proxy::new(config)))
             .map_err(|_| io::Error::other("building the config failed (this is a bug in tollgate)"))
     })?;
+    // Groups' `resolve:` names get their first answer before the listeners open (a request
+    // that came sooner would find no server); `dns.required` makes a name without one fatal.
+    let dns = proxy.config.dns.clone();
+    let unresolved = runtime.block_on(proxy.first_answers(dns.timeout.saturating_mul(3)));
+    if dns.required && !unresolved.is_empty() {
+        return Err(io::Error::other(format!(
+            "{} gave no address at start, and `dns.required` is set",
+            unresolved.join(", ")
+        )));
+    }
     let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
     // Before any worker accepts: the certificates tollgate gets itself (`tls.acme`,
     // `tls.internal`) are in service, at worst as placeholders.

@@ -20,7 +20,8 @@
 //! `0x01 (len value)* 0xFFFFFFFF` over all values in order; query `0x04 len name`, then `0x00`
 //! if missing, else `0x01 len value` (first occurrence, percent-decoded); path `0x05 len bytes`;
 //! TLS client `0x06`, consumer `0x07`, then `0x00` if none, else `0x01 len bytes`; claim
-//! `0x08 len name`, then `0x00` if missing, else `0x01 len value`.
+//! `0x08 len name`, then `0x00` if missing, else `0x01 len value`; cookie `0x09 len name`, then
+//! `0x00` if missing, else `0x01 len value` (the first cookie of that name).
 //! Lengths are after capping: at most [`MAX_PART_BYTES`] of each part's values are hashed.
 
 use std::fmt;
@@ -58,6 +59,8 @@ pub enum KeyPart {
     Consumer,
     /// A verified token's claim, as text; a token without it shares one "missing" key.
     Claim(String),
+    /// The first value of a cookie of the `Cookie` field (missing → one shared "missing" key).
+    Cookie(String),
 }
 
 impl KeyPart {
@@ -88,8 +91,8 @@ pub enum KeyError {
     #[error("empty key: expected e.g. \"client_ip\" or \"route, header:x-api-key\"")]
     Empty,
     #[error(
-        "unknown key part {0:?}: expected route, client_ip, path, tls_client, consumer, header:NAME, query:NAME or \
-         claim:NAME"
+        "unknown key part {0:?}: expected route, client_ip, path, tls_client, consumer, header:NAME, query:NAME, \
+         cookie:NAME or claim:NAME"
     )]
     Unknown(String),
     #[error("invalid header name {0:?}")]
@@ -98,6 +101,8 @@ pub enum KeyError {
     Query,
     #[error("empty claim name")]
     Claim,
+    #[error("empty cookie name")]
+    Cookie,
 }
 
 impl FromStr for KeyPart {
@@ -117,6 +122,13 @@ impl FromStr for KeyPart {
                 return Err(KeyError::Query);
             }
             return Ok(KeyPart::Query(name.to_owned()));
+        }
+        if let Some(name) = s.strip_prefix("cookie:") {
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(KeyError::Cookie);
+            }
+            return Ok(KeyPart::Cookie(name.to_owned()));
         }
         if let Some(name) = s.strip_prefix("claim:") {
             let name = name.trim();
@@ -147,6 +159,7 @@ impl fmt::Display for KeyPart {
             KeyPart::TlsClient => f.write_str("tls_client"),
             KeyPart::Consumer => f.write_str("consumer"),
             KeyPart::Claim(c) => write!(f, "claim:{c}"),
+            KeyPart::Cookie(c) => write!(f, "cookie:{c}"),
         }
     }
 }
@@ -280,6 +293,14 @@ impl KeyMaterial {
         self.present(consumer.map(str::as_bytes));
     }
 
+    /// The first cookie named `name` (`None`: the shared "missing" key).
+    #[inline]
+    pub fn cookie(&mut self, name: &str, value: Option<&[u8]>) {
+        self.update(&[0x09]);
+        bytes(self, name.as_bytes());
+        self.present(value);
+    }
+
     #[inline]
     pub fn claim(&mut self, name: &str, value: Option<&str>) {
         self.update(&[0x08]);
@@ -396,6 +417,7 @@ mod tests {
         k.tls_client(None);
         k.consumer(Some("c"));
         k.claim("t", None);
+        k.cookie("s", Some(b"v"));
         let mut m: Vec<u8> = b"tollgate/key/v1".to_vec();
         m.extend([0x01, 1, 0, 0, 0, b'r']);
         m.extend([0x02, 0x04, 10, 0, 0, 1]);
@@ -412,6 +434,7 @@ mod tests {
         m.extend([0x06, 0x00]);
         m.extend([0x07, 0x01, 1, 0, 0, 0, b'c']);
         m.extend([0x08, 1, 0, 0, 0, b't', 0x00]);
+        m.extend([0x09, 1, 0, 0, 0, b's', 0x01, 1, 0, 0, 0, b'v']);
         assert_eq!(k.finish(), KeyHash(xxh3_128(&m)));
         // No value of a header: the "missing" marker, not an empty list.
         let mut k = KeyMaterial::new();

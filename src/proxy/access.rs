@@ -21,7 +21,7 @@ pub(super) struct Access<'a> {
     pub(super) note: Note,
     pub(super) upstream: Option<(u16, Duration)>,
     /// A group's server that took the request (its address) and the tries it took.
-    pub(super) served: Option<(&'a str, u32)>,
+    pub(super) served: Option<(Arc<str>, u32)>,
     pub(super) stale: Stale,
     /// The kind of error tollgate answered, if it did.
     pub(super) error: Option<&'static str>,
@@ -138,8 +138,8 @@ impl<'a> Access<'a> {
             duration_ms = took.as_secs_f64() * 1e3,
             upstream_status = self.upstream.map(|u| u.0),
             upstream_ms = self.upstream.map(|u| u.1.as_secs_f64() * 1e3),
-            upstream_server = self.served.map(|s| s.0),
-            upstream_tries = self.served.map(|s| s.1),
+            upstream_server = self.served.as_ref().map(|s| &*s.0),
+            upstream_tries = self.served.as_ref().map(|s| s.1),
             limit,
             remaining = self.note.remaining,
             retry_after = self.note.retry_after_secs,
@@ -220,8 +220,8 @@ impl Access<'_> {
             let mut c = Vec::with_capacity(4);
             c.push(trace::text("http.request.method", self.method.as_str()));
             c.push(trace::text("tollgate.upstream", self.lane.upstream.as_str()));
-            if let Some((server, tries)) = self.served {
-                c.push(trace::text("tollgate.upstream.server", server));
+            if let Some((server, tries)) = &self.served {
+                c.push(trace::text("tollgate.upstream.server", &**server));
                 c.push(trace::int("tollgate.upstream.retries", i64::from(tries.saturating_sub(1))));
             }
             if upstream_status != 0 {
@@ -232,7 +232,7 @@ impl Access<'_> {
                 attributes: c,
                 took,
                 status: upstream_status,
-                server: self.served.map(|s| s.0.to_owned()),
+                server: self.served.as_ref().map(|s| s.0.to_string()),
                 failure,
             }
         });

@@ -117,7 +117,7 @@ impl Proxy {
                     Ok(Some(here)) => break 'answer here,
                     Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
                 }
-                let resp = match &*this.backends[route.upstream] {
+                let resp = match &*this.backends[this.backend_of(route, lane, &parts, &target, &peer)] {
                     Backend::Respond(r) => match this.responder(r, &parts, &mut body).await {
                         Ok(resp) => resp,
                         Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
@@ -162,7 +162,7 @@ impl Proxy {
                         };
                         lane.upstream_took(&mut log, out.as_ref().map_or(0, |r| r.status().as_u16()), sent.elapsed());
                         if let (Backend::Group(g), Some((server, tries))) = (backend, ctx.served.get()) {
-                            log.served = Some((g.server_name(server).unwrap_or("?"), tries));
+                            log.served = Some((g.server_name(server).unwrap_or_else(|| Arc::from("?")), tries));
                         }
                         match out {
                             Ok(resp) => resp,
@@ -388,6 +388,27 @@ impl Proxy {
             tls_client: peer.tls_client(),
             known: None,
         }
+    }
+
+    /// The upstream that takes the request: the route's own, or the one its `split` chooses.
+    #[inline(always)]
+    fn backend_of(&self, route: &Route, lane: &Lane, parts: &Parts, target: &Target, peer: &Peer) -> usize {
+        match &lane.split {
+            None => route.upstream,
+            Some(split) => self.split_to(split, route, parts, target, peer),
+        }
+    }
+
+    #[inline(never)]
+    fn split_to(
+        &self,
+        split: &forward::split::Chooser,
+        route: &Route,
+        parts: &Parts,
+        target: &Target,
+        peer: &Peer,
+    ) -> usize {
+        split.choose(&parts.headers, |spec| self.key_ctx(route, parts, target, peer).key(spec).0 as u64)
     }
 
     /// `balance: hash`: the request's key, as a limit keys it (0 for other backends).

@@ -380,6 +380,22 @@ async fn the_local_dev_proxy_guide() {
 }
 
 #[tokio::test]
+async fn the_roll_out_guide() {
+    let mut g = Guide::open("docs/guides/roll-out.md");
+    let addr = g.port(8080);
+    g.port(9901);
+    g.serve("cargo run --release -- -c examples/roll-out.yaml", addr).await;
+    for line in [
+        "curl -s -H 'x-canary: always' localhost:8080/",
+        "curl -s -H 'x-canary: never' localhost:8080/",
+        "curl -s localhost:9901/metrics | grep -c tollgate_route_split_requests_total",
+    ] {
+        let out = g.run(line);
+        assert_eq!(vec![out.trim().to_owned()], g.shown(line), "{line}");
+    }
+}
+
+#[tokio::test]
 async fn the_why_was_i_throttled_guide() {
     let mut g = Guide::open("docs/guides/why-was-i-throttled.md");
     let addr = g.port(8080);

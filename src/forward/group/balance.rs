@@ -4,22 +4,25 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Group, Member, Tried};
+use super::{Group, Member, Set, Tried};
 use crate::config::group::Balance;
 
 /// Peak-EWMA latency decays over this (as tower's and Finagle's default).
 const DECAY_MS: f64 = 10_000.0;
 
 impl Group {
-    pub(super) fn eligible(&self, i: usize, tried: &Tried, now: u64) -> bool {
-        let m = &self.members[i];
+    pub(super) fn eligible(set: &Set, i: usize, tried: &Tried, now: u64) -> bool {
+        let m = &set.members[i];
         !tried.has(i) && m.up.load(Ordering::Relaxed) && m.ejected_until.load(Ordering::Relaxed) <= now
     }
 
     /// The server for the next try, `None` when no untried server may take one.
-    pub(super) fn pick(&self, key: u64, tried: &Tried, now: u64) -> Option<usize> {
-        let n = self.members.len();
-        let ok = |i: usize| self.eligible(i, tried, now);
+    pub(super) fn pick(&self, set: &Set, key: u64, tried: &Tried, now: u64) -> Option<usize> {
+        let n = set.members.len();
+        if n == 0 {
+            return None;
+        }
+        let ok = |i: usize| Group::eligible(set, i, tried, now);
         match &self.cfg.balance {
             Balance::LeastRequest => {
                 if n == 1 {
@@ -31,32 +34,32 @@ impl Group {
                     b += 1;
                 }
                 match (ok(a), ok(b)) {
-                    (true, true) => Some(if self.cost(a, now) <= self.cost(b, now) { a } else { b }),
+                    (true, true) => Some(if cost(set, a, now) <= cost(set, b, now) { a } else { b }),
                     (true, false) => Some(a),
                     (false, true) => Some(b),
                     (false, false) => {
-                        (0..n).filter(|&i| ok(i)).min_by(|&x, &y| self.cost(x, now).total_cmp(&self.cost(y, now)))
+                        (0..n).filter(|&i| ok(i)).min_by(|&x, &y| cost(set, x, now).total_cmp(&cost(set, y, now)))
                     }
                 }
             }
             Balance::RoundRobin => {
-                let len = self.schedule.len();
+                let len = set.schedule.len();
                 let start = self.next.fetch_add(1, Ordering::Relaxed);
-                (0..len).map(|k| usize::from(self.schedule[(start + k) % len])).find(|&i| ok(i))
+                (0..len).map(|k| usize::from(set.schedule[(start + k) % len])).find(|&i| ok(i))
             }
             Balance::Hash(_) => (0..n).filter(|&i| ok(i)).max_by(|&x, &y| {
-                let score = |i: usize| rendezvous(key, self.members[i].seed, self.members[i].weight);
+                let score = |i: usize| rendezvous(key, set.members[i].seed, set.members[i].weight);
                 score(x).total_cmp(&score(y))
             }),
         }
     }
+}
 
-    /// Least-request load: requests waiting × decayed peak latency, per unit of weight.
-    fn cost(&self, i: usize, now: u64) -> f64 {
-        let m = &self.members[i];
-        let waiting = m.metrics.in_flight.get().max(0) as f64;
-        (waiting + 1.0) * (decayed(m, now, 0.0) + 1.0) / f64::from(m.weight)
-    }
+/// Least-request load: requests waiting × decayed peak latency, per unit of weight.
+fn cost(set: &Set, i: usize, now: u64) -> f64 {
+    let m = &set.members[i];
+    let waiting = m.metrics.in_flight.get().max(0) as f64;
+    (waiting + 1.0) * (decayed(m, now, 0.0) + 1.0) / f64::from(m.weight)
 }
 
 /// The peak-EWMA latency of `m` at `now`, after a sample of `sample_us` (0: none, decay only).

@@ -10,7 +10,7 @@ use http::header::{self, HeaderValue};
 use http::{Request, Uri, Version};
 
 use super::balance::decayed;
-use super::{millis, Group, ServerView, Tried};
+use super::{millis, Group, Member, ServerView, Set, Tried};
 use crate::answer::{Error, UpstreamFailure};
 use crate::body::RequestBody;
 use crate::config::group::Health;
@@ -18,8 +18,8 @@ use crate::config::group::Health;
 impl Group {
     /// A try on server `i` ended: `failed` for a connect failure, a broken exchange, a
     /// timeout or a 5xx; `took` the time to its head, when one came.
-    pub(super) fn observe(&self, i: usize, failed: bool, took: Option<Duration>) {
-        let m = &self.members[i];
+    pub(super) fn observe(&self, set: &Set, i: usize, failed: bool, took: Option<Duration>) {
+        let m = &set.members[i];
         let now = self.now_ms();
         if let Some(t) = took {
             m.metrics.latency.observe(t);
@@ -39,8 +39,8 @@ impl Group {
         }
         let _deciding = self.ejecting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Passive ejection takes out at most `max_ejected_percent` of the group.
-        let ejected = self.members.iter().filter(|o| o.ejected_until.load(Ordering::Relaxed) > now).count();
-        let allowed = self.members.len() * outlier.max_ejected_percent as usize / 100;
+        let ejected = set.members.iter().filter(|o| o.ejected_until.load(Ordering::Relaxed) > now).count();
+        let allowed = set.members.len() * outlier.max_ejected_percent as usize / 100;
         if ejected >= allowed || m.ejected_until.load(Ordering::Relaxed) > now {
             return;
         }
@@ -59,7 +59,7 @@ impl Group {
         m.metrics.ejections.inc();
         tracing::warn!(
             upstream = %self.name,
-            server = %m.fwd.authority,
+            server = %m.name,
             failures = run,
             ejected_ms = length,
             "upstream server ejected after consecutive failures"
@@ -67,11 +67,15 @@ impl Group {
     }
 
     /// The answer when no server may take a request: 503 with a Retry-After no shorter
-    /// than the earliest re-admission (passive) or the checks that could restore one.
-    pub(super) fn unavailable(&self, now: u64) -> Error {
+    /// than the earliest re-admission (passive) or the checks that could restore one; a
+    /// group without servers (its names have not resolved yet) says so.
+    pub(super) fn unavailable(&self, set: &Set, now: u64) -> Error {
+        if set.members.is_empty() {
+            return Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs: 1, unresolved: true });
+        }
         let health =
             self.cfg.health.as_ref().map_or(u64::MAX, |h| millis(h.interval).saturating_mul(u64::from(h.healthy)));
-        let wait_ms = self
+        let wait_ms = set
             .members
             .iter()
             .map(|m| {
@@ -86,19 +90,22 @@ impl Group {
             .min()
             .unwrap_or(1000);
         let secs = wait_ms.div_ceil(1000).clamp(1, 86_400);
-        Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs: secs as u32 })
+        Error::Upstream(UpstreamFailure::Unavailable { retry_after_secs: secs as u32, unresolved: false })
     }
 
     /// Whether some server may take requests now (`/readyz`).
     pub fn available(&self) -> bool {
         let now = self.now_ms();
-        (0..self.members.len()).any(|i| self.eligible(i, &Tried::default(), now))
+        let set = self.set.load();
+        (0..set.members.len()).any(|i| Group::eligible(&set, i, &Tried::default(), now))
     }
 
     /// Each server with its state now.
     pub fn servers(&self) -> Vec<ServerView> {
         let now = self.now_ms();
-        self.members
+        self.set
+            .load()
+            .members
             .iter()
             .map(|m| {
                 let until = m.ejected_until.load(Ordering::Relaxed);
@@ -110,7 +117,8 @@ impl Group {
                     ("healthy", None)
                 };
                 ServerView {
-                    url: format!("{}://{}", self.scheme, m.fwd.authority),
+                    url: format!("{}://{}", self.scheme, m.name),
+                    resolved_from: m.from.as_deref().map(str::to_owned),
                     weight: m.weight,
                     state,
                     ejected_for_s,
@@ -124,56 +132,55 @@ impl Group {
     /// Health and ejection gauges (at scrape).
     pub fn refresh_gauges(&self) {
         let now = self.now_ms();
-        for m in &self.members {
+        for m in &self.set.load().members {
             m.metrics.healthy.set(i64::from(m.up.load(Ordering::Relaxed)));
             m.metrics.ejected.set(i64::from(m.ejected_until.load(Ordering::Relaxed) > now));
         }
     }
 
-    /// One checker task per server; each ends once the group is gone (a reload replaced it).
-    pub(super) fn start_checks(self: &Arc<Self>, h: &Health) {
+    /// The checker task of `member`; it ends once the member left the group (DNS no longer
+    /// gives it) or the group is gone (a reload replaced it).
+    pub(super) fn start_check(self: &Arc<Self>, member: &Arc<Member>, h: &Health) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        for i in 0..self.members.len() {
-            let group: Weak<Group> = Arc::downgrade(self);
-            let h = h.clone();
-            rt.spawn(async move {
-                let mut tick = tokio::time::interval(h.interval);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let (mut passes, mut fails) = (0u32, 0u32);
-                loop {
-                    tick.tick().await;
-                    let Some(group) = group.upgrade() else { return };
-                    let passed = group.check(i, &h).await;
-                    let m = &group.members[i];
-                    if passed {
-                        passes = passes.saturating_add(1);
-                        fails = 0;
-                        if passes >= h.healthy {
-                            if !m.up.swap(true, Ordering::Relaxed) {
-                                tracing::info!(upstream = %group.name, server = %m.fwd.authority, "upstream server passes its health checks again");
-                            }
-                            // Passing checks end a passive ejection early.
-                            if m.ejected_until.load(Ordering::Relaxed) > group.now_ms() {
-                                m.ejected_until.store(group.now_ms(), Ordering::Relaxed);
-                                m.consecutive_failures.store(0, Ordering::Relaxed);
-                            }
+        let group: Weak<Group> = Arc::downgrade(self);
+        let member: Weak<Member> = Arc::downgrade(member);
+        let h = h.clone();
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(h.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (mut passes, mut fails) = (0u32, 0u32);
+            loop {
+                tick.tick().await;
+                let (Some(group), Some(m)) = (group.upgrade(), member.upgrade()) else { return };
+                let passed = Group::check(&m, &h).await;
+                if passed {
+                    passes = passes.saturating_add(1);
+                    fails = 0;
+                    if passes >= h.healthy {
+                        if !m.up.swap(true, Ordering::Relaxed) {
+                            tracing::info!(upstream = %group.name, server = %m.name, "upstream server passes its health checks again");
                         }
-                    } else {
-                        fails = fails.saturating_add(1);
-                        passes = 0;
-                        if fails >= h.unhealthy && m.up.swap(false, Ordering::Relaxed) {
-                            tracing::warn!(upstream = %group.name, server = %m.fwd.authority, "upstream server fails its health checks");
+                        // Passing checks end a passive ejection early.
+                        if m.ejected_until.load(Ordering::Relaxed) > group.now_ms() {
+                            m.ejected_until.store(group.now_ms(), Ordering::Relaxed);
+                            m.consecutive_failures.store(0, Ordering::Relaxed);
                         }
                     }
+                } else {
+                    fails = fails.saturating_add(1);
+                    passes = 0;
+                    if fails >= h.unhealthy && m.up.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(upstream = %group.name, server = %m.name, "upstream server fails its health checks");
+                    }
                 }
-            });
-        }
+            }
+        });
     }
 
-    /// One health check of server `i`: `GET path` on a connection of its own (a stream for
+    /// One health check of `member`: `GET path` on a connection of its own (a stream for
     /// h2c), passing when the status is in `expect` within `timeout`.
-    async fn check(&self, i: usize, h: &Health) -> bool {
-        let fwd = &self.members[i].fwd;
+    async fn check(member: &Member, h: &Health) -> bool {
+        let fwd = &member.fwd;
         let run = async {
             let mut req = Request::new(RequestBody::empty());
             req.headers_mut().insert(header::HOST, fwd.authority_value.clone());
