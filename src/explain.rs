@@ -420,6 +420,9 @@ pub fn explain(config: &Config) -> String {
         if let Some(a) = &r.auth {
             let _ = writeln!(out, "  {}", describe_auth(a));
         }
+        for line in crate::step::describe(r, config) {
+            let _ = writeln!(out, "  {line}");
+        }
         for line in gateway::describe(r) {
             let _ = writeln!(out, "  {line}");
         }
