@@ -3,7 +3,9 @@
 //! counters and its `explain` line, and registered once, in [`builtins!`] below. The request
 //! path (`proxy::serve`) runs a route's steps without knowing any of them:
 //!
-//! - *arrive*, in the declared order, before the route's limits;
+//! - *arrive*, in the declared order, before the route's limits: a step may let the request
+//!   on, or refuse it ([`Flow::Refuse`], e.g. bad credentials). The first that does not let it
+//!   on ends the request side.
 //! - *answer*, in the reverse order, on every answer of the route: the upstream's, the
 //!   responder's, a stale copy, tollgate's own refusals. A step sees where the answer came
 //!   from ([`Answered`]) and may change its fields or wrap its body.
@@ -14,18 +16,25 @@
 //! per side.
 //!
 //! Invariants: a step never forwards; the answer side runs once per answer; configs are data
-//! (`config::gateway`...), compiled here at `Proxy::build`.
+//! (`config::gateway`, `config::auth`...), compiled here at `Proxy::build`.
 
+mod auth;
 mod headers;
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::request::Parts;
 use http::Response;
 
+use crate::answer::Error;
 use crate::body::Body;
 use crate::config::{Config, Route};
-use crate::limit::TrustedProxies;
+use crate::limit::{Clock, RedisClient, TrustedProxies};
+use crate::metrics::Metrics;
 use crate::target::Target;
 
 /// Where an answer came from, as the answer side sees it.
@@ -43,6 +52,20 @@ pub enum Answered {
     Tunnel,
 }
 
+/// What the request side decided.
+pub(crate) enum Flow {
+    /// On to the next step, then the limits.
+    Next,
+    /// Refused: the answer room renders the error (a stale copy may stand in).
+    Refuse(Error),
+}
+
+/// A step's request side: decided now, or after a wait (a key set to fetch, a store to ask).
+pub(crate) enum Arrived<'a> {
+    Now(Flow),
+    Later(Pin<Box<dyn Future<Output = Flow> + Send + 'a>>),
+}
+
 /// What a step's request side reads of the request.
 pub(crate) struct Arrival<'a> {
     /// The head as the client sent it (the target decided); a step may change it.
@@ -52,6 +75,8 @@ pub(crate) struct Arrival<'a> {
     pub request_id: Option<&'a str>,
     pub peer: IpAddr,
     pub trusted: &'a TrustedProxies,
+    /// The limits' clock (tests pass a manual one).
+    pub clock: &'a dyn Clock,
 }
 
 /// What the request side of a route's steps leaves for their answer side, for one request.
@@ -64,7 +89,12 @@ pub(crate) struct Seen {
 
 /// What compiling a route's steps reads (at `Proxy::build`).
 pub(crate) struct Build<'a> {
+    pub config: &'a Config,
     pub route: &'a Route,
+    pub metrics: &'a Metrics,
+    pub redis: Option<&'a Arc<RedisClient>>,
+    /// The shared key set of a JWT `jwks` URL (one per URL, kept across reloads).
+    pub remote_for: &'a mut dyn FnMut(&http::Uri, Duration) -> Arc<crate::auth::remote::Remote>,
 }
 
 /// One built-in step: its compiled form is made from its config, and it may act on either
@@ -76,8 +106,9 @@ trait Builtin: Sized {
     /// The step's `explain` line, from the route's config (no proxy is built for `explain`).
     fn describe(route: &Route, config: &Config) -> Option<String>;
 
-    fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) {
+    fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, seen: &mut Seen) -> Arrived<'a> {
         let _ = (a, seen);
+        Arrived::Now(Flow::Next)
     }
 
     fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered) {
@@ -105,7 +136,7 @@ macro_rules! builtins {
                 $(out.extend(<$ty as Builtin>::describe(route, config));)*
             }
 
-            fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) {
+            fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, seen: &mut Seen) -> Arrived<'a> {
                 match self {
                     $(Kind::$variant(s) => s.arrive(a, seen),)*
                 }
@@ -124,6 +155,8 @@ builtins! {
     /// `response_headers`: first on the way in (its values read the request as it came), so
     /// last on the way out (the route's own rules have the last word on every answer).
     Headers(headers::Headers),
+    /// `auth`: who the client is, for the limits' keys and plans.
+    Auth(auth::Auth),
 }
 
 /// A route's compiled steps (empty for most routes).
@@ -141,11 +174,18 @@ impl Steps {
         self.0.is_empty()
     }
 
-    /// The request side, in order.
-    pub(crate) fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) {
+    /// The request side, in order, until a step does not let the request on.
+    pub(crate) async fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) -> Flow {
         for step in self.0.iter() {
-            step.arrive(a, seen);
+            let flow = match step.arrive(a, seen) {
+                Arrived::Now(flow) => flow,
+                Arrived::Later(wait) => wait.await,
+            };
+            if !matches!(flow, Flow::Next) {
+                return flow;
+            }
         }
+        Flow::Next
     }
 
     /// The answer side, in the reverse order, on `resp`.
@@ -153,6 +193,15 @@ impl Steps {
         for step in self.0.iter().rev() {
             step.answer(seen, resp, from);
         }
+    }
+
+    /// The compiled JWT or API key check, if the route has one (its key set is shared across
+    /// reloads).
+    pub(crate) fn auth(&self) -> Option<&crate::auth::Auth> {
+        self.0.iter().find_map(|s| match s {
+            Kind::Auth(a) => Some(a.inner()),
+            _ => None,
+        })
     }
 }
 

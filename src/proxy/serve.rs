@@ -95,11 +95,9 @@ impl Proxy {
             let (mut resp, from) = 'answer: {
                 // *Arrive*: the route's steps, if it has any.
                 if !lane.steps.is_empty() {
-                    this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen);
-                }
-                // *Auth*: only on routes with `auth`; its future is boxed, out of the others'.
-                if let Some(auth) = &lane.auth {
-                    if let Err(e) = this.authenticate(auth, &mut parts, &mut log).await {
+                    if let Flow::Refuse(e) =
+                        this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await
+                    {
                         break 'answer (this.refused(route, lane, &e, Some(&parts), version, &mut log), Answered::Own);
                     }
                 }
@@ -339,8 +337,10 @@ impl Proxy {
         Ok(Some(admission))
     }
 
-    /// *Arrive*: the route's steps, in order, before its limits (see [`crate::step`]).
-    fn arrive(
+    /// *Arrive*: the route's steps, in order, before its limits (see [`crate::step`]): what
+    /// they decided. The identity `auth` verified goes in the log line and the span.
+    #[allow(clippy::too_many_arguments)]
+    async fn arrive(
         &self,
         route: &Route,
         lane: &Lane,
@@ -348,34 +348,24 @@ impl Proxy {
         target: &Target,
         ctx: &Ctx<'_>,
         seen: &mut step::Seen,
-    ) {
-        let mut arrival = step::Arrival {
-            parts,
-            target,
-            route: &route.name,
-            request_id: ctx.request_id(),
-            peer: ctx.peer.addr.ip(),
-            trusted: &self.trusted,
+        log: &mut Access<'_>,
+    ) -> Flow {
+        let decided = {
+            let mut arrival = step::Arrival {
+                parts: &mut *parts,
+                target,
+                route: &route.name,
+                request_id: ctx.request_id(),
+                peer: ctx.peer.addr.ip(),
+                trusted: &self.trusted,
+                clock: &*self.clock,
+            };
+            lane.steps.arrive(&mut arrival, seen).await
         };
-        lane.steps.arrive(&mut arrival, seen);
-    }
-
-    /// *Auth*: the route's `auth` verifies the request's credential; the identity goes in the
-    /// head's extensions (no slot in the request's future; keys read the head), its consumer
-    /// in the log line and the span.
-    fn authenticate<'a>(
-        &'a self,
-        auth: &'a crate::auth::Auth,
-        parts: &'a mut Parts,
-        log: &'a mut Access<'_>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>> {
-        let now = self.wall_secs();
-        Box::pin(async move {
-            let id = auth.check(parts, now).await?;
+        if let Some(id) = identity(parts) {
             log.identified(&id.consumer);
-            parts.extensions.insert(id);
-            Ok(())
-        })
+        }
+        decided
     }
 
     /// What limit keys (and a `hash` group's balancing) read of the request.
