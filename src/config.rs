@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod auth;
 pub mod edge;
+pub mod extension;
 pub mod gateway;
 pub mod group;
 mod guard;
@@ -330,6 +331,8 @@ pub struct Route {
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// Whether `auth` is the route's own (its files are read at its own path).
     pub auth_own: bool,
+    /// `extensions:`: steps registered by the program that embeds tollgate, in file order.
+    pub extensions: Vec<extension::Extension>,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).

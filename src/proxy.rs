@@ -70,8 +70,8 @@ struct Lane {
     rewrite: Option<Box<route::PathRewrite>>,
     /// `request_headers`, compiled (applied by the forwarder, in its one pass over the head).
     request_headers: Option<Arc<forward::rules::HeaderRules>>,
-    /// The route's steps (`response_headers`, `auth`), compiled; an empty slice for a route
-    /// without any.
+    /// The route's steps (`response_headers`, `auth`, `extensions`), compiled; an empty slice
+    /// for a route without any.
     steps: Steps,
     /// The upstream's name (a traced request's `tollgate.upstream`).
     upstream: String,

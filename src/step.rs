@@ -4,8 +4,8 @@
 //! path (`proxy::serve`) runs a route's steps without knowing any of them:
 //!
 //! - *arrive*, in the declared order, before the route's limits: a step may let the request
-//!   on, or refuse it ([`Flow::Refuse`], e.g. bad credentials). The first that does not let it
-//!   on ends the request side.
+//!   on, answer it at once ([`Flow::Answer`]), or refuse it ([`Flow::Refuse`], e.g. bad
+//!   credentials). The first that does not let it on ends the request side.
 //! - *answer*, in the reverse order, on every answer of the route: the upstream's, the
 //!   responder's, a stale copy, tollgate's own refusals. A step sees where the answer came
 //!   from ([`Answered`]) and may change its fields or wrap its body.
@@ -13,12 +13,14 @@
 //! What a step learns of the request for its answer side is kept in [`Seen`], inline in the
 //! request's future (nothing is allocated per request for it). Built-in steps are an enum,
 //! dispatched statically; a route without steps has an empty slice and pays one length check
-//! per side.
+//! per side. Steps of programs that embed tollgate are registered by name ([`register`]) and
+//! listed under a route's `extensions:`; they cost a virtual call on the routes that use them.
 //!
 //! Invariants: a step never forwards; the answer side runs once per answer; configs are data
 //! (`config::gateway`, `config::auth`...), compiled here at `Proxy::build`.
 
 mod auth;
+mod extension;
 mod headers;
 
 use std::future::Future;
@@ -37,6 +39,8 @@ use crate::limit::{Clock, RedisClient, TrustedProxies};
 use crate::metrics::Metrics;
 use crate::target::Target;
 
+pub use extension::{register, Answer, Step, Value};
+
 /// Where an answer came from, as the answer side sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answered {
@@ -46,7 +50,8 @@ pub enum Answered {
     Responder,
     /// A stale copy of an upstream's answer, standing in for a refusal or a failure.
     Stale,
-    /// One tollgate made itself: a refusal (`429`, `401`, `503`...), the last hop's.
+    /// One tollgate made itself: a refusal (`429`, `401`, `503`...), a step's own answer, the
+    /// last hop's.
     Own,
     /// The start of a tunnel (`101`, or a CONNECT's `200`): what follows is no HTTP answer.
     Tunnel,
@@ -56,11 +61,16 @@ pub enum Answered {
 pub(crate) enum Flow {
     /// On to the next step, then the limits.
     Next,
+    /// Answered now, never forwarded; the answer side of every step still runs.
+    Answer(Response<Body>),
     /// Refused: the answer room renders the error (a stale copy may stand in).
     Refuse(Error),
 }
 
 /// A step's request side: decided now, or after a wait (a key set to fetch, a store to ask).
+// Returned by value and matched at once, never kept across an await: boxing the answer would
+// allocate for each early answer instead.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Arrived<'a> {
     Now(Flow),
     Later(Pin<Box<dyn Future<Output = Flow> + Send + 'a>>),
@@ -157,6 +167,8 @@ builtins! {
     Headers(headers::Headers),
     /// `auth`: who the client is, for the limits' keys and plans.
     Auth(auth::Auth),
+    /// `extensions`: the steps a program that embeds tollgate registered, in file order.
+    Extensions(extension::Extensions),
 }
 
 /// A route's compiled steps (empty for most routes).

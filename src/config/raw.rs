@@ -408,6 +408,7 @@ struct Route {
     #[serde(default)]
     tunnels: Tunnels,
     auth: Option<super::auth::RawRouteAuth>,
+    extensions: Option<serde_yaml::Mapping>,
 }
 
 #[derive(Deserialize, Default)]
@@ -614,6 +615,10 @@ impl Config {
                 None => (default_auth.clone(), false),
                 Some(a) => (a.validate(&at(&["auth"]), redis.is_some())?.map(std::sync::Arc::new), true),
             };
+            let extensions = match route.extensions {
+                None => Vec::new(),
+                Some(map) => super::extension::validate(map, &at(&["extensions"]))?,
+            };
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -644,6 +649,7 @@ impl Config {
                 tunnels,
                 auth,
                 auth_own,
+                extensions,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));

@@ -95,10 +95,15 @@ impl Proxy {
             let (mut resp, from) = 'answer: {
                 // *Arrive*: the route's steps, if it has any.
                 if !lane.steps.is_empty() {
-                    if let Flow::Refuse(e) =
-                        this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await
-                    {
-                        break 'answer (this.refused(route, lane, &e, Some(&parts), version, &mut log), Answered::Own);
+                    match this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
+                        Flow::Next => {}
+                        Flow::Answer(here) => break 'answer (here, Answered::Own),
+                        Flow::Refuse(e) => {
+                            break 'answer (
+                                this.refused(route, lane, &e, Some(&parts), version, &mut log),
+                                Answered::Own,
+                            )
+                        }
                     }
                 }
                 let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {

@@ -35,6 +35,7 @@ mod redis;
 mod replay;
 mod server;
 mod stale;
+mod steps;
 mod tls;
 mod tls_upstream;
 mod traces;
