@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod cors;
 pub mod edge;
 pub mod extension;
 pub mod gateway;
@@ -102,6 +103,8 @@ pub struct Config {
     pub tracing: Option<TracingConfig>,
     /// `auth:` at the top level: the routes without their own use it (files read).
     pub auth: Option<Arc<auth::AuthConfig>>,
+    /// `cors:` at the top level: the routes without their own use it.
+    pub cors: Option<Arc<cors::CorsConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.
     pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
     /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).
@@ -331,6 +334,8 @@ pub struct Route {
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// Whether `auth` is the route's own (its files are read at its own path).
     pub auth_own: bool,
+    /// `cors:`, the route's own or the top-level default (`None`: no CORS fields).
+    pub cors: Option<Arc<cors::CorsConfig>>,
     /// `extensions:`: steps registered by the program that embeds tollgate, in file order.
     pub extensions: Vec<extension::Extension>,
 }

@@ -70,8 +70,8 @@ struct Lane {
     rewrite: Option<Box<route::PathRewrite>>,
     /// `request_headers`, compiled (applied by the forwarder, in its one pass over the head).
     request_headers: Option<Arc<forward::rules::HeaderRules>>,
-    /// The route's steps (`response_headers`, `auth`, `extensions`), compiled; an empty slice
-    /// for a route without any.
+    /// The route's steps (`response_headers`, `cors`, `auth`, `extensions`), compiled; an
+    /// empty slice for a route without any.
     steps: Steps,
     /// The upstream's name (a traced request's `tollgate.upstream`).
     upstream: String,
@@ -436,7 +436,7 @@ mod tests {
         // 2,624 bytes once TLS peers, gateway rules, tunnels, gRPC and plans met in one future;
         // 2,240 once `serve` stopped keeping its arguments twice; 2,208 once the key's context
         // no longer outlived the decision; 1,888 once the phases took their parts by reference
-        // (a phase that takes the head or the answer by value keeps another copy of it); 1,888
+        // (a phase that takes the head or the answer by value keeps another copy of it); 1,920
         // with the route's steps (what they keep of a request for its answers, inline), once an
         // unrouted request's error was boxed (the future keeps its arguments to the end) and
         // the request id kept once, shared, instead of twice.

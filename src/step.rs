@@ -4,11 +4,12 @@
 //! path (`proxy::serve`) runs a route's steps without knowing any of them:
 //!
 //! - *arrive*, in the declared order, before the route's limits: a step may let the request
-//!   on, answer it at once ([`Flow::Answer`]), or refuse it ([`Flow::Refuse`], e.g. bad
-//!   credentials). The first that does not let it on ends the request side.
+//!   on, answer it at once ([`Flow::Answer`], e.g. a CORS preflight), refuse it
+//!   ([`Flow::Refuse`], e.g. bad credentials), or have it answered once the limits admit it
+//!   ([`Flow::AfterLimits`]). The first that does not let it on ends the request side.
 //! - *answer*, in the reverse order, on every answer of the route: the upstream's, the
-//!   responder's, a stale copy, tollgate's own refusals. A step sees where the answer came
-//!   from ([`Answered`]) and may change its fields or wrap its body.
+//!   responder's, a stale copy, tollgate's own refusals and a step's own answer. A step sees
+//!   where the answer came from ([`Answered`]) and may change its fields or wrap its body.
 //!
 //! What a step learns of the request for its answer side is kept in [`Seen`], inline in the
 //! request's future (nothing is allocated per request for it). Built-in steps are an enum,
@@ -17,9 +18,10 @@
 //! listed under a route's `extensions:`; they cost a virtual call on the routes that use them.
 //!
 //! Invariants: a step never forwards; the answer side runs once per answer; configs are data
-//! (`config::gateway`, `config::auth`...), compiled here at `Proxy::build`.
+//! (`config::cors`, `config::auth`...), compiled here at `Proxy::build`.
 
 mod auth;
+mod cors;
 mod extension;
 mod headers;
 
@@ -30,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::Response;
+use http::{HeaderValue, Response};
 
 use crate::answer::Error;
 use crate::body::Body;
@@ -65,6 +67,9 @@ pub(crate) enum Flow {
     Answer(Response<Body>),
     /// Refused: the answer room renders the error (a stale copy may stand in).
     Refuse(Error),
+    /// Answered by this step once the route's limits admit the request (never forwarded); no
+    /// later step's request side runs (a CORS preflight carries no credentials to check).
+    AfterLimits,
 }
 
 /// A step's request side: decided now, or after a wait (a key set to fetch, a store to ask).
@@ -87,6 +92,25 @@ pub(crate) struct Arrival<'a> {
     pub trusted: &'a TrustedProxies,
     /// The limits' clock (tests pass a manual one).
     pub clock: &'a dyn Clock,
+    /// The access log line's `steps` field, when the log is on.
+    pub notes: Notes<'a>,
+}
+
+/// Where steps say what they did for the access log (`cors=origin_refused`); a no-op when the
+/// log is off.
+pub(crate) struct Notes<'a>(pub Option<&'a mut String>);
+
+impl Notes<'_> {
+    pub(crate) fn add(&mut self, step: &str, what: &str) {
+        if let Some(line) = self.0.as_deref_mut() {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(step);
+            line.push('=');
+            line.push_str(what);
+        }
+    }
 }
 
 /// What the request side of a route's steps leaves for their answer side, for one request.
@@ -95,6 +119,9 @@ pub(crate) struct Arrival<'a> {
 pub(crate) struct Seen {
     /// `response_headers`: its values with variables, rendered from the request as it came.
     headers: Option<crate::forward::rules::Values>,
+    /// CORS: the `Access-Control-Allow-Origin` this request's answers carry (`None`: no
+    /// CORS fields, for a request without `Origin` or from an origin not allowed).
+    cors: Option<HeaderValue>,
 }
 
 /// What compiling a route's steps reads (at `Proxy::build`).
@@ -121,8 +148,15 @@ trait Builtin: Sized {
         Arrived::Now(Flow::Next)
     }
 
-    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered) {
-        let _ = (seen, resp, from);
+    /// The answer of a request this step's request side put off with [`Flow::AfterLimits`],
+    /// now that the limits admitted it.
+    fn admitted(&self, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+        let _ = (parts, seen);
+        Response::new(Body::empty())
+    }
+
+    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
+        let _ = (seen, resp, from, notes);
     }
 }
 
@@ -152,9 +186,15 @@ macro_rules! builtins {
                 }
             }
 
-            fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered) {
+            fn admitted(&self, parts: &Parts, seen: &mut Seen) -> Response<Body> {
                 match self {
-                    $(Kind::$variant(s) => s.answer(seen, resp, from),)*
+                    $(Kind::$variant(s) => s.admitted(parts, seen),)*
+                }
+            }
+
+            fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
+                match self {
+                    $(Kind::$variant(s) => s.answer(seen, resp, from, notes),)*
                 }
             }
         }
@@ -165,6 +205,8 @@ builtins! {
     /// `response_headers`: first on the way in (its values read the request as it came), so
     /// last on the way out (the route's own rules have the last word on every answer).
     Headers(headers::Headers),
+    /// `cors`: before credentials, which a preflight never carries.
+    Cors(cors::Cors),
     /// `auth`: who the client is, for the limits' keys and plans.
     Auth(auth::Auth),
     /// `extensions`: the steps a program that embeds tollgate registered, in file order.
@@ -186,24 +228,33 @@ impl Steps {
         self.0.is_empty()
     }
 
-    /// The request side, in order, until a step does not let the request on.
-    pub(crate) async fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) -> Flow {
-        for step in self.0.iter() {
+    /// The request side, in order, until a step does not let the request on: what it decided,
+    /// and which step decided it (a byte: a route has a handful of steps).
+    pub(crate) async fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) -> (Flow, u8) {
+        for (i, step) in (0..=u8::MAX).zip(self.0.iter()) {
             let flow = match step.arrive(a, seen) {
                 Arrived::Now(flow) => flow,
                 Arrived::Later(wait) => wait.await,
             };
             if !matches!(flow, Flow::Next) {
-                return flow;
+                return (flow, i);
             }
         }
-        Flow::Next
+        (Flow::Next, u8::MAX)
+    }
+
+    /// The answer of the request step `i` put off until the limits admitted it.
+    pub(crate) fn admitted(&self, i: u8, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+        match self.0.get(usize::from(i)) {
+            Some(step) => step.admitted(parts, seen),
+            None => Response::new(Body::empty()),
+        }
     }
 
     /// The answer side, in the reverse order, on `resp`.
-    pub(crate) fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered) {
+    pub(crate) fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, mut notes: Notes<'_>) {
         for step in self.0.iter().rev() {
-            step.answer(seen, resp, from);
+            step.answer(seen, resp, from, &mut notes);
         }
     }
 

@@ -45,6 +45,7 @@ pub struct Config {
     request_id: super::gateway::RawRequestId,
     plans: Option<super::plans::RawPlans>,
     auth: Option<super::auth::RawAuth>,
+    cors: Option<super::cors::RawCors>,
     tracing: Option<super::otel::RawTracing>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
@@ -408,6 +409,7 @@ struct Route {
     #[serde(default)]
     tunnels: Tunnels,
     auth: Option<super::auth::RawRouteAuth>,
+    cors: Option<super::cors::RawRouteCors>,
     extensions: Option<serde_yaml::Mapping>,
 }
 
@@ -460,6 +462,7 @@ impl Config {
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let default_auth =
             self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
+        let default_cors = self.cors.map(|c| c.validate(&[key("cors")])).transpose()?.map(std::sync::Arc::new);
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -615,6 +618,10 @@ impl Config {
                 None => (default_auth.clone(), false),
                 Some(a) => (a.validate(&at(&["auth"]), redis.is_some())?.map(std::sync::Arc::new), true),
             };
+            let cors = match route.cors {
+                None => default_cors.clone(),
+                Some(c) => c.validate(&at(&["cors"]))?.map(std::sync::Arc::new),
+            };
             let extensions = match route.extensions {
                 None => Vec::new(),
                 Some(map) => super::extension::validate(map, &at(&["extensions"]))?,
@@ -649,6 +656,7 @@ impl Config {
                 tunnels,
                 auth,
                 auth_own,
+                cors,
                 extensions,
             });
         }
@@ -699,6 +707,7 @@ impl Config {
             request_id,
             tracing,
             auth: default_auth,
+            cors: default_cors,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,
             upstreams,

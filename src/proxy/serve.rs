@@ -93,17 +93,20 @@ impl Proxy {
             // What the route's steps learn of the request for its answers (a 429's too).
             let mut seen = step::Seen::default();
             let (mut resp, from) = 'answer: {
+                // The step that answers once the limits admit the request (a counted preflight).
+                let mut after_limits = None;
                 // *Arrive*: the route's steps, if it has any.
                 if !lane.steps.is_empty() {
                     match this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
-                        Flow::Next => {}
-                        Flow::Answer(here) => break 'answer (here, Answered::Own),
-                        Flow::Refuse(e) => {
+                        (Flow::Next, _) => {}
+                        (Flow::Answer(here), _) => break 'answer (here, Answered::Own),
+                        (Flow::Refuse(e), _) => {
                             break 'answer (
                                 this.refused(route, lane, &e, Some(&parts), version, &mut log),
                                 Answered::Own,
                             )
                         }
+                        (Flow::AfterLimits, i) => after_limits = Some(i),
                     }
                 }
                 let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
@@ -112,6 +115,9 @@ impl Proxy {
                         break 'answer (this.refused(route, lane, &e, Some(&parts), version, &mut log), Answered::Own)
                     }
                 };
+                if let Some(i) = after_limits {
+                    break 'answer (lane.steps.admitted(i, &parts, &mut seen), Answered::Own);
+                }
                 // A copy of the head, only when a stale copy could be stored or served for it.
                 let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
                 match this.last_hop(lane, &mut parts) {
@@ -202,7 +208,7 @@ impl Proxy {
             set_id(resp.headers_mut(), name, id);
         }
         if !lane.steps.is_empty() {
-            lane.steps.answer(seen, resp, from);
+            lane.steps.answer(seen, resp, from, log.notes());
         }
         lane.metrics.response(resp.status().as_u16());
         if let Some(started) = started {
@@ -343,7 +349,8 @@ impl Proxy {
     }
 
     /// *Arrive*: the route's steps, in order, before its limits (see [`crate::step`]): what
-    /// they decided. The identity `auth` verified goes in the log line and the span.
+    /// they decided, and which step decided it. The identity `auth` verified goes in the log
+    /// line and the span.
     #[allow(clippy::too_many_arguments)]
     async fn arrive(
         &self,
@@ -354,7 +361,7 @@ impl Proxy {
         ctx: &Ctx<'_>,
         seen: &mut step::Seen,
         log: &mut Access<'_>,
-    ) -> Flow {
+    ) -> (Flow, u8) {
         let decided = {
             let mut arrival = step::Arrival {
                 parts: &mut *parts,
@@ -364,6 +371,7 @@ impl Proxy {
                 peer: ctx.peer.addr.ip(),
                 trusted: &self.trusted,
                 clock: &*self.clock,
+                notes: log.notes(),
             };
             lane.steps.arrive(&mut arrival, seen).await
         };

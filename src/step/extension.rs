@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Response, StatusCode};
 
-use super::{Answered, Arrival, Arrived, Build, Builtin, Flow, Seen};
+use super::{Answered, Arrival, Arrived, Build, Builtin, Flow, Notes, Seen};
 use crate::answer::Error;
 use crate::body::Body;
 use crate::config::{Config, Route};
@@ -136,7 +136,7 @@ impl Builtin for Extensions {
         Arrived::Now(Flow::Next)
     }
 
-    fn answer(&self, _: &mut Seen, resp: &mut Response<Body>, from: Answered) {
+    fn answer(&self, _: &mut Seen, resp: &mut Response<Body>, from: Answered, _: &mut Notes<'_>) {
         let status = resp.status();
         let mut answer = Answer { status, headers: resp.headers_mut(), from };
         for made in self.0.iter().rev() {

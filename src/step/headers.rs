@@ -6,7 +6,7 @@
 
 use http::Response;
 
-use super::{Answered, Arrival, Arrived, Build, Builtin, Flow, Seen};
+use super::{Answered, Arrival, Arrived, Build, Builtin, Flow, Notes, Seen};
 use crate::body::Body;
 use crate::config::{Config, Route};
 use crate::forward::rules::{HeaderRules, Vars};
@@ -32,7 +32,7 @@ impl Builtin for Headers {
         Arrived::Now(Flow::Next)
     }
 
-    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, _: Answered) {
+    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, _: Answered, _: &mut Notes<'_>) {
         self.rules.apply(resp.headers_mut(), seen.headers.as_deref().unwrap_or_default());
     }
 }
