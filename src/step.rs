@@ -87,7 +87,7 @@ pub(crate) struct Arrival<'a> {
     pub parts: &'a mut Parts,
     pub target: &'a Target,
     pub route: &'a str,
-    pub request_id: Option<&'a str>,
+    pub request_id: Option<&'a crate::request_id::RequestId>,
     pub peer: IpAddr,
     pub trusted: &'a TrustedProxies,
     /// The limits' clock (tests pass a manual one).
@@ -143,6 +143,10 @@ trait Builtin: Sized {
     /// The step's `explain` line, from the route's config (no proxy is built for `explain`).
     fn describe(route: &Route, config: &Config) -> Option<String>;
 
+    /// Whether [`Builtin::answer`] does anything: a route whose steps all say no skips the
+    /// answer side.
+    const ANSWERS: bool = true;
+
     fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, seen: &mut Seen) -> Arrived<'a> {
         let _ = (a, seen);
         Arrived::Now(Flow::Next)
@@ -170,6 +174,12 @@ macro_rules! builtins {
         }
 
         impl Kind {
+            fn answers(&self) -> bool {
+                match self {
+                    $(Kind::$variant(_) => <$ty as Builtin>::ANSWERS,)*
+                }
+            }
+
             fn compile(b: &mut Build<'_>, out: &mut Vec<Kind>) {
                 $(if let Some(s) = <$ty as Builtin>::compile(b) {
                     out.push(Kind::$variant(Box::new(s)));
@@ -213,19 +223,26 @@ builtins! {
     Extensions(extension::Extensions),
 }
 
-/// A route's compiled steps (empty for most routes).
-pub(crate) struct Steps(Box<[Kind]>);
+/// A route's compiled steps (empty for most routes), and whether any has an answer side.
+pub(crate) struct Steps(Box<[Kind]>, bool);
 
 impl Steps {
     pub(crate) fn new(b: &mut Build<'_>) -> Steps {
         let mut out = Vec::new();
         Kind::compile(b, &mut out);
-        Steps(out.into_boxed_slice())
+        let answers = out.iter().any(Kind::answers);
+        Steps(out.into_boxed_slice(), answers)
     }
 
     #[inline(always)]
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Whether the answer side does anything on this route.
+    #[inline(always)]
+    pub(crate) fn answers(&self) -> bool {
+        self.1
     }
 
     /// The request side, in order, until a step does not let the request on: what it decided,

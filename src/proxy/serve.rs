@@ -207,7 +207,7 @@ impl Proxy {
         if let Some((name, id)) = id_field {
             set_id(resp.headers_mut(), name, id);
         }
-        if !lane.steps.is_empty() {
+        if lane.steps.answers() {
             lane.steps.answer(seen, resp, from, log.notes());
         }
         lane.metrics.response(resp.status().as_u16());
@@ -367,7 +367,7 @@ impl Proxy {
                 parts: &mut *parts,
                 target,
                 route: &route.name,
-                request_id: ctx.request_id(),
+                request_id: ctx.id.as_ref(),
                 peer: ctx.peer.addr.ip(),
                 trusted: &self.trusted,
                 clock: &*self.clock,
@@ -375,8 +375,11 @@ impl Proxy {
             };
             lane.steps.arrive(&mut arrival, seen).await
         };
-        if let Some(id) = identity(parts) {
-            log.identified(&id.consumer);
+        // Only the log line and the span keep it: no lookup when neither is made.
+        if log.extra.is_some() || log.trace.is_some() {
+            if let Some(id) = identity(parts) {
+                log.identified(&id.consumer);
+            }
         }
         decided
     }

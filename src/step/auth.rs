@@ -28,6 +28,8 @@ impl Builtin for Auth {
         route.auth.as_deref().map(describe)
     }
 
+    const ANSWERS: bool = false;
+
     /// Boxed: only routes with `auth` carry its future (as before the seam).
     fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, _: &mut Seen) -> Arrived<'a> {
         // Token times (`exp`, `nbf`) in whole seconds of the limits' clock.

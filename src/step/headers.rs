@@ -43,7 +43,7 @@ fn render(rules: &HeaderRules, a: &Arrival<'_>) -> crate::forward::rules::Values
         route: a.route,
         headers: &a.parts.headers,
         path: a.target.path(a.parts),
-        request_id: a.request_id,
+        request_id: a.request_id.map(crate::request_id::RequestId::as_str),
         peer: a.peer,
         trusted: a.trusted,
     })
