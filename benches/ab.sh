@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Interleaved A/B of tollgate binaries in `bench` mode behind one nginx upstream.
 #
-#   benches/ab.sh /tmp/old/tollgate target/release/tollgate     # ROUNDS=5 DURATION=8s PATH_=/
-#   benches/ab.sh "BENCH_LEASE=100 BENCH_REDIS_URL=redis://127.0.0.1:16400 target/release/tollgate" ...
+#   benches/ab.sh /tmp/old/tollgate target/dist/tollgate     # ROUNDS=5 DURATION=8s PATH_=/
+#   benches/ab.sh "BENCH_LEASE=100 BENCH_REDIS_URL=redis://127.0.0.1:16400 target/dist/tollgate" ...
 #
 # A candidate is a binary, optionally preceded by VAR=value words (run through `env`).
 # The upstream (nginx, `return 200`) and every candidate share core 0, wrk -t1 -c50 runs on

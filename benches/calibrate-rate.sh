@@ -3,7 +3,7 @@
 # wrk (closed loop: its best throughput, not a schedule) on the same core. The upstream is nginx
 # answering `200 ok`, pinned to the other core, so the generator is what runs out.
 #
-#   benches/calibrate-rate.sh [target/release/tollgate]
+#   benches/calibrate-rate.sh [target/dist/tollgate]
 #   RATES=5000,10000,20000 STEP=3s benches/calibrate-rate.sh
 #
 # A step counts when its achieved rate is within 1 % of the offered one and the generator kept
@@ -12,7 +12,7 @@
 set -euo pipefail
 # shellcheck source=benches/upstream.sh
 source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
-bin=${1:-target/release/tollgate}
+bin=${1:-target/dist/tollgate}
 rates=${RATES:-5000,10000,15000,20000,25000,30000,40000,50000}
 step=${STEP:-3s}
 for t in nginx taskset jq; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done

@@ -4,7 +4,7 @@
 # keep-alive and idle timeouts of 600 s), each holding N idle keep-alive connections that
 # have each made one request, over HTTP/1.1 and over h2c (prior knowledge).
 #
-#   benches/conns.sh [N]                       # N=10000; TOLLGATE=target/release/tollgate; WORKERS=auto
+#   benches/conns.sh [N]                       # N=10000; TOLLGATE=target/dist/tollgate; WORKERS=auto
 #                                              # PORT=18590 (nginx and HAProxy serve h2c on PORT+1)
 #   SERVERS="tollgate" PROTOS=h1 benches/conns.sh 19000
 #
@@ -21,7 +21,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 n=${1:-10000}
-tollgate=${TOLLGATE:-$here/../target/release/tollgate}
+tollgate=${TOLLGATE:-$here/../target/dist/tollgate}
 servers=${SERVERS:-tollgate nginx haproxy}
 protos=${PROTOS:-h1 h2}
 settle=${SETTLE:-30} probe=${PROBE:-5}

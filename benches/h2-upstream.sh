@@ -6,8 +6,8 @@
 # certificate made here): tollgate `protocol: h2` trusting it by `ca_file`, HAProxy
 # `ssl verify required ca-file … alpn h2`. Client to proxy stays h2c.
 #
-#   benches/h2-upstream.sh target/release/tollgate         # ROUNDS=3 N=200000 CONNS=50 STREAMS=10
-#   TLS=1 benches/h2-upstream.sh target/release/tollgate
+#   benches/h2-upstream.sh target/dist/tollgate         # ROUNDS=3 N=200000 CONNS=50 STREAMS=10
+#   TLS=1 benches/h2-upstream.sh target/dist/tollgate
 #
 # Proxy and upstream share core 0, h2load runs on core 1. No quiet gate: on a shared machine
 # the figures are noisy; compare the two proxies within one run.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # HTTP/3 termination, tollgate beside Caddy in the same run (issue 38):
 #
-#   benches/h3.sh target/release/tollgate        # ROUNDS=3 N=20000 HANDSHAKES=1000 BASE_PORT=18600 H3LOAD=
+#   benches/h3.sh target/dist/tollgate        # ROUNDS=3 N=20000 HANDSHAKES=1000 BASE_PORT=18600 H3LOAD=
 #
 # Both terminate HTTP/3 (QUIC, TLS 1.3, one ECDSA P-256 certificate from a CA made here by
 # openssl) and proxy to the same nginx upstream (`return 200`) over keep-alive HTTP/1.1:
@@ -23,10 +23,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"
 bin=$(realpath "$1")
 for t in nginx caddy openssl taskset; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }; done
 rounds=${ROUNDS:-3} n=${N:-20000} handshakes=${HANDSHAKES:-1000} bp=${BASE_PORT:-18600}
-# H3LOAD: a load generator built before (`cargo build --release --example h3load`).
+# H3LOAD: a load generator built before (`cargo build --profile dist --example h3load`).
 load=${H3LOAD:-}
 if [[ -z $load ]]; then
-  cargo build --release --quiet --example h3load
+  cargo build --profile dist --quiet --example h3load
   load=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/examples/h3load
 fi
 load=$(realpath "$load")

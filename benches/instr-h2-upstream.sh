@@ -6,7 +6,7 @@
 # `ssl http2`, an ECDSA certificate of a CA made here; tollgate `protocol: h2` with `ca_file`).
 #
 #   benches/instr-h2-upstream.sh OLD NEW OLD NEW          # N=10000 BASE_PORT=18790
-#   TLS=1 benches/instr-h2-upstream.sh target/release/tollgate
+#   TLS=1 benches/instr-h2-upstream.sh target/dist/tollgate
 #
 # KEEP=dir keeps each profile for callgrind_annotate.
 set -euo pipefail

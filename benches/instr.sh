@@ -5,14 +5,16 @@
 # (about 70 % of a proxied request) is not counted, and neither is the cost of a cache miss
 # or of a large memmove (`rep movsb` is one instruction): read it beside benches/ab.sh.
 #
-#   benches/instr.sh /tmp/old/tollgate target/release/tollgate      # N=20000 PATH_=/
-#   PORT_VAR=REJECT_PORT benches/instr.sh target/release/tollgate     # the 429 path
-#   H2=1 benches/instr.sh target/release/tollgate                       # h2c, 10 streams a connection
-#   PORT_VAR=PLAN_PORT benches/instr.sh target/release/tollgate       # a plan limit (tier lookup)
-#   HEADER='x-api-key: bench-key' benches/instr.sh target/release/tollgate   # pass, same request
-#   TLS=1 benches/instr.sh target/release/tollgate      # pass over TLS 1.3 (ECDSA P-256, HTTP/1.1)
-#   AUTH=es256 benches/instr.sh target/release/tollgate  # pass with `auth:` (es256, rs256, eddsa, api_key),
+#   benches/instr.sh /tmp/old/tollgate target/dist/tollgate      # N=20000 PATH_=/
+#   PORT_VAR=REJECT_PORT benches/instr.sh target/dist/tollgate     # the 429 path
+#   H2=1 benches/instr.sh target/dist/tollgate                       # h2c, 10 streams a connection
+#   PORT_VAR=PLAN_PORT benches/instr.sh target/dist/tollgate       # a plan limit (tier lookup)
+#   HEADER='x-api-key: bench-key' benches/instr.sh target/dist/tollgate   # pass, same request
+#   TLS=1 benches/instr.sh target/dist/tollgate      # pass over TLS 1.3 (ECDSA P-256, HTTP/1.1)
+#   AUTH=es256 benches/instr.sh target/dist/tollgate  # pass with `auth:` (es256, rs256, eddsa, api_key),
 #                                                        # each request sending the bench's credential
+#   CONFIG=benches/responder.yaml benches/instr.sh target/dist/tollgate   # a config's first listener
+#                                                        # (here the built-in responder, no upstream)
 #
 # Each binary runs under valgrind behind one nginx upstream (`return 200`); h2load sends
 # 2,000 warm-up requests, then N counted ones over 50 keep-alive HTTP/1.1 connections.
@@ -54,7 +56,10 @@ for bin in "$@"; do
   # A plan limit (tier looked up from a clients file by x-api-key), same parameters as the pass path.
   hdr=(); [[ -n ${HEADER:-} ]] && hdr=(-H "$HEADER")
   if [[ $port_var == PLAN_PORT ]]; then env+=(PLAN_PORT=$((bp + 3))); url=http://127.0.0.1:$((bp + 3))$path; hdr=(-H 'x-api-key: bench-key'); fi
-  env "${env[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "$bin" bench \
+  # CONFIG=file: the binary serves that config (its first listener moved to the pass port)
+  # instead of `bench`, e.g. a route of the built-in responder.
+  run=(bench); [[ -n ${CONFIG:-} ]] && run=(-c "$CONFIG" --listen "127.0.0.1:$((bp + 1))")
+  env "${env[@]}" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" "$bin" "${run[@]}" \
     2>"$work/vg.log" &
   for _ in $(seq 100); do curl -sk -o /dev/null "$url" && break; sleep 0.2; done
   # The bench wrote the credential its route takes (a fresh key per run).

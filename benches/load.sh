@@ -4,7 +4,7 @@
 #   benches/load.sh                      # all scenarios through benches/harness/run.sh
 #   SCENARIOS=pass ROUNDS=5 benches/load.sh
 #
-# It builds tollgate in release mode and hands it to the shared harness as the candidate
+# It builds tollgate with the dist profile (benchmarks/profiles.md) and hands it to the shared harness as the candidate
 # (`tollgate bench`: one worker thread, pass / reject / h2c ports from the environment). The
 # harness pins cores, interleaves rounds, reports CPU per request (`srv us/req`) and req/s
 # ratios against nginx, and flags disturbed runs; see benchmarks/harness.md. It needs nginx,
@@ -13,8 +13,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
-cargo build --release --quiet
-bin=$root/target/release/tollgate
+cargo build --profile dist --quiet
+bin=$root/target/dist/tollgate
 
 harness=$root/benches/harness/run.sh
 if command -v haproxy >/dev/null && command -v h2load >/dev/null; then

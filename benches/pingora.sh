@@ -19,8 +19,8 @@ for t in nginx haproxy wrk h2load; do command -v $t >/dev/null || { echo "missin
 
 tollgate=${TOLLGATE:-}
 if [[ -z $tollgate ]]; then
-  cargo build --release --quiet
-  tollgate=${CARGO_TARGET_DIR:-$root/target}/release/tollgate
+  cargo build --profile dist --quiet
+  tollgate=${CARGO_TARGET_DIR:-$root/target}/dist/tollgate
 fi
 pingora=${PINGORA:-}
 if [[ -z $pingora ]]; then

@@ -2,7 +2,7 @@
 # Lines a second `tollgate replay` reads, decides and reports, on one core, for tollgate's own
 # JSON access log (the format it reads fastest and the one the target is for: 500,000 a second).
 #
-#   benches/replay-speed.sh target/release/tollgate          # N=1000000 lines, 2,000 clients
+#   benches/replay-speed.sh target/dist/tollgate          # N=1000000 lines, 2,000 clients
 #
 # The log is made up front (not timed): lines as `log: { format: json, access: true,
 # access_keys: true }` writes them, 2,000 client addresses, 200 requests a second of log

@@ -19,7 +19,7 @@
 #   slowdown  the intended load at BASE × capacity; the upstream's service time SLOW_FACTOR times
 #             longer from SLOW_AT for SLOW_FOR s (its capacity falls below the configured limit)
 #
-#   benches/retry-storm.sh                      # builds release, runs both scenarios, ~4 min
+#   benches/retry-storm.sh                      # builds dist, runs both scenarios, ~4 min
 #   DURATION=20 SCENARIOS=spike MODES=plain,full OUT=/tmp/storm benches/retry-storm.sh
 #
 # Writes OUT/SCENARIO/report.md (the table), report.json (every figure and per-second series),
@@ -27,7 +27,7 @@
 # WORKERS (10), SERVICE_MS (50), BASE (0.9), SPIKE (1.5), SPIKE_AT (5), SPIKE_FOR (4),
 # SLOW_FACTOR (2), SLOW_AT (5), SLOW_FOR (10),
 # LIMIT (requests/s, 95 % of capacity), SPREAD (5s), BUDGET_RATIO (0.1), BASE_PORT (18700),
-# BIN (target/release/tollgate), EXAMPLE (target/release/examples/retry_storm), NO_BUILD=1.
+# BIN (target/dist/tollgate), EXAMPLE (target/dist/examples/retry_storm), NO_BUILD=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 duration=${DURATION:-30}
@@ -48,10 +48,10 @@ budget_ratio=${BUDGET_RATIO:-0.1}
 port=${BASE_PORT:-18700}
 modes=${MODES:-plain,limits,full}
 out=${OUT:-target/retry-storm}
-bin=${BIN:-target/release/tollgate}
-example=${EXAMPLE:-target/release/examples/retry_storm}
+bin=${BIN:-target/dist/tollgate}
+example=${EXAMPLE:-target/dist/examples/retry_storm}
 if [[ -z ${NO_BUILD:-} ]]; then
-  cargo build --release --bin tollgate --example retry_storm
+  cargo build --profile dist --bin tollgate --example retry_storm
 fi
 # Every timed-out try is a connection closed; thousands are open at the storm's height.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true

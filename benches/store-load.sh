@@ -20,8 +20,8 @@ root=$PWD part=${PART:-all} keys=${KEYS:-1000000}
 for t in nginx wrk taskset redis-server redis-cli; do
   command -v $t >/dev/null || { echo "missing $t (apt-get install nginx wrk redis-server)" >&2; exit 1; }
 done
-cargo build --release --quiet
-bin=$root/target/release/tollgate
+cargo build --profile dist --quiet
+bin=$root/target/dist/tollgate
 work=$(mktemp -d)
 trap 'kill $(cat "$work"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

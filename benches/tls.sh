@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TLS termination, tollgate against nginx in the same run (issue 16):
 #
-#   benches/tls.sh target/release/tollgate        # ROUNDS=3 N=20000 HANDSHAKES=2000
+#   benches/tls.sh target/dist/tollgate        # ROUNDS=3 N=20000 HANDSHAKES=2000
 #   LABELS="ring aws-lc" benches/tls.sh A B        # several builds (the `aws-lc-rs` feature's) in one run
 #
 # Both terminate TLS 1.3 with one ECDSA P-256 certificate (generated here by openssl) and

@@ -5,8 +5,8 @@
 # the proxies, the upstream and wrk (-t2 -c100) share both cores, so the figures are NOISY and
 # only say how the two shapes compare on this machine, not what either costs.
 #
-#   benches/two-workers.sh target/release/tollgate            # ROUNDS=3 DURATION=10s
-#   benches/two-workers.sh /tmp/old/tollgate target/release/tollgate   # interleaved, each round
+#   benches/two-workers.sh target/dist/tollgate            # ROUNDS=3 DURATION=10s
+#   benches/two-workers.sh /tmp/old/tollgate target/dist/tollgate   # interleaved, each round
 set -euo pipefail
 # shellcheck source=benches/upstream.sh
 source "$(dirname "${BASH_SOURCE[0]}")/upstream.sh"

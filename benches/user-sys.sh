@@ -5,7 +5,7 @@
 # which part of a gap is user space (tollgate's and hyper's instructions, see instr.sh and
 # instr-peers.sh) and which is the kernel's (syscalls, packets, wake-ups: wakeups.sh).
 #
-#   benches/user-sys.sh target/release/tollgate [/tmp/old/tollgate...]   # ROUNDS=3 DURATION=8s
+#   benches/user-sys.sh target/dist/tollgate [/tmp/old/tollgate...]   # ROUNDS=3 DURATION=8s
 #
 # Layout as in benches/ab.sh: the upstream and the proxies on core 0, wrk -t1 -c50 on core 1,
 # each round measures every proxy in turn after a 2 s warm-up, CPU from /proc (utime, stime).

@@ -3,7 +3,7 @@
 # step 2): what the kernel does for each request, which is most of a proxied request's cost.
 #
 #   benches/wakeups.sh                                   # nginx, tollgate, yardstick (pool, conn)
-#   benches/wakeups.sh nginx target/release/tollgate "YARD_BARE=1 target/release/examples/yardstick"
+#   benches/wakeups.sh nginx target/dist/tollgate "YARD_BARE=1 target/dist/examples/yardstick"
 #   ROUNDS=3 DURATION=10 benches/wakeups.sh              # defaults: ROUNDS=2 DURATION=8 (seconds)
 #
 # A candidate is `nginx` (configured like benches/harness/run.sh's nginx proxy: proxy_pass to the
@@ -11,7 +11,7 @@
 # rejecting `limit_req`) or a binary, optionally preceded by VAR=value words, run as
 # `env VAR=value... BINARY bench` with the harness's UPSTREAM_ADDR / LISTEN_ADDR (tollgate
 # and examples/yardstick both read them). Build first:
-#   cargo build --release && cargo build --release --example yardstick
+#   cargo build --profile dist && cargo build --profile dist --example yardstick
 #
 # Layout as in the harness: the upstream (benches/upstream.sh) and every candidate on core 0,
 # wrk -t1 -c50 on core 1. UPSTREAM_CPUS=1 moves the upstream to wrk's core, so the proxy has
@@ -60,8 +60,8 @@ rounds=${ROUNDS:-2} dur=${DURATION:-8} up_cpus=${UPSTREAM_CPUS:-0}
 perf stat -e 'syscalls:sys_enter_getpid' -- true >/dev/null 2>&1 ||
   { echo "perf cannot open syscall tracepoints (root? tracefs? kernel.perf_event_paranoid?)" >&2; exit 1; }
 if [[ $# -eq 0 ]]; then
-  set -- nginx "$root/target/release/tollgate" "$root/target/release/examples/yardstick" \
-    "YARD_UPSTREAM=conn $root/target/release/examples/yardstick"
+  set -- nginx "$root/target/dist/tollgate" "$root/target/dist/examples/yardstick" \
+    "YARD_UPSTREAM=conn $root/target/dist/examples/yardstick"
 fi
 cands=("$@")
 up_port=18390 cap_port=18389 base_port=18391

@@ -16,7 +16,7 @@
 # tollgate with the built-in responder). It starts its own redis-server on a free port (never
 # 6379) and stops everything it started on exit.
 #
-# Environment: SOAK_BIN (a tollgate binary; default: cargo build --release), SOAK_DIR (work
+# Environment: SOAK_BIN (a tollgate binary; default: cargo build --profile dist), SOAK_DIR (work
 # directory, default a new one under $TMPDIR), SOAK_KEYS (client addresses, default 1048576),
 # SOAK_MAX_KEYS (max_keys of the local limits, default 250000: below SOAK_KEYS, so the bound is
 # reached and RSS must stop growing), SOAK_CONNECTIONS (wrk connections, default 32).
@@ -36,9 +36,9 @@ done
 if [[ -n ${SOAK_BIN:-} ]]; then
   bin=$SOAK_BIN
 else
-  echo "==> cargo build --release"
-  cargo build --release --quiet
-  bin=target/release/tollgate
+  echo "==> cargo build --profile dist"
+  cargo build --profile dist --quiet
+  bin=target/dist/tollgate
 fi
 bin=$(realpath "$bin")
 

@@ -3,13 +3,15 @@
 //! effective config, secrets redacted), the limit table at runtime under `/limits` (see
 //! [`limits`]) and the live dashboard (`/`, `/dashboard.json`). It binds loopback unless
 //! configured otherwise; reads take no token, the one write (`DELETE` of a limit's key) needs
-//! `admin.token`.
+//! `admin.token`. Every request must name the listener itself (see [`host_allowed`]): a page
+//! of another site that rebinds its name to this address cannot read it from an operator's
+//! browser.
 
 mod limits;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -74,11 +76,13 @@ pub async fn serve(listener: TcpListener, proxy: Shared, ready: Arc<Readiness>, 
         let proxy = proxy.clone();
         let ready = ready.clone();
         let dashboard = dashboard.clone();
+        // The address the client reached (its `Host` may name it).
+        let local = stream.local_addr().map_or(peer.ip(), |a| a.ip());
         let svc = service_fn(move |req| {
             let proxy = proxy.clone();
             let ready = ready.clone();
             let dashboard = dashboard.clone();
-            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready, peer, &dashboard).await) }
+            async move { Ok::<_, Infallible>(answer(req, &proxy, &ready, (peer, local), &dashboard).await) }
         });
         tokio::spawn(crate::server::serve_other(stream, settings, svc));
     }
@@ -95,14 +99,47 @@ fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
 /// nothing else.
 const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:";
 
+/// Whether a request's authority (HTTP/2's `:authority`, else `Host`) names this listener:
+/// an IP literal that is the address the client reached or a loopback one, `localhost`, or a
+/// name of `admin.allowed_hosts`, with any port (a tunnel's). A request without one is not a
+/// browser's, and passes. A page of another site whose name now resolves here (DNS
+/// rebinding) sends its own name, and is refused.
+fn host_allowed(req: &Request<impl Sized>, local: IpAddr, allowed: &[String]) -> bool {
+    let host = match req.uri().authority() {
+        Some(a) => a.host(),
+        None => match req.headers().get(header::HOST) {
+            None => return true,
+            Some(v) => match v.to_str().ok().and_then(|h| h.parse::<http::uri::Authority>().ok()) {
+                Some(a) => return name_allowed(a.host(), local, allowed),
+                None => return false,
+            },
+        },
+    };
+    name_allowed(host, local, allowed)
+}
+
+fn name_allowed(host: &str, local: IpAddr, allowed: &[String]) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return ip.is_loopback() || ip.to_canonical() == local.to_canonical();
+    }
+    let name = bare.strip_suffix('.').unwrap_or(bare);
+    name.eq_ignore_ascii_case("localhost") || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
 async fn answer(
     req: Request<Incoming>,
     shared: &Shared,
     ready: &Readiness,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, IpAddr),
     dashboard: &Dashboard,
 ) -> Response<Body> {
     let proxy = shared.load_full();
+    if !host_allowed(&req, local, &proxy.config.admin_hosts) {
+        return crate::answer::admin(&AdminRefusal::Forbidden(
+            "the Host names neither this listener's address nor localhost nor a name of `admin.allowed_hosts`",
+        ));
+    }
     if let Some(rest) = req.uri().path().strip_prefix("/limits") {
         if rest.is_empty() || rest.starts_with('/') {
             return limits::answer(&req, &proxy, rest, peer).await;
@@ -346,6 +383,21 @@ fn listeners(c: &Config) -> Value {
                         "names": s.names,
                         "not_after": crate::pki::x509::date(s.not_after),
                     })).collect::<Vec<_>>()),
+                    "obtained": t.managed.iter().map(|m| match &m.source {
+                        crate::config::CertSource::Acme(a) => json!({
+                            "names": m.names,
+                            "from": "acme",
+                            "directory": a.directory,
+                            "challenge": a.challenge.as_str(),
+                            "storage": a.storage.display().to_string(),
+                        }),
+                        crate::config::CertSource::Internal(i) => json!({
+                            "names": m.names,
+                            "from": "internal",
+                            "lifetime": dur(i.lifetime),
+                            "storage": i.storage.display().to_string(),
+                        }),
+                    }).collect::<Vec<_>>(),
                     "client_ca": t.client_ca.as_ref().map(|p| p.display().to_string()),
                     "client_auth": format!("{:?}", t.client_auth).to_lowercase(),
                     "handshake_timeout": dur(t.handshake_timeout),

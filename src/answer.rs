@@ -165,7 +165,7 @@ pub enum Error {
     Unauthenticated(Challenge),
     /// A verified token for another audience: 403 (RFC 6750's `insufficient_scope`).
     WrongAudience(Challenge),
-    /// The store of API keys cannot answer: 503.
+    /// The store of API keys cannot answer, or a key set URL was never read: 503.
     AuthUnavailable,
     /// A CORS preflight the route's `cors` does not allow (the origin, the method or a field
     /// it asks for; the reason is the detail): 403, without CORS fields.
@@ -828,6 +828,13 @@ pub fn admin(refusal: &AdminRefusal) -> Response<Body> {
 
 /// A plain listener's `redirect_https: true` answer: `308 Permanent Redirect` to `location`
 /// (the same host, path and query over HTTPS), with no body.
+/// The answer to an ACME HTTP-01 validation: the key authorization, as text (RFC 8555 §8.3).
+pub fn acme_http01(key_authorization: String) -> Response<Body> {
+    let mut resp = Response::new(Body::full(Bytes::from(key_authorization)));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    resp
+}
+
 pub fn redirect(location: HeaderValue) -> Response<Body> {
     let mut resp = Response::new(Body::full(Bytes::new()));
     *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;

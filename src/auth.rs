@@ -9,11 +9,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{HeaderName, HeaderValue, AUTHORIZATION, COOKIE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, COOKIE};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use prometheus_client::metrics::counter::Counter;
+use smallvec::SmallVec;
 
+use self::remote::{Generation, Unverified};
 use crate::answer::{Challenge, Error, Why};
 use crate::config::auth::{ApiKeys, AuthConfig, Credential, Jwks, KeyDigest, Method, ANONYMOUS};
 use crate::config::Route;
@@ -50,17 +52,17 @@ enum Verifier {
 }
 
 enum Keys {
-    Fixed(Arc<KeySet>),
+    /// A file's set or a secret, with the generation it was given when the route was built.
+    Fixed(Arc<KeySet>, Generation),
     Remote(Arc<remote::Remote>),
 }
 
 impl Keys {
-    /// Which key set verifies now (its address): a cached verification made with another set
-    /// is made again.
-    fn generation(&self) -> usize {
+    /// Which key set verifies now: a cached verification made with another set is made again.
+    fn generation(&self) -> Generation {
         match self {
-            Keys::Fixed(set) => Arc::as_ptr(set) as usize,
-            Keys::Remote(r) => r.current().as_ref().map_or(0, |set| Arc::as_ptr(set) as usize),
+            Keys::Fixed(_, generation) => *generation,
+            Keys::Remote(r) => r.generation(),
         }
     }
 }
@@ -74,8 +76,8 @@ struct Cached {
     identity: Identity,
     /// The last second it is good for (`exp` + leeway).
     until: i64,
-    /// [`Keys::generation`] when it verified.
-    generation: usize,
+    /// The [`Keys::generation`] of the set that verified it.
+    generation: Generation,
 }
 
 /// The longest a verified token is remembered, whatever its `exp`.
@@ -166,7 +168,9 @@ impl Auth {
                         .build_with_hasher(foldhash::fast::RandomState::default())
                 });
                 let keys = match &j.keys {
-                    Jwks::File { keys, .. } | Jwks::Secret { keys, .. } => Keys::Fixed(keys.clone()),
+                    Jwks::File { keys, .. } | Jwks::Secret { keys, .. } => {
+                        Keys::Fixed(keys.clone(), remote::next_generation())
+                    }
                     Jwks::Url { url, min_refresh } => Keys::Remote(remote_for(url, *min_refresh)),
                 };
                 Verifier::Jwt { keys, rules, cache }
@@ -195,6 +199,19 @@ impl Auth {
                 anonymous: metrics.auth(name, "anonymous", "-"),
                 refused: std::array::from_fn(|i| metrics.auth(name, "refused", WHYS[i].reason)),
             },
+        }
+    }
+
+    /// A request's query as the access log may keep it: without the credential when the
+    /// route reads one from the query, whether or not the request is admitted and whatever
+    /// `strip_credentials` says (`None`: nothing left).
+    pub fn loggable_query(&self, query: &str) -> Option<String> {
+        match &self.from {
+            Credential::Query(name) => match query_without(query, name) {
+                Some(kept) => (!kept.is_empty()).then_some(kept),
+                None => Some(query.to_owned()),
+            },
+            _ => Some(query.to_owned()),
         }
     }
 
@@ -230,10 +247,11 @@ impl Auth {
     ///
     /// # Errors
     /// [`Error::Unauthenticated`] (401), [`Error::WrongAudience`] (403), or
-    /// [`Error::AuthUnavailable`] (503) when the key store does not answer.
+    /// [`Error::AuthUnavailable`] (503) when the key store does not answer, or a key set URL
+    /// was never read.
     pub async fn check(&self, parts: &mut Parts, now: i64) -> Result<Box<Identity>, Error> {
-        for (_, name) in &self.to_headers {
-            parts.headers.remove(name);
+        if !self.to_headers.is_empty() {
+            remove_forged(&self.to_headers, &mut parts.headers);
         }
         let identity = match &self.verifier {
             Verifier::Jwt { keys, rules, cache } => match credential(&self.from, parts) {
@@ -246,14 +264,21 @@ impl Auth {
                     match hit {
                         Some(e) => Some(e.identity.clone()),
                         None => {
-                            let verified = match keys {
-                                Keys::Fixed(set) => jwt::verify(token, set, rules, now),
+                            let (verified, generation) = match keys {
+                                Keys::Fixed(set, generation) => (jwt::verify(token, set, rules, now), *generation),
                                 Keys::Remote(r) => match r.verify(token, rules, now) {
-                                    Err(Refusal::UnknownKey) => {
-                                        // Boxed, copied: a key set read again, at most once an
-                                        // interval.
+                                    (Err(Refusal::UnknownKey), _) => {
+                                        // Boxed, copied: a key set read (or waited for), at most
+                                        // once an interval.
                                         let token = token.to_vec();
-                                        Box::pin(r.clone().verify_fresh(token, rules.clone(), now)).await
+                                        match Box::pin(r.clone().verify_fresh(token, rules.clone(), now)).await {
+                                            Ok((v, generation)) => (Ok(v), generation),
+                                            Err(Unverified::Refused(why)) => (Err(why), 0),
+                                            Err(Unverified::Unavailable) => {
+                                                self.counts.refused[UNAVAILABLE].inc();
+                                                return Err(Error::AuthUnavailable);
+                                            }
+                                        }
                                     }
                                     other => other,
                                 },
@@ -261,9 +286,8 @@ impl Auth {
                             let v = verified.map_err(|r| self.refuse(token_row(r)))?;
                             let identity = Identity { consumer: v.consumer, claims: v.claims };
                             if let Some((c, d, _)) = seen {
-                                // The set that verified it: read again, in case a reading
-                                // replaced it meanwhile.
-                                let generation = keys.generation();
+                                // Remembered with the set that verified it, whatever a reading
+                                // made current meanwhile.
                                 let until = v.expires.saturating_add(rules.leeway_secs);
                                 c.insert(d, Arc::new(Cached { identity: identity.clone(), until, generation }));
                             }
@@ -334,6 +358,32 @@ impl Auth {
         }
         Ok(Box::new(identity))
     }
+}
+
+/// Removes the client's own copies of the fields claims go in: their names, and every name
+/// that reads the same once `_` is taken for `-` (`x_consumer` beside `x-consumer`: CGI and
+/// WSGI servers turn both into one `HTTP_X_CONSUMER`, the client's value joined to the
+/// verified one), whatever the protocol the request came in.
+fn remove_forged(produced: &[(Box<str>, HeaderName)], headers: &mut HeaderMap) {
+    for (_, name) in produced {
+        headers.remove(name);
+    }
+    let mut spelt: SmallVec<[HeaderName; 2]> = SmallVec::new();
+    for name in headers.keys() {
+        let n = name.as_str().as_bytes();
+        if produced.iter().any(|(_, p)| same_once_dashed(n, p.as_str().as_bytes())) {
+            spelt.push(name.clone());
+        }
+    }
+    for name in &spelt {
+        headers.remove(name);
+    }
+}
+
+/// Whether two (lowercase) field names are the same with `_` read as `-`.
+fn same_once_dashed(a: &[u8], b: &[u8]) -> bool {
+    let dash = |c: u8| if c == b'_' { b'-' } else { c };
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| dash(*x) == dash(*y))
 }
 
 /// The credential `from` names in the request, if it sent one (a bearer token without its
@@ -412,16 +462,21 @@ fn strip(from: &Credential, parts: &mut Parts) {
     }
 }
 
-/// `uri` less every `name=…` parameter of its query; `None` when it has none.
-fn without_param(uri: &Uri, name: &str) -> Option<Uri> {
-    let query = uri.query()?;
+/// `query` less every `name=…` parameter (the others kept in order); `None` when it has none.
+fn query_without(query: &str, name: &str) -> Option<String> {
     let named = |pair: &&str| pair.split_once('=').map_or(*pair, |(k, _)| k) == name;
     if !query.split('&').any(|p| named(&p)) {
         return None;
     }
     let kept: Vec<&str> = query.split('&').filter(|p| !named(p)).collect();
+    Some(kept.join("&"))
+}
+
+/// `uri` less every `name=…` parameter of its query; `None` when it has none.
+fn without_param(uri: &Uri, name: &str) -> Option<Uri> {
+    let kept = query_without(uri.query()?, name)?;
     let path = uri.path();
-    let pq = if kept.is_empty() { path.to_owned() } else { format!("{path}?{}", kept.join("&")) };
+    let pq = if kept.is_empty() { path.to_owned() } else { format!("{path}?{kept}") };
     let mut parts = uri.clone().into_parts();
     parts.path_and_query = Some(PathAndQuery::try_from(pq).ok()?);
     Uri::from_parts(parts).ok()
@@ -463,6 +518,13 @@ fn hex(d: &KeyDigest) -> String {
 
 /// How long a remote key set's reading may take.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Signing keys and tokens made in the tests (shared with the integration tests; the jwt
+/// room's tests load the same file, privately).
+#[cfg(test)]
+#[allow(clippy::duplicate_mod)]
+#[path = "../tests/support/jwt.rs"]
+mod mint;
 
 #[cfg(test)]
 mod tests {
@@ -516,6 +578,130 @@ mod tests {
             let mut p = parts(before, &[]);
             strip(&q, &mut p);
             assert_eq!(p.uri.to_string(), after, "{before}");
+        }
+    }
+
+    #[test]
+    fn underscored_spellings_of_a_claim_field_are_removed() {
+        let produced: Vec<(Box<str>, HeaderName)> = vec![
+            ("consumer".into(), HeaderName::from_static("x-consumer-id")),
+            ("org".into(), HeaderName::from_static("x_org")),
+        ];
+        let mut p = parts(
+            "/",
+            &[
+                ("x-consumer-id", "a"),
+                ("x_consumer_id", "b"),
+                ("X_Consumer-ID", "c"),
+                ("x-consumer-idx", "kept"),
+                ("x-org", "d"),
+                ("x_org", "e"),
+                ("x_other", "kept"),
+            ],
+        );
+        remove_forged(&produced, &mut p.headers);
+        let mut left: Vec<&str> = p.headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["x-consumer-idx", "x_other"]);
+    }
+
+    #[test]
+    fn the_logged_query_never_has_the_credential() {
+        let mut config = crate::config::Config::from_yaml(
+            std::path::Path::new("t.yaml"),
+            "upstreams: { up: { url: 'http://127.0.0.1:1' } }
+routes:
+  - name: api
+    upstream: up
+    auth: { jwt: { jwks: 'https://id.example.com/jwks', from: 'query:token' } }
+",
+        )
+        .unwrap();
+        let route = config.routes.remove(0);
+        let metrics = Metrics::new();
+        let mut remote_for =
+            |u: &Uri, d: Duration| remote::Remote::new(u.clone(), d, metrics.key_set_reads(&u.to_string()));
+        let auth = Auth::new(route.auth.as_deref().unwrap(), &route, None, None, &metrics, &mut remote_for);
+        assert_eq!(auth.loggable_query("a=1&token=t&b=2&token=u").as_deref(), Some("a=1&b=2"));
+        assert_eq!(auth.loggable_query("token=t"), None);
+        assert_eq!(auth.loggable_query("tokens=t").as_deref(), Some("tokens=t"));
+    }
+
+    /// A real key set server whose document the test changes; each answer says `no-store`, so
+    /// every token naming a key the set lacks may read it again (past the interval).
+    async fn key_server(doc: Arc<std::sync::Mutex<String>>) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let doc = doc.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |_req| {
+                        let body = doc.lock().unwrap().clone();
+                        async move {
+                            let mut r = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+                            r.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                            Ok::<_, std::convert::Infallible>(r)
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A token verified (and remembered) with a key that the set then loses stays refused
+    /// however many sets are read after: each reading's set is a new generation, never one an
+    /// earlier set had (a set's address, the old tag, comes back as the allocator reuses it).
+    #[tokio::test]
+    async fn a_removed_key_stays_refused_over_many_readings() {
+        const TOKENS: usize = 20;
+        const READINGS: usize = 100;
+        let (old, new) = (mint::Signer::ec("old"), mint::Signer::ec("new"));
+        let doc = Arc::new(std::sync::Mutex::new(mint::jwks(&[&old, &new])));
+        let server = key_server(doc.clone()).await;
+        let url = format!("http://{server}/jwks");
+        let mut config = crate::config::Config::from_yaml(
+            std::path::Path::new("t.yaml"),
+            &format!("upstreams: {{ up: {{ url: 'http://127.0.0.1:1' }} }}\nroutes:\n  - name: api\n    upstream: up\n    auth: {{ jwt: {{ jwks: '{url}' }} }}\n"),
+        )
+        .unwrap();
+        let route = config.routes.remove(0);
+        let metrics = Metrics::new();
+        // Readings as often as a token asks (the config's floor is 1 s; the mechanism is the same).
+        let mut remote_for =
+            |u: &Uri, _: Duration| remote::Remote::new(u.clone(), Duration::ZERO, metrics.key_set_reads("t"));
+        let auth = Auth::new(route.auth.as_deref().unwrap(), &route, None, None, &metrics, &mut remote_for);
+        let now = mint::now();
+        let claims = |jti: usize| serde_json::json!({"sub": "alice", "exp": now + 600, "jti": jti});
+        let check = |token: String| {
+            let mut p = parts("/", &[("authorization", &format!("Bearer {token}"))]);
+            let auth = &auth;
+            async move { auth.check(&mut p, now).await.map(|id| id.consumer) }
+        };
+        let remote = auth.remote().unwrap().clone();
+        let mut seen = std::collections::HashSet::new();
+        // A token naming a key nobody has: the set is read again (under way, waited for).
+        let stranger = |i: usize| mint::Signer::ec(&format!("k{i}")).sign(&claims(i));
+        // Readings while the key is there: after each, one more token of it verifies and is
+        // remembered with the set of the moment.
+        let mut revoked = Vec::new();
+        for i in 0..TOKENS {
+            assert!(check(stranger(i)).await.is_err());
+            assert!(seen.insert(remote.generation()), "reading {i}: a generation came back");
+            revoked.push(old.sign(&claims(i)));
+            assert_eq!(check(revoked[i].clone()).await.ok().as_deref(), Some("alice"));
+        }
+        *doc.lock().unwrap() = mint::jwks(&[&new]);
+        for i in TOKENS..TOKENS + READINGS {
+            assert!(check(stranger(i)).await.is_err());
+            assert!(seen.insert(remote.generation()), "reading {i}: a generation came back");
+            for (n, t) in revoked.iter().enumerate() {
+                assert!(check(t.clone()).await.is_err(), "reading {i}: removed key's token {n} passed again");
+            }
         }
     }
 

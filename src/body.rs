@@ -17,6 +17,7 @@
 
 pub mod h2;
 pub mod h3;
+pub mod unread;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -198,6 +199,9 @@ pub enum BodyError {
     Stream(#[from] ::h2::Error),
     #[error("the request body failed: {0}")]
     ClientBody(ClientBodyError),
+    /// The built-in responder's `resets`: the answer is cut on purpose.
+    #[error("cut by the responder (respond.resets)")]
+    Cut,
 }
 
 pin_project! {
@@ -212,6 +216,8 @@ pin_project! {
         // A stream of tollgate's own HTTP/2 client: the response as h2 hands it over, and the
         // request body's unfinished pump (boxed: most requests finish theirs before the head).
         H2 { recv: ::h2::RecvStream, pump: Option<Box<h2::Pump>>, idle: Idle, stream: Option<Place>, data_done: bool },
+        // A body made elsewhere (the responder's slow or cut bodies).
+        Dyn { inner: Pin<Box<dyn HttpBody<Data = Bytes, Error = BodyError> + Send + Sync>> },
     }
 }
 
@@ -264,6 +270,11 @@ impl Body {
     pub fn h2(recv: ::h2::RecvStream, pump: Option<h2::Pump>, stream: Place, idle_timeout: Duration) -> Body {
         let pump = pump.map(Box::new);
         Body::of(Kind::H2 { recv, pump, idle: Idle::new(idle_timeout), stream: Some(stream), data_done: false })
+    }
+
+    /// Any body of tollgate's own making (the responder's faults).
+    pub fn boxed(inner: impl HttpBody<Data = Bytes, Error = BodyError> + Send + Sync + 'static) -> Body {
+        Body::of(Kind::Dyn { inner: Box::pin(inner) })
     }
 
     /// Copies the body into `tap` as it streams.
@@ -351,6 +362,15 @@ impl HttpBody for Body {
                 }
                 (polled, ended)
             }
+            KindProj::Dyn { inner } => {
+                let polled = inner.as_mut().poll_frame(cx);
+                let ended = match &polled {
+                    Poll::Ready(Some(Ok(_))) => inner.is_end_stream(),
+                    Poll::Ready(_) => true,
+                    Poll::Pending => false,
+                };
+                (polled, ended)
+            }
         };
         if let Poll::Ready(frame) = &polled {
             feed(this.tap, frame, ended);
@@ -366,6 +386,7 @@ impl HttpBody for Body {
             Kind::Full { data } => data.is_none(),
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.is_end_stream(),
             Kind::H2 { recv, .. } => recv.is_end_stream(),
+            Kind::Dyn { inner } => inner.is_end_stream(),
         }
     }
 
@@ -375,6 +396,7 @@ impl HttpBody for Body {
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.size_hint(),
             Kind::H2 { recv, .. } if recv.is_end_stream() => SizeHint::with_exact(0),
             Kind::H2 { .. } => SizeHint::default(),
+            Kind::Dyn { inner } => inner.size_hint(),
         }
     }
 }

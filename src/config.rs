@@ -21,10 +21,12 @@ pub mod group;
 mod guard;
 mod limits;
 mod locate;
+pub mod managed;
 mod otel;
 pub mod plans;
 mod raw;
 mod redis;
+pub mod respond;
 pub mod rules;
 pub mod units;
 
@@ -43,6 +45,7 @@ pub use gateway::{Conditions, PathRewrite, ValueMatch, MAX_CONDITIONS, MAX_RULES
 pub use guard::{Shape, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_DEPTH};
 pub use limits::{algorithm_name, Adaptive, Concurrency, LimitConfig, Mode, StoreKind};
 pub use locate::Seg;
+pub use managed::{CertSource, Challenge, ManagedCert};
 pub use otel::{OtlpProtocol, TracingConfig};
 pub use raw::{MAX_LIMITS, MAX_LIMITS_PER_ROUTE, MAX_NAME_BYTES, MAX_ROUTES};
 pub use rules::HeaderRules;
@@ -86,6 +89,9 @@ pub struct Config {
     pub admin_token_source: Option<admin::TokenSource>,
     /// The token the admin listener's write endpoints need (read from its file at load).
     pub admin_token: Option<admin::AdminToken>,
+    /// `admin.allowed_hosts`: the names a request's `Host` may give the admin listener besides
+    /// its own address and `localhost` (lowercase, no final dot).
+    pub admin_hosts: Vec<String>,
     /// Set when the admin listener is bound off loopback without a token: `check` refuses the
     /// config with this error, `run` warns.
     pub admin_exposed: Option<ConfigError>,
@@ -296,6 +302,8 @@ pub struct Responder {
     pub latency: Duration,
     /// The longest request body read before answering; longer gets `413`.
     pub max_body: u64,
+    /// A load-test target's faults (`None`: the fixed answer above, nothing drawn).
+    pub faults: Option<Box<respond::Faults>>,
 }
 
 #[derive(Debug, Clone)]

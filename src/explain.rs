@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::config::units::Dur;
-use crate::config::{Config, LimitConfig, Mode, StoreKind};
+use crate::config::{CertSource, Config, LimitConfig, Mode, StoreKind};
 use crate::limit::algo::{fixed, gcra, leaky, log, sliding};
 use crate::limit::{self, Algorithm, Decision, KeyPart, NonZeroSpan, Span, State, Timestamp};
 use crate::ratelimit::retry_after_secs;
@@ -271,7 +271,11 @@ pub fn listeners(config: &Config) -> String {
             None if l.redirect_https => out.push_str("HTTP, every request redirected to HTTPS (308)"),
             None => out.push_str("HTTP/1.1 and h2c"),
             Some(t) => {
-                let _ = write!(out, "TLS (h2, http/1.1), handshake within {}", Dur(t.handshake_timeout));
+                let alpn = t.managed.iter().any(
+                    |m| matches!(&m.source, CertSource::Acme(a) if a.challenge == crate::config::Challenge::TlsAlpn01),
+                );
+                let alpn = if alpn { ", acme-tls/1 for ACME validations" } else { "" };
+                let _ = write!(out, "TLS (h2, http/1.1{alpn}), handshake within {}", Dur(t.handshake_timeout));
                 if let Some(ca) = &t.client_ca {
                     let how = match t.client_auth {
                         ClientAuth::Required => "required",
@@ -292,6 +296,9 @@ pub fn listeners(config: &Config) -> String {
                 q.retry_above,
                 q.new_connections_per_ip
             );
+        }
+        if l.acme_http {
+            out.push_str("; answers ACME HTTP-01 validations (/.well-known/acme-challenge/) before anything else");
         }
         match l.proxy_protocol {
             None => {}
@@ -334,7 +341,86 @@ pub fn listeners(config: &Config) -> String {
                 );
             }
         }
+        if let Some(t) = &l.tls {
+            for (i, m) in t.managed.iter().enumerate() {
+                let default = i == 0 && t.certificates.is_empty();
+                let _ = writeln!(out, "  {}", describe_managed(m, default));
+            }
+        }
     }
+    out
+}
+
+/// Where a certificate tollgate gets itself comes from, in words.
+fn describe_managed(m: &crate::config::ManagedCert, default: bool) -> String {
+    use crate::config::managed::{LETSENCRYPT, LETSENCRYPT_STAGING};
+    let default = if default { " (also for clients without SNI or with an unknown name)" } else { "" };
+    let names = m.names.join(", ");
+    match &m.source {
+        CertSource::Acme(a) => {
+            let ca = match a.directory.as_str() {
+                LETSENCRYPT => "Let's Encrypt".to_owned(),
+                LETSENCRYPT_STAGING => "Let's Encrypt's staging CA (browsers do not trust it: for trying the setup)".to_owned(),
+                other => format!("the ACME CA at {other}"),
+            };
+            let how = match a.challenge {
+                crate::config::Challenge::Http01 => "http-01 (the CA asks http://NAME/.well-known/acme-challenge/ on port 80; the plain listeners answer)",
+                crate::config::Challenge::TlsAlpn01 => "tls-alpn-01 (the CA connects to NAME:443 with ALPN acme-tls/1; this listener answers)",
+            };
+            let eab = a.eab.as_ref().map(|e| format!(", account bound to key id {}", e.kid)).unwrap_or_default();
+            format!(
+                "certificate for {names}{default}: from {ca}, validated by {how}{eab}; stored in {} (shared by instances that mount it); renewed two thirds into its lifetime or in the CA's renewal window, retried with backoff on failure while the one in service stays; a self-signed placeholder until the first is issued",
+                a.storage.display()
+            )
+        }
+        CertSource::Internal(i) => format!(
+            "certificate for {names}{default}: from tollgate's local CA (root {}; `tollgate trust --install` makes this machine trust it), valid {}, renewed two thirds into it",
+            crate::config::managed::local_ca_folder(&i.storage).join("root.pem").display(),
+            Dur(i.lifetime)
+        ),
+    }
+}
+
+/// A responder's faults in plain words, one line each.
+fn describe_faults(f: &crate::config::respond::Faults, fixed: Duration) -> Vec<String> {
+    use crate::config::respond::Latency;
+    let ms = |d: Duration| Dur(d).to_string();
+    let pct = |s: f64| format!("{:.3}", s * 100.0).trim_end_matches('0').trim_end_matches('.').to_owned() + " %";
+    let mut out = Vec::new();
+    out.push(match f.latency {
+        None if fixed.is_zero() => "the responder answers at once".to_owned(),
+        None => format!("the responder answers after {}", ms(fixed)),
+        Some(Latency::Uniform { min, max }) => {
+            format!("the responder's latency is uniform between {} and {}", ms(min), ms(max))
+        }
+        Some(Latency::Normal { p50, p99 }) => {
+            format!("the responder's latency is normal: half the answers within {}, 99 % within {}", ms(p50), ms(p99))
+        }
+        Some(Latency::LogNormal { p50, p99 }) => format!(
+            "the responder's latency is log-normal (a long tail): half the answers within {}, 99 % within {}",
+            ms(p50),
+            ms(p99)
+        ),
+    });
+    if let Some(e) = f.errors {
+        out.push(format!("{} of answers are errors: status {}", pct(e.share), e.status.as_u16()));
+    }
+    if f.resets > 0.0 {
+        out.push(format!(
+            "{} of answers are cut after half their body (the HTTP/1.1 connection closed, the HTTP/2 stream reset)",
+            pct(f.resets)
+        ));
+    }
+    if let Some(n) = f.body_size {
+        out.push(format!("the body is {n} bytes"));
+    }
+    if let Some(d) = f.drip {
+        out.push(format!("the body is sent {} bytes at a time, one piece every {}", d.bytes, ms(d.every)));
+    }
+    out.push(match f.seed {
+        Some(s) => format!("draws from seed {s}: one worker (`server.workers: 1`) repeats the same sequence every run"),
+        None => "draws from a random seed (give `seed` to repeat a run)".to_owned(),
+    });
     out
 }
 
@@ -354,10 +440,19 @@ pub fn explain(config: &Config) -> String {
     }
     for r in &config.routes {
         let _ = writeln!(out, "route `{}` -> upstream `{}`", r.name, config.upstream(r).name);
-        if let crate::config::UpstreamKind::Http(h) = &config.upstream(r).kind {
-            if let Some(g) = &h.group {
-                for line in describe_group(g, h.tls.is_some()) {
-                    let _ = writeln!(out, "  {line}");
+        match &config.upstream(r).kind {
+            crate::config::UpstreamKind::Http(h) => {
+                if let Some(g) = &h.group {
+                    for line in describe_group(g, h.tls.is_some()) {
+                        let _ = writeln!(out, "  {line}");
+                    }
+                }
+            }
+            crate::config::UpstreamKind::Respond(resp) => {
+                if let Some(f) = &resp.faults {
+                    for line in describe_faults(f, resp.latency) {
+                        let _ = writeln!(out, "  {line}");
+                    }
                 }
             }
         }
@@ -448,6 +543,24 @@ routes:
         assert!(text.contains("up to 3 tries in all"), "{text}");
         assert!(text.contains("on connect_failure, 502; retries at most 10 % of requests plus 3/s"), "{text}");
         assert!(text.contains("health check GET /healthz every 5s"), "{text}");
+    }
+
+    #[test]
+    fn where_each_certificate_comes_from_in_plain_words() {
+        let yaml = "listen:\n  - addr: 127.0.0.1:443\n    tls:\n      acme: { directory: letsencrypt-staging, names: [shop.example.com, [example.com, www.example.com]], storage: /var/lib/tg }\n  - { addr: 127.0.0.1:80, redirect_https: true }\n  - addr: 127.0.0.1:8443\n    tls: { internal: { storage: /tmp/dev, lifetime: 1d } }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n";
+        let text = explain(&Config::from_yaml(Path::new("t.yaml"), yaml).unwrap());
+        for want in [
+            "certificate for shop.example.com (also for clients without SNI or with an unknown name): from Let's Encrypt's staging CA",
+            "certificate for example.com, www.example.com: from Let's Encrypt's staging CA",
+            "validated by http-01",
+            "stored in /var/lib/tg",
+            "a self-signed placeholder until the first is issued",
+            "listener 127.0.0.1:80: HTTP, every request redirected to HTTPS (308); answers ACME HTTP-01 validations",
+            "certificate for localhost, 127.0.0.1, ::1 (also for clients without SNI or with an unknown name): from tollgate's local CA (root /tmp/dev/local-ca/root.pem",
+            "valid 24h, renewed two thirds into it",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in:\n{text}");
+        }
     }
 
     #[test]

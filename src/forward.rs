@@ -8,6 +8,7 @@
 //! preparation of the request and its reading of the answer).
 
 pub mod connector;
+pub mod faults;
 pub mod framing;
 pub mod group;
 pub mod grpc;
@@ -662,7 +663,6 @@ impl<F: Future> Future for Within<'_, F> {
     }
 }
 
-/// The built-in responder: answers by itself after an optional fixed latency.
 /// Reads a client's body to its end without keeping it, at most `max` bytes (the built-in
 /// responder answers after the whole request, so a body that breaks its framing is refused).
 ///
@@ -688,7 +688,36 @@ pub async fn read_to_end(body: Inbound, max: u64, idle: Duration) -> Result<(), 
     Ok(())
 }
 
-pub async fn respond(r: &Responder) -> Response<Body> {
+/// The built-in responder, compiled: its config and, when it has faults, their random
+/// sources (a responder without faults carries nothing more than its config).
+pub struct Respond {
+    config: Responder,
+    faults: Option<Box<faults::Live>>,
+}
+
+impl Respond {
+    /// With one random source per worker of `workers` when `config` has faults.
+    pub fn new(config: &Responder, workers: usize) -> Respond {
+        let faults = config.faults.as_deref().map(|f| Box::new(faults::Live::new(f, workers)));
+        Respond { config: config.clone(), faults }
+    }
+}
+
+impl std::ops::Deref for Respond {
+    type Target = Responder;
+    fn deref(&self) -> &Responder {
+        &self.config
+    }
+}
+
+/// The built-in responder's answer: its fixed one after its fixed latency, or one drawn from
+/// its faults.
+pub async fn respond(r: &Respond) -> Response<Body> {
+    if let Some(f) = &r.faults {
+        // Boxed: its future would enlarge every answer's.
+        return Box::pin(f.respond(&r.config)).await;
+    }
+    let r = &r.config;
     if !r.latency.is_zero() {
         Box::pin(tokio::time::sleep(r.latency)).await;
     }

@@ -30,7 +30,16 @@ pub enum BadFraming {
     /// `content_length` or `transfer_encoding`: an upstream that reads `_` as `-` (CGI, WSGI,
     /// some frameworks) would frame the body differently from us.
     LookalikeField,
+    /// An HTTP/3 head that RFC 9114 calls malformed (see [`Malformed`]).
+    Http3(&'static str),
 }
+
+/// What makes an HTTP/3 request's head malformed (RFC 9114 §4.1.2), found by the HTTP/3
+/// server where `h3` lets it through (a repeated or misplaced pseudo-header, `:status`, a
+/// connection-specific field, `DATA` on a `Content-Length: 0` request): carried in the head's
+/// extensions, so that it is refused here, with `400`, like any bad head.
+#[derive(Debug, Clone, Copy)]
+pub struct Malformed(pub &'static str);
 
 impl BadFraming {
     /// Why the request is refused, for the `400`'s detail.
@@ -43,6 +52,7 @@ impl BadFraming {
             BadFraming::LookalikeField => {
                 "request framing refused: a field named like Content-Length or Transfer-Encoding with `_` for `-`"
             }
+            BadFraming::Http3(why) => why,
         }
     }
 }
@@ -61,6 +71,11 @@ impl From<BadFraming> for crate::answer::Error {
 /// # Errors
 /// The first reason to refuse the request.
 pub fn check(parts: &mut Parts) -> Result<(), BadFraming> {
+    if parts.version == http::Version::HTTP_3 {
+        if let Some(Malformed(why)) = parts.extensions.get::<Malformed>() {
+            return Err(BadFraming::Http3(why));
+        }
+    }
     let headers = &mut parts.headers;
     // One pass over the fields instead of hashed lookups: this runs on every request (the
     // 429s too), and nearly all have no framing field or one plain Content-Length.

@@ -1,5 +1,5 @@
-//! One running tollgate: the proxy listener, its admin listener and its reloader, started
-//! and stopped together. `tollgate run` and `tollgate bench` both serve through [`run`], so
+//! One running tollgate: the proxy listener, its admin listener, its reloader and the manager
+//! of the certificates it gets itself, started and stopped together. `tollgate run` and `tollgate bench` both serve through [`run`], so
 //! what the benchmark measures is wired exactly as what users run.
 
 use std::future::Future;
@@ -45,6 +45,11 @@ pub async fn run_all(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
+    // Every certificate tollgate gets itself is in service before the first accept (stored,
+    // from the local CA, or a placeholder); the manager then keeps them renewed.
+    let p = shared.load_full();
+    let _ = tokio::task::spawn_blocking(move || crate::acme::prime(&p)).await;
+    tokio::spawn(crate::acme::run(shared.clone(), stopped()));
     let ready = Arc::new(Readiness::default());
     if let Some(admin) = admin {
         tokio::spawn(crate::admin::serve(admin, shared.clone(), ready.clone(), stopped()));

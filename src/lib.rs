@@ -12,6 +12,8 @@
 //!   certificates, ALPN, client certificates); yields the [`peer::Peer`].
 //! - [`server`]: accept loop, protocol detection, HTTP/1.1 + h2c, timeouts, graceful shutdown.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/config` on the admin listener.
+//! - [`acme`]: certificates tollgate gets and renews itself (an ACME CA, its local CA), their
+//!   storage and locks, HTTP-01 answers; fed to the listeners' SNI stores.
 //! - [`reload`]: SIGHUP / file-change reloads that keep unchanged limits' state.
 //! - [`framing`]: request framing checks beyond hyper's (smuggling): refused with `400`.
 //! - [`target`]: one authority and one normalised path per request, decided before routing.
@@ -43,6 +45,8 @@
 //! - [`explain`]: limits in plain words for `tollgate explain`; [`bench`]: the harness candidate.
 //! - [`calibrate`]: `tollgate calibrate`, an open-loop load test that finds the knee and
 //!   suggests limits (not on the request path).
+//! - [`trust`]: `tollgate trust`, the local CA's root printed or installed for the system and
+//!   the browsers.
 //! - [`replay`]: `tollgate replay`, a log run through a candidate config's routes and limits
 //!   on the log's own clock (not on the request path).
 #![forbid(unsafe_code)]
@@ -60,6 +64,7 @@ pub mod instance;
 pub mod limit;
 pub mod replay;
 pub mod step;
+pub mod trust;
 
 pub use admin::{effective as effective_config, serve as serve_admin, Readiness};
 pub use pki::x509;
@@ -69,6 +74,7 @@ pub use reload::{LogSwitch, Reloader};
 pub use server::{serve, serve_all};
 pub use timer::now_ms as coarse_now_ms;
 
+mod acme;
 mod admin;
 mod answer;
 mod auth;

@@ -83,6 +83,13 @@ pub async fn edge(
         }
     };
     metrics.tls_handshakes.inc();
+    if stream.get_ref().1.alpn_protocol() == Some(crate::pki::issued::ACME_TLS_ALPN) {
+        // A TLS-ALPN-01 validation saw its certificate: nothing more is said (RFC 8737 §3).
+        tracing::debug!(client = %peer.addr, "TLS-ALPN-01 validation answered");
+        let mut stream = stream;
+        let _ = tokio::time::timeout(Duration::from_secs(1), tokio::io::AsyncWriteExt::shutdown(&mut stream)).await;
+        return None;
+    }
     let conn = stream.get_ref().1;
     let client = conn
         .peer_certificates()

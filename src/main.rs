@@ -9,6 +9,12 @@ use tollgate::config::{Config, LogFormat, UpstreamKind};
 use tollgate::instance::process::Process;
 use tollgate::LogSwitch;
 
+// The subcommands that are the binary's own, each in a file of src/main/.
+#[path = "main/proxy.rs"]
+mod proxy;
+#[path = "main/token.rs"]
+mod token;
+
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -122,6 +128,26 @@ enum Command {
     /// Print the SHA-256 (hex) of the API key read from standard input (one line), as a keys
     /// file (`HASH CONSUMER`) or a Redis hash of `auth.api_key` holds it.
     HashKey,
+    /// Print the root of tollgate's local development CA (`tls: { internal: true }`) as PEM,
+    /// or install it for the system and the browsers; the CA is made if there is none yet.
+    Trust(TrustArgs),
+    /// A reverse proxy from the command line: `tollgate proxy --to http://localhost:3000
+    /// --limit 10/s` (the flags make a config; `--print-config` shows it).
+    Proxy(Box<proxy::ProxyArgs>),
+    /// Sign a JWT with a private key file, to try a route's `auth.jwt` (`--key
+    /// examples/jwt-test-only.pem --sub alice --aud api`).
+    Token(Box<token::TokenArgs>),
+}
+
+#[derive(clap::Args)]
+struct TrustArgs {
+    /// Install the root into the system's trusted roots (as root) and the browsers' (certutil).
+    #[arg(long)]
+    install: bool,
+    /// The local CA's storage folder (default: the config's `tls.internal.storage`, else
+    /// ~/.local/share/tollgate).
+    #[arg(long)]
+    storage: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -246,6 +272,16 @@ fn main() -> ExitCode {
     if let Some(Command::Replay(args)) = cli.command {
         return replay(&cli.config, *args);
     }
+    if let Some(Command::Trust(args)) = &cli.command {
+        return match tollgate::trust::command(&cli.config, args.storage.as_deref(), args.install) {
+            Ok((out, note)) => {
+                use std::io::Write;
+                let _ = std::io::stderr().write_all(note.as_bytes());
+                output(&out)
+            }
+            Err(e) => fail(e.trim_end(), ExitCode::FAILURE),
+        };
+    }
     if matches!(cli.command, Some(Command::HashKey)) {
         let mut key = String::new();
         if let Err(e) = std::io::stdin().read_line(&mut key) {
@@ -256,6 +292,27 @@ fn main() -> ExitCode {
             return fail("no key on standard input (e.g. `printf %s \"$KEY\" | tollgate hash-key`)", ExitCode::from(2));
         }
         return output(&format!("{}\n", tollgate::config::auth::hash_key(key.as_bytes())));
+    }
+    if let Some(Command::Token(args)) = &cli.command {
+        return match token::token(args) {
+            Ok(t) => output(&format!("{t}\n")),
+            Err(e) => fail(&e, ExitCode::from(2)),
+        };
+    }
+    if let Some(Command::Proxy(args)) = &cli.command {
+        let text = proxy::config_text(args);
+        if args.print_only() {
+            return output(&text);
+        }
+        let path = PathBuf::from("tollgate proxy");
+        let config = match Config::from_yaml(&path, &text) {
+            Ok(c) => c,
+            Err(e) => return fail(&format!("{e}\nthe flags made this config:\n{text}"), ExitCode::from(2)),
+        };
+        return match run(path, cli.listen, cli.log_format, config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),
+        };
     }
     if matches!(cli.command, Some(Command::Bench)) {
         return match tollgate::bench::run_from_env() {
@@ -281,7 +338,13 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => output(&summary(&config)),
         Command::Explain => output(&tollgate::explain::explain(&config)),
-        Command::Bench | Command::Calibrate(_) | Command::Replay(_) | Command::HashKey => ExitCode::FAILURE,
+        Command::Bench
+        | Command::Calibrate(_)
+        | Command::Replay(_)
+        | Command::HashKey
+        | Command::Trust(_)
+        | Command::Proxy(_)
+        | Command::Token(_) => ExitCode::FAILURE,
         Command::Run => match run(cli.config, cli.listen, cli.log_format, config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("{e:#}"), ExitCode::FAILURE),

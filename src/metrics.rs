@@ -210,6 +210,9 @@ impl EncodeMetric for Seconds {
 /// The process-wide registry; it outlives config reloads.
 pub struct Metrics {
     registry: Registry,
+    /// Every family registered, as `/metrics` names it once it has a series (see
+    /// [`Metrics::families`]).
+    families: Vec<(String, MetricType)>,
     requests: Family<RouteClass, Counter>,
     decisions: Family<LimitResult, Counter>,
     stale: Family<StaleLabel, Counter>,
@@ -232,6 +235,52 @@ pub struct Metrics {
     /// counters are.
     throttles: std::sync::Mutex<std::collections::HashMap<String, Arc<Throttles>>>,
     traces: TraceMetrics,
+    certificates: CertMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertLabel {
+    certificate: Label,
+    origin: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OrderLabel {
+    certificate: Label,
+    result: &'static str,
+}
+
+/// The certificates tollgate obtains itself (`tls.acme`, `tls.internal`), by their first name.
+#[derive(Clone, Default)]
+pub struct CertMetrics {
+    expiry: Family<CertLabel, Gauge>,
+    orders: Family<OrderLabel, Counter>,
+}
+
+/// Where a served certificate came from, as the `origin` label says it.
+const ORIGINS: [&str; 3] = ["acme", "internal", "placeholder"];
+
+impl CertMetrics {
+    /// `certificate` is in service from `origin` until `not_after` (unix seconds); its series
+    /// of any other origin goes (a placeholder replaced by the CA's certificate).
+    pub fn served(&self, certificate: &str, origin: &'static str, not_after: i64) {
+        for other in ORIGINS.iter().filter(|o| **o != origin) {
+            self.expiry.remove(&CertLabel { certificate: Label::new(certificate), origin: other });
+        }
+        self.expiry.get_or_create(&CertLabel { certificate: Label::new(certificate), origin }).set(not_after);
+    }
+
+    /// `certificate` is no longer configured.
+    pub fn gone(&self, certificate: &str) {
+        for origin in ORIGINS {
+            self.expiry.remove(&CertLabel { certificate: Label::new(certificate), origin });
+        }
+    }
+
+    /// One order ended: `issued` or `failed`.
+    pub fn order(&self, certificate: &str, result: &'static str) {
+        self.orders.get_or_create(&OrderLabel { certificate: Label::new(certificate), result }).inc();
+    }
 }
 
 /// The span export's counters (`tracing:`): what reached the collector and what did not.
@@ -415,7 +464,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("tollgate");
+        let mut registry = Recorded { registry: Registry::with_prefix("tollgate"), families: Vec::new() };
         let requests = Family::<RouteClass, Counter>::default();
         registry.register("requests", "Requests answered, by route and status class", requests.clone());
         let decisions = Family::<LimitResult, Counter>::default();
@@ -588,10 +637,24 @@ impl Metrics {
             "OTLP export calls that failed (no connection, a timeout, an error answer); their spans are dropped",
             traces.export_failures.clone(),
         );
+        let certificates = CertMetrics::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When each certificate tollgate obtains itself expires (unix seconds), by its first name and origin \
+             (acme, internal, or placeholder: self-signed while its CA has issued none)",
+            certificates.expiry.clone(),
+        );
+        registry.register(
+            "acme_orders",
+            "ACME orders, by certificate and result (issued, failed)",
+            certificates.orders.clone(),
+        );
         Metrics {
+            certificates,
             traces,
             servers,
-            registry,
+            registry: registry.registry,
+            families: registry.families,
             requests,
             decisions,
             stale,
@@ -723,6 +786,11 @@ impl Metrics {
         &self.in_flight
     }
 
+    /// The certificates tollgate obtains itself.
+    pub fn certificates(&self) -> &CertMetrics {
+        &self.certificates
+    }
+
     /// The span export's counters (`tracing:`).
     pub fn traces(&self) -> &TraceMetrics {
         &self.traces
@@ -730,6 +798,43 @@ impl Metrics {
 
     pub fn connections(&self) -> &ConnMetrics {
         &self.connections
+    }
+
+    /// Every family `/metrics` can show, with its type: those of the registry (a family with
+    /// labels shows once it has a series), then the Redis store's (shown with a Redis client).
+    /// Names as exposed (`tollgate_`, and `_total` for counters).
+    pub fn families(&self) -> Vec<(String, &'static str)> {
+        let mut out: Vec<(String, &'static str)> = self
+            .families
+            .iter()
+            .map(|(name, t)| {
+                let (suffix, kind) = match t {
+                    MetricType::Counter => ("_total", "counter"),
+                    MetricType::Gauge => ("", "gauge"),
+                    MetricType::Histogram => ("", "histogram"),
+                    MetricType::Info => ("_info", "info"),
+                    _ => ("", "unknown"),
+                };
+                (format!("tollgate_{name}{suffix}"), kind)
+            })
+            .collect();
+        let mut redis = String::new();
+        encode_redis(&mut redis, &Snapshot::default(), 0);
+        for line in redis.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let mut words = line.split(' ');
+            if let (Some(name), Some(kind)) = (words.next(), words.next()) {
+                let kind = if kind == "counter" {
+                    "counter"
+                } else if kind == "gauge" {
+                    "gauge"
+                } else {
+                    "histogram"
+                };
+                let suffix = if kind == "counter" { "_total" } else { "" };
+                out.push((format!("{name}{suffix}"), kind));
+            }
+        }
+        out
     }
 
     /// The Prometheus text exposition (OpenMetrics flavour, which Prometheus scrapes), with
@@ -753,6 +858,19 @@ impl Metrics {
             out.push_str("# EOF\n");
         }
         out
+    }
+}
+
+/// The registry while [`Metrics::new`] fills it, noting each family's name and type.
+struct Recorded {
+    registry: Registry,
+    families: Vec<(String, MetricType)>,
+}
+
+impl Recorded {
+    fn register(&mut self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
+        self.families.push((name.to_owned(), metric.metric_type()));
+        self.registry.register(name, help, metric);
     }
 }
 
@@ -802,6 +920,42 @@ fn encode_redis(out: &mut String, s: &Snapshot, breaker: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The families of `docs/reference/metrics.md`'s tables, with the type each row gives.
+    fn documented() -> Vec<(String, String)> {
+        include_str!("../docs/reference/metrics.md")
+            .lines()
+            .filter_map(|l| {
+                let mut cells = l.split('|').map(str::trim).skip(1);
+                let name = cells.next()?.strip_prefix('`')?.strip_suffix('`')?;
+                let kind = cells.next()?;
+                name.starts_with("tollgate_").then(|| (name.to_owned(), kind.to_owned()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_family_is_documented_with_its_type_and_the_page_names_no_other() {
+        let page = documented();
+        let families = Metrics::new().families();
+        let mut undocumented = Vec::new();
+        for (name, kind) in &families {
+            match page.iter().find(|(n, _)| n == name) {
+                None => undocumented.push(name.clone()),
+                Some((_, k)) => assert_eq!(k, kind, "{name}: the page says {k}"),
+            }
+        }
+        assert!(undocumented.is_empty(), "not in docs/reference/metrics.md: {undocumented:?}");
+        let unknown: Vec<&String> =
+            page.iter().map(|(n, _)| n).filter(|n| !families.iter().any(|(f, _)| f == *n)).collect();
+        assert!(unknown.is_empty(), "documented, never exported: {unknown:?}");
+        // What /metrics shows is among them.
+        let text = Metrics::new().encode(None);
+        for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let name = line.split(' ').next().unwrap_or_default();
+            assert!(families.iter().any(|(f, _)| f.starts_with(name)), "{name} shown but not listed");
+        }
+    }
 
     #[test]
     fn buckets_hold_values_up_to_their_bound() {

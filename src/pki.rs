@@ -3,7 +3,12 @@
 //! it loads (a key belongs to its certificate, nothing expired, CAs usable). What comes out
 //! is data (DER bytes and facts); the rustls configs are built from it when the proxy is
 //! ([`server`] for listeners, `forward::connector` for upstreams), never per connection.
+//! The certificates tollgate makes itself ([`ca`]: its local CA, placeholders, ACME's keys and
+//! CSRs) and the store of those it obtained ([`issued`]) live here too; getting them (network,
+//! timers, files) is the `acme` room's.
 
+pub mod ca;
+pub mod issued;
 pub mod server;
 pub mod x509;
 

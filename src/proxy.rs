@@ -54,7 +54,7 @@ pub enum Backend {
     Http(Box<HttpForwarder>),
     /// `servers:`: a group with balancing, health and retries.
     Group(Arc<forward::group::Group>),
-    Respond(crate::config::Responder),
+    Respond(forward::Respond),
 }
 
 /// Per-route runtime: gate, answers, metric handles, cache policy.
@@ -97,6 +97,9 @@ pub struct Proxy {
     listener_quic: Vec<Option<Arc<quinn::ServerConfig>>>,
     /// `tracing:`, with its export task; kept across reloads while the section is unchanged.
     tracer: Option<Arc<crate::trace::Tracer>>,
+    /// The certificates the process obtained itself (ACME, the local CA) and the answers to
+    /// ACME challenges: one store for the process, kept across reloads.
+    issued: Arc<crate::pki::issued::Issued>,
 }
 
 impl Proxy {
@@ -128,7 +131,7 @@ impl Proxy {
                             None => Backend::Http(Box::new(HttpForwarder::new(&u.name, h, read, &metrics, workers))),
                         }
                     }
-                    UpstreamKind::Respond(r) => Backend::Respond(r.clone()),
+                    UpstreamKind::Respond(r) => Backend::Respond(forward::Respond::new(r, crate::workers::count())),
                 })
             })
             .collect();
@@ -225,7 +228,8 @@ impl Proxy {
         };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
         let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
-        let listener_tls: Vec<_> = config.listeners.iter().map(listener_tls).collect();
+        let issued = previous.map_or_else(Arc::default, |p| p.issued.clone());
+        let listener_tls: Vec<_> = config.listeners.iter().map(|l| listener_tls(l, &issued)).collect();
         let listener_quic =
             config.listeners.iter().zip(&listener_tls).map(|(l, t)| listener_quic(l, t.as_ref())).collect();
         let tracer = config.tracing.as_ref().and_then(|t| {
@@ -246,7 +250,13 @@ impl Proxy {
             listener_tls,
             listener_quic,
             tracer,
+            issued,
         }
+    }
+
+    /// The certificates the process obtained itself, and the ACME challenges it answers.
+    pub fn issued(&self) -> &Arc<crate::pki::issued::Issued> {
+        &self.issued
     }
 
     /// The rustls config of listener `idx` of the config, if it speaks TLS.
@@ -278,6 +288,20 @@ impl Proxy {
                 &parts.method,
                 parts.uri.path(),
                 parts.version,
+            ),
+        }
+    }
+
+    /// The answer to an ACME HTTP-01 validation request: its key authorization, or the `404`
+    /// of a token no order of this process (or of another sharing its storage) waits on.
+    pub fn acme_http01(&self, key_authorization: Option<String>) -> Response<Body> {
+        match key_authorization {
+            Some(text) => crate::answer::acme_http01(text),
+            None => self.unrouted.respond(
+                &Error::NoRoute,
+                &Method::GET,
+                "/.well-known/acme-challenge/",
+                http::Version::HTTP_11,
             ),
         }
     }
@@ -374,7 +398,10 @@ impl Proxy {
 
 /// The rustls config of `listener`, built from the files its config read; `None` for a plain
 /// listener, or when it cannot be built (its handshakes then fail, counted as `no_certificate`).
-fn listener_tls(listener: &crate::config::Listener) -> Option<Arc<rustls::ServerConfig>> {
+fn listener_tls(
+    listener: &crate::config::Listener,
+    issued: &Arc<crate::pki::issued::Issued>,
+) -> Option<Arc<rustls::ServerConfig>> {
     let tls = listener.tls.as_ref()?;
     let loaded = tls.loaded.as_ref()?;
     let certs: Vec<_> = loaded
@@ -382,11 +409,17 @@ fn listener_tls(listener: &crate::config::Listener) -> Option<Arc<rustls::Server
         .iter()
         .map(|c| crate::pki::server::Cert { pair: &c.pair, ocsp: c.ocsp.as_deref() })
         .collect();
+    let managed: Vec<_> =
+        tls.managed.iter().map(|m| crate::pki::server::Managed { id: &m.id, names: &m.names }).collect();
+    let alpn_challenges = tls.managed.iter().any(|m| {
+        matches!(&m.source, crate::config::CertSource::Acme(a) if a.challenge == crate::config::Challenge::TlsAlpn01)
+    });
+    let served = crate::pki::server::Served { files: &certs, managed: &managed, issued: Some(issued), alpn_challenges };
     let client = loaded.client_ca.as_ref().map(|roots| crate::pki::server::ClientCheck {
         roots,
         optional: tls.client_auth == crate::config::ClientAuth::Optional,
     });
-    crate::pki::server::config(&certs, client)
+    crate::pki::server::config(&served, client)
         .map_err(|e| tracing::error!(listener = %listener.addr, "{e}; its TLS handshakes fail"))
         .ok()
 }
@@ -436,11 +469,13 @@ mod tests {
         // 2,624 bytes once TLS peers, gateway rules, tunnels, gRPC and plans met in one future;
         // 2,240 once `serve` stopped keeping its arguments twice; 2,208 once the key's context
         // no longer outlived the decision; 1,888 once the phases took their parts by reference
-        // (a phase that takes the head or the answer by value keeps another copy of it); 1,920
-        // with the route's steps (what they keep of a request for its answers, inline), once an
-        // unrouted request's error was boxed (the future keeps its arguments to the end) and
-        // the request id kept once, shared, instead of twice.
-        assert!(size <= 1952, "the request future grew to {size} bytes");
+        // (a phase that takes the head or the answer by value keeps another copy of it); 2,000
+        // once the request body stayed in reach through the forwarding step, for an answer
+        // made before reading it to read it (`body::unread`); 1,968 with the route's steps (what
+        // they keep of a request for its answers, inline), once an unrouted request's error was
+        // boxed (the future keeps its arguments to the end) and the request id kept once,
+        // shared, instead of twice.
+        assert!(size <= 2000, "the request future grew to {size} bytes");
     }
 }
 

@@ -540,6 +540,24 @@ impl<H1: Future<Output = O>, H2: Future<Output = O>, O> Future for Serving<H1, H
     }
 }
 
+/// The length an answer's content announces, for the protocols whose codec does not write it
+/// (HTTP/3 always, HTTP/2 for HEAD): `Content-Length` from a body that knows its length, as
+/// hyper writes it for HTTP/1.1 and for HTTP/2 answers that have content, unless the answer
+/// has one already or a status that carries no content.
+///
+/// With it, the HEAD rule (RFC 9110 §9.3.2: the GET's fields, no content) holds for every
+/// answer on every protocol, whatever made it (an upstream, the responder, a 404, a 429, the
+/// admin listener): hyper's HTTP/1.1 sends no content to HEAD, and the HTTP/2 ([`h2`]) and
+/// HTTP/3 ([`h3`]) servers call this, then send none either.
+fn announce_length<B: http_body::Body>(headers: &mut http::HeaderMap, status: http::StatusCode, body: &B) {
+    if status.is_informational() || matches!(status.as_u16(), 204 | 304) || body.is_end_stream() {
+        return;
+    }
+    if let Some(len) = body.size_hint().exact() {
+        headers.entry(http::header::CONTENT_LENGTH).or_insert_with(|| http::HeaderValue::from(len));
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A request's future as hyper's service wants it: never an error. Not an `async`
     /// block, which would hold the request twice (see [`Proxy::handle`]).

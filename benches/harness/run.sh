@@ -4,7 +4,7 @@
 # tollgate as the candidate.
 #
 #   benches/harness/run.sh                         # baseline (direct, nginx, haproxy)
-#   CANDIDATE_CMD='./target/release/tollgate bench' CANDIDATE_PORT=18020 benches/harness/run.sh
+#   CANDIDATE_CMD='./target/dist/tollgate bench' CANDIDATE_PORT=18020 benches/harness/run.sh
 #   ... CANDIDATE2_CMD=... CANDIDATE2_PORT=18030 ...  # a second candidate in the same rounds
 #
 # Everything runs on 127.0.0.1 only. All processes are started by this script with their own

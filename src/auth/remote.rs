@@ -2,6 +2,16 @@
 //! background once its `Cache-Control: max-age` (bounded) has passed, and at once when a
 //! token names a key it does not have, at most once per `min_interval`; a reading that fails
 //! (the URL down, a set that does not parse) keeps the last good set.
+//!
+//! A token that needs the set while a reading is under way waits for that reading (at most
+//! [`super::FETCH_TIMEOUT`], what a reading may take), whoever started it: the first tokens
+//! of a fresh proxy and the first tokens signed by a new key are checked against the set being
+//! read, not refused for want of it. A reading runs in a task of its own, so a client that
+//! gives up does not cut it short for the others.
+//!
+//! Every set read gets a [`Generation`] no other set of the process ever has: a verified
+//! token remembered with the generation that verified it is never taken for one verified by a
+//! later set (an address could be reused, a counter is not).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,6 +24,7 @@ use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
+use tokio::sync::Notify;
 
 use crate::jwt::{self, KeySet, Refusal, Rules, Verified};
 
@@ -26,18 +37,46 @@ pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(300);
 /// The longest `max-age` honoured: keys are read again at least daily.
 pub const MAX_MAX_AGE: Duration = Duration::from_secs(86_400);
 
+/// Which key set verified a token: unique in the process for its whole life (never 0).
+pub type Generation = u64;
+
+/// The next [`Generation`]: a process-wide counter, so no two sets (fixed or read, of any
+/// route, before or after a reload) share one.
+pub fn next_generation() -> Generation {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A set as read, with its generation.
+pub struct Read {
+    pub generation: Generation,
+    pub set: KeySet,
+}
+
+/// Why a token could not be verified after a reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unverified {
+    /// The set says no.
+    Refused(Refusal),
+    /// No set was ever read (the URL down or its document bad): a well-formed token cannot
+    /// be checked, which is not the client's fault.
+    Unavailable,
+}
+
 /// One URL's key set, shared by the routes that name it.
 pub struct Remote {
     url: Uri,
     /// Readings at most this often (and `max-age` never shorter).
     min_interval: Duration,
-    keys: ArcSwapOption<KeySet>,
+    keys: ArcSwapOption<Read>,
     /// When the set was last read (or tried), in ms since `epoch`; `u64::MAX`: never.
     tried_ms: AtomicU64,
     /// When the set goes stale, in ms since `epoch`.
     stale_ms: AtomicU64,
     /// A reading is under way (one at a time).
     busy: AtomicBool,
+    /// Woken when a reading ends, either way.
+    done: Notify,
     epoch: Instant,
     /// `tollgate_auth_key_set_reads_total{result="ok"}` and `{result="failed"}`.
     reads: (Counter, Counter),
@@ -54,6 +93,7 @@ impl Remote {
             tried_ms: AtomicU64::new(u64::MAX),
             stale_ms: AtomicU64::new(0),
             busy: AtomicBool::new(false),
+            done: Notify::new(),
             epoch: Instant::now(),
         })
     }
@@ -72,40 +112,65 @@ impl Remote {
 
     /// The current set, if one was read; a stale one is read again in the background (on the
     /// current runtime) while it is used.
-    pub fn current(self: &Arc<Self>) -> arc_swap::Guard<Option<Arc<KeySet>>> {
+    pub fn current(self: &Arc<Self>) -> arc_swap::Guard<Option<Arc<Read>>> {
         let keys = self.keys.load();
         if keys.is_some() && self.now_ms() >= self.stale_ms.load(Ordering::Relaxed) && self.may_read() {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let this = self.clone();
-                rt.spawn(async move { this.read().await });
-            } else {
-                self.busy.store(false, Ordering::Release);
-            }
+            self.start_reading();
         }
         keys
     }
 
-    /// Verifies with the current set (see [`Remote::current`]). No set yet:
-    /// [`Refusal::UnknownKey`].
-    pub fn verify(self: &Arc<Self>, token: &[u8], rules: &Rules, now: i64) -> Result<Verified, Refusal> {
+    /// The generation of the current set (0: none yet).
+    pub fn generation(self: &Arc<Self>) -> Generation {
+        self.current().as_ref().map_or(0, |r| r.generation)
+    }
+
+    /// Verifies with the current set (see [`Remote::current`]), and says which set that was.
+    /// No set yet: [`Refusal::UnknownKey`].
+    pub fn verify(self: &Arc<Self>, token: &[u8], rules: &Rules, now: i64) -> (Result<Verified, Refusal>, Generation) {
         match &*self.current() {
-            Some(set) => jwt::verify(token, set, rules, now),
-            None => Err(Refusal::UnknownKey),
+            Some(read) => (jwt::verify(token, &read.set, rules, now), read.generation),
+            None => (Err(Refusal::UnknownKey), 0),
         }
     }
 
-    /// After [`Refusal::UnknownKey`]: reads the set again if the last reading is at least
-    /// `min_interval` old and none is under way, then verifies with what is there.
-    pub async fn verify_fresh(self: Arc<Self>, token: Vec<u8>, rules: Rules, now: i64) -> Result<Verified, Refusal> {
+    /// After [`Refusal::UnknownKey`]: starts a reading if the last one is at least
+    /// `min_interval` old and none is under way, waits for the reading under way (whoever
+    /// started it, at most [`super::FETCH_TIMEOUT`]), then verifies with what is there.
+    ///
+    /// # Errors
+    /// [`Unverified::Refused`], or [`Unverified::Unavailable`] for a well-formed token when no
+    /// set was ever read.
+    pub async fn verify_fresh(
+        self: Arc<Self>,
+        token: Vec<u8>,
+        rules: Rules,
+        now: i64,
+    ) -> Result<(Verified, Generation), Unverified> {
+        // Registered before the checks, so a reading that ends in between still wakes it.
+        let done = self.done.notified();
+        tokio::pin!(done);
+        done.as_mut().enable();
         let tried = self.tried_ms.load(Ordering::Relaxed);
         let interval = u64::try_from(self.min_interval.as_millis()).unwrap_or(u64::MAX);
         let due = tried == u64::MAX || self.now_ms().saturating_sub(tried) >= interval;
         if due && self.may_read() {
-            self.read().await;
+            self.start_reading();
+        }
+        if self.busy.load(Ordering::Acquire) {
+            // Bounded by the reading's own timeout; past it, the set as it stands.
+            let _ = tokio::time::timeout(super::FETCH_TIMEOUT, done).await;
         }
         match &*self.keys.load() {
-            Some(set) => jwt::verify(&token, set, &rules, now),
-            None => Err(Refusal::UnknownKey),
+            Some(read) => {
+                jwt::verify(&token, &read.set, &rules, now).map(|v| (v, read.generation)).map_err(Unverified::Refused)
+            }
+            // Nothing to verify with: a token that is not even well formed is still the
+            // client's fault, any other cannot be judged.
+            None => match jwt::verify(&token, &KeySet::default(), &rules, now) {
+                Err(Refusal::UnknownKey) | Ok(_) => Err(Unverified::Unavailable),
+                Err(r) => Err(Unverified::Refused(r)),
+            },
         }
     }
 
@@ -114,16 +179,29 @@ impl Remote {
         self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
+    /// Runs a reading (the slot taken) in a task of its own on the current runtime; without
+    /// one, gives the slot back.
+    fn start_reading(self: &Arc<Self>) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let this = self.clone();
+            rt.spawn(async move { this.read().await });
+        } else {
+            self.busy.store(false, Ordering::Release);
+            self.done.notify_waiters();
+        }
+    }
+
     /// Reads the set (the slot taken), keeping the last good one on failure. The slot is given
-    /// back however this ends: a request that waits for the reading may be dropped midway.
+    /// back, and the waiting requests woken, however this ends.
     async fn read(&self) {
-        struct Slot<'a>(&'a AtomicBool);
+        struct Slot<'a>(&'a AtomicBool, &'a Notify);
         impl Drop for Slot<'_> {
             fn drop(&mut self) {
                 self.0.store(false, Ordering::Release);
+                self.1.notify_waiters();
             }
         }
-        let _slot = Slot(&self.busy);
+        let _slot = Slot(&self.busy, &self.done);
         self.tried_ms.store(self.now_ms(), Ordering::Relaxed);
         let interval = self.min_interval;
         match fetch(&self.url).await.and_then(|(body, max_age)| {
@@ -132,7 +210,7 @@ impl Remote {
         }) {
             Ok((set, max_age)) => {
                 let age = max_age.unwrap_or(DEFAULT_MAX_AGE).clamp(interval, MAX_MAX_AGE.max(interval));
-                self.keys.store(Some(Arc::new(set)));
+                self.keys.store(Some(Arc::new(Read { generation: next_generation(), set })));
                 self.reads.0.inc();
                 let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
                 self.stale_ms.store(self.now_ms().saturating_add(age), Ordering::Relaxed);

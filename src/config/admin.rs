@@ -1,6 +1,7 @@
-//! `admin:` — the admin listener's address, and the bearer token its write endpoints need.
-//! Two forms: `admin: 127.0.0.1:9901` (as before), or a mapping
-//! `admin: { addr: ..., token: ..., token_file: ... }`. `token_file` wins over `token` (a file
+//! `admin:` — the admin listener's address, the bearer token its write endpoints need, and
+//! the host names it answers besides its own address and `localhost`. Two forms:
+//! `admin: 127.0.0.1:9901` (as before), or a mapping
+//! `admin: { addr: ..., token: ..., token_file: ..., allowed_hosts: [...] }`. `token_file` wins over `token` (a file
 //! keeps the secret out of the config and out of `/config`); giving both is a warning.
 
 use std::fmt;
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use super::{key, Invalid};
+use super::{key, Invalid, Seg};
 
 /// A token shorter than this is refused: it would be guessed.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -23,6 +24,7 @@ pub(super) struct RawAdmin {
     pub(super) addr: SocketAddr,
     token: Option<String>,
     token_file: Option<PathBuf>,
+    allowed_hosts: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -31,6 +33,8 @@ struct RawAdminMap {
     addr: SocketAddr,
     token: Option<String>,
     token_file: Option<PathBuf>,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
 }
 
 impl<'de> Deserialize<'de> for RawAdmin {
@@ -39,15 +43,17 @@ impl<'de> Deserialize<'de> for RawAdmin {
         impl<'de> Visitor<'de> for V {
             type Value = RawAdmin;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an address (127.0.0.1:9901) or { addr: ADDR, token: TEXT, token_file: PATH }")
+                f.write_str(
+                    "an address (127.0.0.1:9901) or { addr: ADDR, token: TEXT, token_file: PATH, allowed_hosts: [NAME] }",
+                )
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawAdmin, E> {
                 let addr = v.parse().map_err(|_| E::custom(format!("invalid socket address {v:?}")))?;
-                Ok(RawAdmin { addr, token: None, token_file: None })
+                Ok(RawAdmin { addr, token: None, token_file: None, allowed_hosts: Vec::new() })
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawAdmin, A::Error> {
                 let m = RawAdminMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(RawAdmin { addr: m.addr, token: m.token, token_file: m.token_file })
+                Ok(RawAdmin { addr: m.addr, token: m.token, token_file: m.token_file, allowed_hosts: m.allowed_hosts })
             }
         }
         d.deserialize_any(V)
@@ -97,10 +103,24 @@ impl AdminToken {
     }
 }
 
+/// `admin:`, validated: where it listens, where its token comes from, and the names besides
+/// its own address and `localhost` that a request's `Host` may give.
+pub(super) struct Admin {
+    pub(super) addr: SocketAddr,
+    pub(super) token: Option<TokenSource>,
+    pub(super) hosts: Vec<String>,
+}
+
 impl RawAdmin {
-    /// The address and the token's source.
-    pub(super) fn validate(self, warnings: &mut Vec<String>) -> Result<(SocketAddr, Option<TokenSource>), Invalid> {
+    /// The address, the token's source and the allowed host names (lowercase, without a
+    /// final dot).
+    pub(super) fn validate(self, warnings: &mut Vec<String>) -> Result<Admin, Invalid> {
         let at = |field: &str| vec![key("admin"), key(field)];
+        let mut hosts = Vec::with_capacity(self.allowed_hosts.len());
+        for (i, name) in self.allowed_hosts.iter().enumerate() {
+            let name = check_host(name).map_err(|m| (vec![key("admin"), key("allowed_hosts"), Seg::Index(i)], m))?;
+            hosts.push(name);
+        }
         if let Some(t) = &self.token {
             check_token(t).map_err(|m| (at("token"), m))?;
         }
@@ -113,8 +133,23 @@ impl RawAdmin {
             (Some(t), None) => Some(TokenSource::Inline(AdminToken(t))),
             (None, None) => None,
         };
-        Ok((self.addr, source))
+        Ok(Admin { addr: self.addr, token: source, hosts })
     }
+}
+
+/// A host name a request's `Host` may give the admin listener: letters, digits, `-` and `.`
+/// (no port: any port is accepted, a tunnel's too), lowercased, without a final dot.
+fn check_host(name: &str) -> Result<String, String> {
+    let bare = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    if bare.contains(':') {
+        return Err(format!("`{name}`: give the name without a port (any port is accepted)"));
+    }
+    let label_ok =
+        |l: &str| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if bare.is_empty() || bare.len() > 253 || !bare.split('.').all(label_ok) {
+        return Err(format!("`{name}` is not a host name (letters, digits, `-` and `.`)"));
+    }
+    Ok(bare)
 }
 
 /// A token is at least [`MIN_TOKEN_BYTES`] of visible ASCII (it travels in a header).

@@ -423,6 +423,37 @@ pub fn load(auth: &mut AuthConfig, base: &Path, at: &[Seg]) -> Result<(), Invali
     Ok(())
 }
 
+/// A warning for each `jwks` URL read over plain HTTP from another host than this one: anyone
+/// on the path can answer with a key set of their own, and every token signed with it passes.
+/// (A loopback host, such as a sidecar's, is not warned about.)
+pub fn plain_http_warnings(default: Option<&AuthConfig>, routes: &[super::Route]) -> Vec<String> {
+    let own =
+        routes.iter().enumerate().filter(|(_, r)| r.auth_own).filter_map(|(i, r)| Some((Some(i), r.auth.as_deref()?)));
+    default
+        .map(|a| (None, a))
+        .into_iter()
+        .chain(own)
+        .filter_map(|(route, auth)| {
+            let Method::Jwt(j) = &auth.method else { return None };
+            let Jwks::Url { url, .. } = &j.keys else { return None };
+            if url.scheme_str() != Some("http") || url.host().is_some_and(is_loopback) {
+                return None;
+            }
+            let at = route.map_or_else(|| "auth.jwt.jwks".to_owned(), |i| format!("routes[{i}].auth.jwt.jwks"));
+            Some(format!(
+                "{at}: `{url}` is read over plain HTTP: anyone on the path can swap the key set (and sign tokens \
+                 that pass); use https://"
+            ))
+        })
+        .collect()
+}
+
+/// `localhost`, or an address of 127.0.0.0/8 or `::1`.
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Reads the files of the default `auth` and of each route's own.
 pub fn load_all(config: &mut super::Config, base: &Path) -> Result<(), Invalid> {
     if let Some(auth) = config.auth.as_mut() {

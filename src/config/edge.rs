@@ -78,7 +78,10 @@ enum RawProxyProtocol {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTls {
+    #[serde(default)]
     certificates: Vec<RawServedCert>,
+    acme: Option<super::managed::RawAcme>,
+    internal: Option<super::managed::RawInternal>,
     client_ca: Option<PathBuf>,
     client_auth: Option<RawClientAuth>,
     handshake_timeout: Option<Dur>,
@@ -117,6 +120,9 @@ pub struct Listener {
     pub redirect_https: bool,
     /// HTTP/3 on a UDP socket of the same address (`http3: true`, TLS listeners only).
     pub http3: Option<Quic>,
+    /// A plain listener that answers ACME HTTP-01 validations before routing (some listener
+    /// has a `tls.acme` with `challenge: http-01`).
+    pub acme_http: bool,
 }
 
 /// A listener's HTTP/3: QUIC's defences, each with its default.
@@ -149,7 +155,7 @@ impl Default for Quic {
 impl Listener {
     /// A plain HTTP listener without a PROXY header nor redirect: served directly by the server.
     pub fn is_plain(&self) -> bool {
-        self.tls.is_none() && self.proxy_protocol.is_none() && !self.redirect_https
+        self.tls.is_none() && self.proxy_protocol.is_none() && !self.redirect_https && !self.acme_http
     }
 
     /// What a reload cannot change without a restart: the sockets and what they speak.
@@ -175,6 +181,8 @@ pub enum ClientAuth {
 #[derive(Debug, Clone)]
 pub struct TlsListener {
     pub certificates: Vec<ServedCert>,
+    /// Certificates tollgate obtains itself (`acme`, `internal`), served after the files'.
+    pub managed: Vec<super::managed::ManagedCert>,
     pub client_ca: Option<PathBuf>,
     pub client_auth: ClientAuth,
     pub handshake_timeout: std::time::Duration,
@@ -293,10 +301,17 @@ impl RawUpstreamTls {
 }
 
 /// The typed listeners; the first is the one `--listen` replaces.
-pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, Invalid> {
+pub fn validate(raw: RawListen, trusted_proxies: bool, warnings: &mut Vec<String>) -> Result<Vec<Listener>, Invalid> {
     let list = match raw {
         RawListen::One(addr) => {
-            return Ok(vec![Listener { addr, tls: None, proxy_protocol: None, redirect_https: false, http3: None }])
+            return Ok(vec![Listener {
+                addr,
+                tls: None,
+                proxy_protocol: None,
+                redirect_https: false,
+                http3: None,
+                acme_http: false,
+            }])
         }
         RawListen::Many(list) => list,
     };
@@ -327,8 +342,39 @@ pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, 
         let tls = match l.tls {
             None => None,
             Some(t) => {
-                if t.certificates.is_empty() {
-                    return Err((at(&["tls", "certificates"]), "expected at least one { cert, key }".to_owned()));
+                let mut managed = Vec::new();
+                if let Some(a) = t.acme {
+                    managed.extend(a.validate(&|f: &[&str]| {
+                        let mut p = at(&["tls", "acme"]);
+                        p.extend(f.iter().map(|f| key(f)));
+                        p
+                    })?);
+                }
+                if let Some(internal) = t.internal {
+                    managed.push(internal.validate(&|f: &[&str]| {
+                        let mut p = at(&["tls", "internal"]);
+                        p.extend(f.iter().map(|f| key(f)));
+                        p
+                    })?);
+                }
+                if t.certificates.is_empty() && managed.is_empty() {
+                    return Err((
+                        at(&["tls", "certificates"]),
+                        "expected at least one { cert, key }, or `acme` or `internal: true`".to_owned(),
+                    ));
+                }
+                let mut names: Vec<&str> = Vec::new();
+                for m in &managed {
+                    for n in &m.names {
+                        if names.contains(&n.as_str()) {
+                            let field = match m.source {
+                                super::managed::CertSource::Acme(_) => ["tls", "acme", "names"],
+                                super::managed::CertSource::Internal(_) => ["tls", "internal", "names"],
+                            };
+                            return Err((at(&field), format!("`{n}` is named twice; a name has one certificate")));
+                        }
+                        names.push(n);
+                    }
                 }
                 if t.client_auth.is_some() && t.client_ca.is_none() {
                     return Err((at(&["tls", "client_auth"]), "`client_auth` needs `client_ca`".to_owned()));
@@ -343,6 +389,7 @@ pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, 
                         .into_iter()
                         .map(|c| ServedCert { files: CertFiles { cert: c.cert, key: c.key }, ocsp: c.ocsp })
                         .collect(),
+                    managed,
                     client_ca: t.client_ca,
                     client_auth: match t.client_auth {
                         Some(RawClientAuth::Optional) => ClientAuth::Optional,
@@ -363,9 +410,58 @@ pub fn validate(raw: RawListen, trusted_proxies: bool) -> Result<Vec<Listener>, 
             }),
             redirect_https: l.redirect_https,
             http3,
+            acme_http: false,
         });
     }
+    acme_challenges(&mut out, warnings)?;
     Ok(out)
+}
+
+/// Where ACME validations are answered: HTTP-01 on every plain listener (one is needed), and
+/// a warning when no listener is on the port a CA connects to (80 for HTTP-01, 443 for
+/// TLS-ALPN-01: fine behind a port forward, a mistake otherwise).
+fn acme_challenges(listeners: &mut [Listener], warnings: &mut Vec<String>) -> Result<(), Invalid> {
+    use super::managed::{CertSource, Challenge};
+    let mut http = None;
+    let mut alpn = false;
+    for (i, l) in listeners.iter().enumerate() {
+        for m in l.tls.iter().flat_map(|t| &t.managed) {
+            if let CertSource::Acme(a) = &m.source {
+                match a.challenge {
+                    Challenge::Http01 => http = http.or(Some(i)),
+                    Challenge::TlsAlpn01 => alpn = true,
+                }
+            }
+        }
+    }
+    if let Some(i) = http {
+        if !listeners.iter().any(|l| l.tls.is_none()) {
+            return Err((
+                super::managed::path(i, &["acme", "challenge"]),
+                "http-01 is answered on a plain listener, and there is none: add one on port 80 (e.g. \
+                 `{ addr: 0.0.0.0:80, redirect_https: true }`), or use `challenge: tls-alpn-01`"
+                    .to_owned(),
+            ));
+        }
+        for l in listeners.iter_mut().filter(|l| l.tls.is_none()) {
+            l.acme_http = true;
+        }
+        if !listeners.iter().any(|l| l.tls.is_none() && l.addr.port() == 80) {
+            warnings.push(
+                "tls.acme: http-01 validations come to port 80, and no plain listener is on it; fine behind a \
+                 port forward to one, otherwise the CA cannot validate"
+                    .to_owned(),
+            );
+        }
+    }
+    if alpn && !listeners.iter().any(|l| l.tls.is_some() && l.addr.port() == 443) {
+        warnings.push(
+            "tls.acme: tls-alpn-01 validations come to port 443, and no TLS listener is on it; fine behind a port \
+             forward, otherwise the CA cannot validate"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// `http3` and `quic` of one listener: HTTP/3 needs TLS (QUIC is TLS 1.3), and a PROXY
@@ -437,6 +533,7 @@ pub fn load_files(config: &mut super::Config, base: &Path) -> Result<(), Invalid
         if let Some(ca) = &mut tls.client_ca {
             resolve(ca);
         }
+        super::managed::load(&mut tls.managed, base, &|f| super::managed::path(i, f))?;
         let loaded = load_listener(tls, now).map_err(|(field, message)| {
             let mut p = vec![key("listen"), Seg::Index(i), key("tls")];
             p.extend(field);
@@ -510,6 +607,7 @@ pub fn watched_files(config: &super::Config) -> Vec<PathBuf> {
                 out.extend(c.ocsp.clone());
             }
             out.extend(t.client_ca.clone());
+            out.extend(super::managed::files(&t.managed));
         }
     }
     for u in &config.upstreams {

@@ -313,7 +313,13 @@ impl<'a> Depth<'a> {
                     }
                     // With nothing after it on the line, its node still is one level deeper.
                     let content = self.peek(p).is_some_and(|c| c != b'\n' && c != b'\r' && c != b'#');
-                    self.push_block(if content { self.column(p) } else { col + 1 }, p)?;
+                    let column = if content { self.column(p) } else { col + 1 };
+                    if !self.push_block(column, p)? && !content {
+                        // An entry of an indentless sequence, whose own level already sits at
+                        // this column: its node, on the lines below, is one level deeper still.
+                        self.block.push((column, false));
+                        self.deeper(p)?;
+                    }
                     self.i = p;
                     fresh = true;
                     // `?` or `:` alone on its line leaves a key (or its value) open like `key:`.
@@ -751,6 +757,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_empty_entry_of_an_indentless_sequence_counts_the_node_below_it() {
+        // Found by the property test below: the entry's mapping sits one level under the list.
+        let text = "x:\n- #>-\n x:";
+        let want = value_depth(&serde_yaml::from_str::<serde_yaml::Value>(text).unwrap());
+        assert_eq!(want, 3);
+        assert!(Depth::scan(text.as_bytes()).unwrap() >= want);
     }
 
     /// A YAML tree, written out below in mixed styles.

@@ -372,10 +372,17 @@ struct Respond {
     headers: BTreeMap<String, String>,
     #[serde(default)]
     body: String,
+    /// A duration, or a distribution (`super::respond`).
     #[serde(default)]
-    latency: Option<Dur>,
+    latency: Option<super::respond::RawLatency>,
     /// The longest request body the responder reads before answering (`413` past it).
     max_body: Option<Size>,
+    /// The faults of a load-test target (`super::respond`).
+    errors: Option<super::respond::RawErrors>,
+    resets: Option<super::respond::Share>,
+    body_size: Option<Size>,
+    drip: Option<super::respond::RawDrip>,
+    seed: Option<u64>,
 }
 
 /// As nginx's `client_max_body_size`.
@@ -443,7 +450,8 @@ struct Match {
 impl Config {
     pub fn validate(self) -> Result<super::Config, Invalid> {
         let server = self.server.validate()?;
-        let listeners = super::edge::validate(self.listen, !self.trusted_proxies.is_empty())?;
+        let mut warnings = Vec::new();
+        let listeners = super::edge::validate(self.listen, !self.trusted_proxies.is_empty(), &mut warnings)?;
         let type_base = self.problems.type_base;
         let absolute = type_base.split_once(':').is_some_and(|(scheme, rest)| {
             !rest.is_empty()
@@ -673,20 +681,21 @@ impl Config {
                 }
             }
         }
-        let mut warnings = Vec::new();
-        let (admin, admin_token_source) = match self.admin {
+        let (admin, admin_token_source, admin_hosts) = match self.admin {
             Some(a) => {
-                let (addr, source) = a.validate(&mut warnings)?;
-                (Some(addr), source)
+                let a = a.validate(&mut warnings)?;
+                (Some(a.addr), a.token, a.hosts)
             }
-            None => (None, None),
+            None => (None, None, Vec::new()),
         };
+        warnings.extend(super::auth::plain_http_warnings(default_auth.as_deref(), &routes));
         Ok(super::Config {
             listen: listeners[0].addr,
             listeners,
             admin,
             admin_token_source,
             admin_token: None,
+            admin_hosts,
             admin_exposed: None,
             trusted_proxies: self.trusted_proxies,
             server,
@@ -898,12 +907,26 @@ impl Upstream {
                     )?;
                     headers.append(n, v);
                 }
+                if r.body_size.is_some() && !r.body.is_empty() {
+                    return Err((at_respond("body_size"), "give either `body` or `body_size`, not both".to_owned()));
+                }
+                let base = at("respond");
+                let raw = super::respond::RawFaults {
+                    latency: r.latency,
+                    errors: r.errors,
+                    resets: r.resets,
+                    body_size: r.body_size,
+                    drip: r.drip,
+                    seed: r.seed,
+                };
+                let (latency, faults) = super::respond::validate(raw, &|f| super::respond::path(&base, f))?;
                 Ok(super::UpstreamKind::Respond(super::Responder {
                     status,
                     headers,
                     body: Bytes::from(r.body),
-                    latency: r.latency.map_or(std::time::Duration::ZERO, |d| d.0),
+                    latency,
                     max_body: r.max_body.map_or(DEFAULT_RESPOND_MAX_BODY, |s| s.0),
+                    faults: faults.map(Box::new),
                 }))
             }
         }

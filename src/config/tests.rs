@@ -470,3 +470,63 @@ fn early_retry_penalty_is_off_unless_asked_and_checked_where_written() {
     let e = err(&limit(", early_retry: { penality: double }"));
     assert_eq!(e.path, "routes[0].limits[0].early_retry.penality", "{e}");
 }
+
+/// `tls.acme` and `tls.internal` mistakes: each at its own line, column and field.
+#[test]
+fn certificates_tollgate_gets_itself_are_checked_where_they_are_written() {
+    let cfg = |tls: &str, more: &str| {
+        format!(
+            "listen:\n  - addr: 127.0.0.1:8443\n    tls:\n{tls}{more}upstreams: {{ d: {{ respond: {{}} }} }}\nroutes: [{{ upstream: d }}]\n"
+        )
+    };
+    let plain = "  - { addr: 127.0.0.1:8080, redirect_https: true }\n";
+    let cases: [(String, &str, (usize, usize), &str); 8] = [
+        (cfg("      acme: { names: ['*.example.com'] }\n", plain), "listen[0].tls.acme.names[0]", (4, 23), "DNS-01"),
+        (cfg("      acme: { names: [127.0.0.1] }\n", plain), "listen[0].tls.acme.names[0]", (4, 23), "IP address"),
+        (
+            cfg("      acme: { names: [a.example, [b.example, a.example]] }\n", plain),
+            "listen[0].tls.acme.names",
+            (4, 22),
+            "named twice",
+        ),
+        (cfg("      acme: { names: [a.example] }\n", ""), "listen[0].tls.acme.challenge", (4, 13), "plain listener"),
+        (
+            cfg("      acme: { names: [a.example], directory: http://ca.example/dir }\n", plain),
+            "listen[0].tls.acme.directory",
+            (4, 46),
+            "https://",
+        ),
+        (
+            cfg("      acme: { names: [a.example], eab: { kid: k, hmac_key: c2hvcnQ } }\n", plain),
+            "listen[0].tls.acme.eab.hmac_key",
+            (4, 60),
+            "16 bytes",
+        ),
+        (
+            cfg("      internal: { names: ['*.localhost'] }\n", ""),
+            "listen[0].tls.internal.names[0]",
+            (4, 27),
+            "app.localhost",
+        ),
+        (cfg("      internal: { lifetime: 1s }\n", ""), "listen[0].tls.internal.lifetime", (4, 29), "5s to 397d"),
+    ];
+    for (text, path, (line, column), words) in cases {
+        let e = err(&text);
+        assert_eq!(e.path, path, "{e}");
+        assert!(e.message.contains(words), "{e}");
+        assert_eq!((e.line, e.column), (line, column), "{e}\n{text}");
+    }
+    let ok = Config::from_yaml(
+        Path::new("p.yaml"),
+        &cfg("      acme: { names: [a.example], challenge: tls-alpn-01 }\n", ""),
+    )
+    .unwrap();
+    assert!(ok.warnings.iter().any(|w| w.contains("port 443")), "{:?}", ok.warnings);
+    let ok = Config::from_yaml(Path::new("p.yaml"), &cfg("      internal: true\n", plain)).unwrap();
+    let tls = ok.listeners[0].tls.as_ref().unwrap();
+    assert_eq!(tls.managed[0].names, ["localhost", "127.0.0.1", "::1"]);
+    assert!(!ok.listeners[1].acme_http, "only http-01 makes plain listeners answer validations");
+    let ok = Config::from_yaml(Path::new("p.yaml"), &cfg("      acme: { names: [a.example] }\n", plain)).unwrap();
+    assert!(ok.listeners[1].acme_http && !ok.listeners[1].is_plain());
+    assert!(ok.warnings.iter().any(|w| w.contains("port 80")), "{:?}", ok.warnings);
+}

@@ -114,7 +114,7 @@ impl TlsClient {
 
 /// The system's trust anchors, read once per process; the bundled webpki roots when the
 /// system has none.
-fn system_roots() -> Arc<RootCertStore> {
+pub(crate) fn system_roots() -> Arc<RootCertStore> {
     static ROOTS: OnceLock<Arc<RootCertStore>> = OnceLock::new();
     ROOTS
         .get_or_init(|| {

@@ -62,6 +62,9 @@ pub fn run(config: Config, process: Process) -> io::Result<()> {
             .map_err(|_| io::Error::other("building the config failed (this is a bug in tollgate)"))
     })?;
     let shared: Shared = Arc::new(ArcSwap::from_pointee(proxy));
+    // Before any worker accepts: the certificates tollgate gets itself (`tls.acme`,
+    // `tls.internal`) are in service, at worst as placeholders.
+    crate::acme::prime(&shared.load());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut own_sockets = listeners.into_iter();
     let first = own_sockets.next().unwrap_or_default();

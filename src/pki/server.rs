@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
+use super::issued::{Issued, ACME_TLS_ALPN};
 use super::{provider, KeyPair, Roots};
 
 /// One certificate a listener serves, and the OCSP response stapled to its handshakes.
@@ -25,26 +26,51 @@ pub struct ClientCheck<'a> {
     pub optional: bool,
 }
 
+/// A certificate the process obtains itself (ACME, the local CA): served under `names` once
+/// the `acme` room has put one in the [`Issued`] store under `id`.
+pub struct Managed<'a> {
+    pub id: &'a str,
+    pub names: &'a [String],
+}
+
+/// What a listener serves: its files' certificates, then its managed ones (the first of
+/// either answers clients without SNI), and whether it answers TLS-ALPN-01 validations.
+pub struct Served<'a> {
+    pub files: &'a [Cert<'a>],
+    pub managed: &'a [Managed<'a>],
+    /// The process's store of issued certificates; needed when `managed` is not empty.
+    pub issued: Option<&'a Arc<Issued>>,
+    pub alpn_challenges: bool,
+}
+
 /// The listener's rustls config.
 ///
 /// # Errors
 /// A pair whose key the provider cannot sign with, or a verifier rustls refuses; files that
 /// passed their checks at load have neither.
-pub fn config(certs: &[Cert<'_>], client: Option<ClientCheck<'_>>) -> Result<Arc<rustls::ServerConfig>, String> {
-    let mut sni = Sni::default();
-    for cert in certs {
+pub fn config(served: &Served<'_>, client: Option<ClientCheck<'_>>) -> Result<Arc<rustls::ServerConfig>, String> {
+    let mut sni = Sni { issued: served.issued.cloned(), alpn_challenges: served.alpn_challenges, ..Sni::default() };
+    let mut add = |names: Vec<String>, entry: Entry| {
+        for name in names {
+            match name.strip_prefix("*.") {
+                Some(suffix) => sni.wildcard.entry(suffix.to_owned()).or_insert_with(|| entry.clone()),
+                None => sni.exact.entry(name).or_insert_with(|| entry.clone()),
+            };
+        }
+        sni.default.get_or_insert(entry);
+    };
+    for cert in served.files {
         let mut ck = cert.pair.signing().map_err(|e| format!("unsupported private key ({e})"))?;
         if let Some(response) = cert.ocsp {
             ck.ocsp = Some(response.to_vec());
         }
-        let ck = Arc::new(ck);
-        for name in cert.pair.facts.as_ref().map(super::x509::Facts::served_names).unwrap_or_default() {
-            match name.strip_prefix("*.") {
-                Some(suffix) => sni.wildcard.entry(suffix.to_owned()).or_insert_with(|| ck.clone()),
-                None => sni.exact.entry(name).or_insert_with(|| ck.clone()),
-            };
-        }
-        sni.default.get_or_insert_with(|| ck.clone());
+        let names = cert.pair.facts.as_ref().map(super::x509::Facts::served_names).unwrap_or_default();
+        add(names, Entry::Static(Arc::new(ck)));
+    }
+    for m in served.managed {
+        // IP addresses are not SNI names: such a certificate answers as the default only.
+        let names = m.names.iter().filter(|n| n.parse::<std::net::IpAddr>().is_err()).map(|n| n.to_ascii_lowercase());
+        add(names.collect(), Entry::Issued(Arc::from(m.id)));
     }
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -57,8 +83,13 @@ pub fn config(certs: &[Cert<'_>], client: Option<ClientCheck<'_>>) -> Result<Arc
             builder.with_client_cert_verifier(verifier.build().map_err(|e| e.to_string())?)
         }
     };
+    let alpn_challenges = sni.alpn_challenges;
     let mut config = builder.with_cert_resolver(Arc::new(sni));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if alpn_challenges {
+        // Last: rustls picks the first of ours the client offers, and only a validator offers it.
+        config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+    }
     if let Some(t) = ticketer() {
         config.ticketer = t;
     }
@@ -79,25 +110,52 @@ fn ticketer() -> Option<Arc<dyn rustls::server::ProducesTickets>> {
     .clone()
 }
 
+/// A certificate of the SNI store: loaded from files with the config, or issued to the
+/// process and looked up in its [`Issued`] store at each handshake (so a renewal needs no
+/// new config).
+#[derive(Debug, Clone)]
+enum Entry {
+    Static(Arc<CertifiedKey>),
+    Issued(Arc<str>),
+}
+
 /// Certificates by the name a client asks for.
 #[derive(Default, Debug)]
 struct Sni {
-    exact: HashMap<String, Arc<CertifiedKey>>,
+    exact: HashMap<String, Entry>,
     /// `*.example.com` under `example.com`: one label, any name.
-    wildcard: HashMap<String, Arc<CertifiedKey>>,
-    default: Option<Arc<CertifiedKey>>,
+    wildcard: HashMap<String, Entry>,
+    default: Option<Entry>,
+    issued: Option<Arc<Issued>>,
+    /// Answer a client that offers ALPN `acme-tls/1` alone with the TLS-ALPN-01 certificate.
+    alpn_challenges: bool,
 }
 
 impl Sni {
-    fn find(&self, name: &str) -> Option<&Arc<CertifiedKey>> {
+    fn find(&self, name: &str) -> Option<&Entry> {
         // rustls hands the name lower-cased and without a trailing dot.
         self.exact.get(name).or_else(|| name.split_once('.').and_then(|(_, parent)| self.wildcard.get(parent)))
+    }
+
+    fn key(&self, entry: &Entry) -> Option<Arc<CertifiedKey>> {
+        match entry {
+            Entry::Static(k) => Some(k.clone()),
+            Entry::Issued(id) => self.issued.as_ref()?.get(id),
+        }
     }
 }
 
 impl ResolvesServerCert for Sni {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        hello.server_name().and_then(|n| self.find(n)).or(self.default.as_ref()).cloned()
+        if self.alpn_challenges {
+            let mut offered = hello.alpn().into_iter().flatten();
+            if offered.next() == Some(ACME_TLS_ALPN) && offered.next().is_none() {
+                // A validation (RFC 8737): its answer, or no certificate at all.
+                return self.issued.as_ref()?.alpn(hello.server_name()?);
+            }
+        }
+        let found = hello.server_name().and_then(|n| self.find(n)).and_then(|e| self.key(e));
+        found.or_else(|| self.key(self.default.as_ref()?))
     }
 }
 

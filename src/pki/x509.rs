@@ -15,6 +15,10 @@ pub struct Facts {
     pub other_names: Vec<String>,
     /// The subject's commonName, if any.
     pub common_name: Option<String>,
+    /// The serial number's content bytes, and the authority key identifier's `keyIdentifier`
+    /// (what an ACME server's renewal information names a certificate by, RFC 9773).
+    pub serial: Vec<u8>,
+    pub authority_key_id: Option<Vec<u8>>,
 }
 
 impl Facts {
@@ -61,6 +65,7 @@ fn next(input: &[u8]) -> Option<(Tlv<'_>, &[u8])> {
 const SEQUENCE: u8 = 0x30;
 const OID_SAN: &[u8] = &[0x55, 0x1d, 0x11];
 const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
+const OID_AKI: &[u8] = &[0x55, 0x1d, 0x23];
 
 /// Parses a DER certificate.
 pub fn parse(der: &[u8]) -> Option<Facts> {
@@ -82,6 +87,7 @@ pub fn parse(der: &[u8]) -> Option<Facts> {
     if el.tag != 0x02 {
         return None; // serialNumber
     }
+    let serial = el.body.to_vec();
     let (_signature, r) = next(rest)?;
     let (_issuer, r) = next(r)?;
     let (validity, r) = next(r)?;
@@ -93,6 +99,7 @@ pub fn parse(der: &[u8]) -> Option<Facts> {
         not_before: time(&nb)?,
         not_after: time(&na)?,
         common_name: common_name(subject.body),
+        serial,
         ..Facts::default()
     };
     while let Some((el, more)) = next(r) {
@@ -103,7 +110,7 @@ pub fn parse(der: &[u8]) -> Option<Facts> {
             while let Some((ext, more)) = next(list) {
                 list = more;
                 let (oid, mut inner) = next(ext.body)?;
-                if oid.body != OID_SAN {
+                if oid.body != OID_SAN && oid.body != OID_AKI {
                     continue;
                 }
                 let (mut value, more) = next(inner)?;
@@ -111,8 +118,13 @@ pub fn parse(der: &[u8]) -> Option<Facts> {
                 if value.tag == 0x01 {
                     (value, _) = next(inner)?; // critical flag
                 }
-                let (names, _) = next(value.body)?;
-                san(names.body, &mut facts);
+                let (seq, _) = next(value.body)?;
+                if oid.body == OID_SAN {
+                    san(seq.body, &mut facts);
+                } else if let Some((id, _)) = next(seq.body).filter(|(id, _)| id.tag == 0x80) {
+                    // AuthorityKeyIdentifier ::= SEQUENCE { keyIdentifier [0] IMPLICIT OCTET STRING, ... }
+                    facts.authority_key_id = Some(id.body.to_vec());
+                }
             }
         }
     }
@@ -235,5 +247,26 @@ mod tests {
         assert_eq!(f.common_name.as_deref(), Some("the cn"));
         assert_eq!(date(f.not_before), "2020-01-02");
         assert_eq!(date(f.not_after), "2060-03-04");
+        assert_eq!(f.authority_key_id, None);
+    }
+
+    #[test]
+    fn reads_the_serial_and_the_authority_key_identifier() {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::Issuer::new(ca, ca_key);
+        let mut params = rcgen::CertificateParams::new(vec!["a.example".into()]).unwrap();
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![0x12, 0x34, 0x56]));
+        params.use_authority_key_identifier_extension = true;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = params.signed_by(&key, &ca).unwrap();
+        let f = parse(leaf.der()).unwrap();
+        assert_eq!(f.serial, [0x12, 0x34, 0x56]);
+        // rcgen's key identifier: the first 20 bytes of the SHA-256 of the issuer's public key.
+        let spki =
+            ring::digest::digest(&ring::digest::SHA256, &rcgen::PublicKeyData::subject_public_key_info(ca.key()));
+        assert_eq!(f.authority_key_id.as_deref(), Some(&spki.as_ref()[..20]));
+        assert_eq!(f.dns_names, ["a.example"]);
     }
 }

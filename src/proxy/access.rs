@@ -43,7 +43,7 @@ pub(super) struct Access<'a> {
 pub(super) struct Extra {
     /// The canonical host the route matched against.
     host: Option<String>,
-    /// The raw query string.
+    /// The raw query string, less a credential `auth` reads from it.
     query: Option<String>,
     /// The instant the limits decided at (µs since the epoch): the log's own timestamp is
     /// taken later, when the line is written; replay needs the decision's `now` to be exact.
@@ -103,7 +103,12 @@ impl<'a> Access<'a> {
     ) -> Access<'a> {
         let extra = logging.then(|| {
             let host = crate::target::host(&parts.headers).map(str::to_owned);
-            Box::new(Extra { host, query: parts.uri.query().map(str::to_owned), ..Extra::default() })
+            // A credential read from the query never reaches the log, admitted or not.
+            let query = match lane.steps.auth() {
+                Some(auth) => parts.uri.query().and_then(|q| auth.loggable_query(q)),
+                None => parts.uri.query().map(str::to_owned),
+            };
+            Box::new(Extra { host, query, ..Extra::default() })
         });
         let logging = logging || trace.is_some();
         Access {

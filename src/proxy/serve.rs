@@ -81,9 +81,18 @@ impl Proxy {
             let this = &*self;
             let _in_flight = InFlight::enter(&this.metrics);
             let mut ctx = Ctx::new(this, &parts, &peer);
+            // A body that an answer made before reading it leaves here (see `body::unread`).
+            let unread = crate::body::unread::Unread::of(&body, &parts);
+            let mut body = Some(body);
             let (idx, mut target) = match routed {
                 Ok(found) => found,
-                Err(e) => return this.unrouted(&e, &parts, &mut ctx, started),
+                Err(e) => {
+                    let resp = this.unrouted(&e, &parts, &mut ctx, started);
+                    return match unread.left(&mut body, true) {
+                        Some(left) => Box::pin(left.settle(resp)).await,
+                        None => resp,
+                    };
+                }
             };
             let (route, lane) = (&this.config.routes[idx], &this.lanes[idx]);
             let span = this.tracer.as_deref().and_then(|t| Proxy::trace_start(t, &parts));
@@ -126,7 +135,7 @@ impl Proxy {
                     Err(e) => break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own),
                 }
                 let (resp, from) = match &*this.backends[route.upstream] {
-                    Backend::Respond(r) => match this.responder(r, &parts, body).await {
+                    Backend::Respond(r) => match this.responder(r, &parts, &mut body).await {
                         Ok(resp) => (resp, Answered::Responder),
                         Err(e) => {
                             break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own)
@@ -150,7 +159,10 @@ impl Proxy {
                             // The upstream's parent is the exchange's client span.
                             parts.headers.insert(crate::request_id::TRACEPARENT, span.upstream_starts());
                         }
-                        let req = Request::from_parts(parts, body);
+                        let Some(req) = body.take().map(|body| Request::from_parts(parts, body)) else {
+                            let e = Error::Internal("the request body was taken before it was forwarded");
+                            break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own);
+                        };
                         let sent = Instant::now();
                         let out = match backend {
                             // Boxed: rare, and its future would enlarge every request's.
@@ -184,6 +196,9 @@ impl Proxy {
                 let tunnel = this.settle(route, lane, admission, head.as_deref(), &mut resp, &mut log).await;
                 (resp, if tunnel { Answered::Tunnel } else { from })
             };
+            if let Some(left) = unread.left(&mut body, log.error.is_some()) {
+                resp = Box::pin(left.settle(resp)).await;
+            }
             // A stale copy stood in for what was answered.
             let from = if log.stale == Stale::No { from } else { Answered::Stale };
             this.finish(lane, &mut resp, from, &mut seen, ctx.id_field(), &mut log, (started, peer.addr.ip()));
@@ -419,13 +434,14 @@ impl Proxy {
     /// gives it.
     async fn responder(
         &self,
-        r: &crate::config::Responder,
+        r: &forward::Respond,
         parts: &Parts,
-        body: Inbound,
+        body: &mut Option<Inbound>,
     ) -> Result<Response<Body>, Error> {
         let waits =
             parts.headers.get(http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if !waits && !http_body::Body::is_end_stream(&body) {
+        // A body not asked for stays where it is (see `body::unread`).
+        if let Some(body) = body.take_if(|b| !waits && !http_body::Body::is_end_stream(b)) {
             // Boxed: rare on the paths that are measured, and its future would enlarge theirs.
             Box::pin(forward::read_to_end(body, r.max_body, self.config.server.body_read_timeout)).await?;
         }

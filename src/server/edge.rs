@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http::HeaderValue;
+use http::{HeaderValue, Response};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpStream;
 
 use super::{connection as plain_connection, detect, h2, serve_io, Answer, BodyOut, Serves, Settings, Stop};
+use crate::body::Body;
 use crate::config::Config;
 use crate::listen::Stream;
 use crate::proxy::Shared;
@@ -42,11 +43,38 @@ pub(super) async fn connection(
     let redirect = listener.redirect_https.then(|| https_port(&now.config));
     // Rendered once per connection of an HTTP/3 listener, added to each of its answers.
     let alt_svc = listener.http3.as_ref().map(|_| alt_svc(listener.addr.port(), socket_port(&stream)));
+    // A plain listener answers ACME HTTP-01 validations before redirecting or routing; other
+    // listeners' services pay nothing for it.
+    let acme_http = listener.acme_http;
     drop(now);
     let served = match redirect {
+        Some(port) if acme_http => {
+            let service = service_fn(move |req| match challenge(&proxy, &req) {
+                Some(inner) => ChallengeOr::Challenge { inner },
+                None => ChallengeOr::Other { inner: std::future::ready(Ok(proxy.load().redirect_https(req, port))) },
+            });
+            serve_stream(stream, accepted, settings, stop, service).await
+        }
         Some(port) => {
-            let service =
-                service_fn(move |req| std::future::ready(Ok::<_, Infallible>(proxy.load().redirect_https(req, port))));
+            let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                // A body the redirect does not read ends an HTTP/1 connection: announced (see
+                // `crate::body::unread`), so that the client's next request goes on a new one.
+                let unread = req.version() < http::Version::HTTP_2 && !http_body::Body::is_end_stream(req.body());
+                let mut resp = proxy.load().redirect_https(req, port);
+                if unread {
+                    resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                std::future::ready(Ok::<_, Infallible>(resp))
+            });
+            serve_stream(stream, accepted, settings, stop, service).await
+        }
+        None if acme_http => {
+            let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| match challenge(&proxy, &req) {
+                Some(inner) => ChallengeOr::Challenge { inner },
+                None => {
+                    ChallengeOr::Other { inner: Answer { inner: proxy.load_full().handle_peer(req, peer.clone()) } }
+                }
+            });
             serve_stream(stream, accepted, settings, stop, service).await
         }
         None => match alt_svc {
@@ -67,6 +95,35 @@ pub(super) async fn connection(
     };
     if let Err(e) = served {
         tracing::debug!(%socket, error = %e, "connection ended with an error");
+    }
+}
+
+/// The answer of an ACME HTTP-01 validation request, if `req` is one.
+fn challenge<B>(
+    proxy: &Shared,
+    req: &hyper::Request<B>,
+) -> Option<Pin<Box<dyn Future<Output = Response<Body>> + Send>>> {
+    let token = crate::acme::http01_token(req)?.to_owned();
+    Some(Box::pin(crate::acme::answer_http01(proxy.load_full(), token)))
+}
+
+pin_project_lite::pin_project! {
+    /// An ACME validation's answer, or the listener's own.
+    #[project = ChallengeOrProj]
+    enum ChallengeOr<F> {
+        Challenge { inner: Pin<Box<dyn Future<Output = Response<Body>> + Send>> },
+        Other { #[pin] inner: F },
+    }
+}
+
+impl<F: Future<Output = Result<Response<Body>, Infallible>>> Future for ChallengeOr<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        match self.project() {
+            ChallengeOrProj::Challenge { inner } => inner.as_mut().poll(cx).map(Ok),
+            ChallengeOrProj::Other { inner } => inner.poll(cx),
+        }
     }
 }
 

@@ -162,6 +162,7 @@ pub(crate) struct Streams<S> {
 impl<S, B> Service<Request<Incoming>> for Streams<S>
 where
     S: Service<Request<Incoming>, Response = Response<B>>,
+    B: HttpBody,
 {
     type Response = Response<Counted<B>>;
     type Error = S::Error;
@@ -172,7 +173,8 @@ where
             // Counted as open for as long as the hold lives: a tunnel takes it for its life.
             req.extensions_mut().insert(crate::body::StreamHold(Arc::new(StreamGuard::open(&self.state))));
         }
-        StreamFuture { guard: Some(StreamGuard::open(&self.state)), inner: Box::pin(self.inner.call(req)) }
+        let head = req.method() == http::Method::HEAD;
+        StreamFuture { guard: Some(StreamGuard::open(&self.state)), inner: Box::pin(self.inner.call(req)), head }
     }
 }
 
@@ -184,29 +186,44 @@ where
 pub(crate) struct StreamFuture<F> {
     inner: Pin<Box<F>>,
     guard: Option<StreamGuard>,
+    /// The request is a HEAD: its answer goes without content (hyper's HTTP/2 server would
+    /// send the body it is given).
+    head: bool,
 }
 
 impl<F, B, E> Future for StreamFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: HttpBody,
 {
     type Output = Result<Response<Counted<B>>, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         this.inner.as_mut().poll(cx).map(|answer| {
-            let guard = this.guard.take();
-            answer.map(|resp| resp.map(|inner| Counted { inner, _guard: guard }))
+            let (guard, head) = (this.guard.take(), this.head);
+            answer.map(|mut resp| {
+                if head {
+                    // The GET's fields, `Content-Length` included (hyper writes it only for a
+                    // body it sends), and no content: HEADERS with END_STREAM.
+                    let (mut parts, body) = resp.into_parts();
+                    super::announce_length(&mut parts.headers, parts.status, &body);
+                    resp = Response::from_parts(parts, body);
+                }
+                resp.map(|inner| Counted { inner, _guard: guard, head })
+            })
         })
     }
 }
 
 pin_project! {
-    /// A response body that keeps its stream counted as open.
+    /// A response body that keeps its stream counted as open; an answer to HEAD has none
+    /// (the body it was made with is dropped with it, unread).
     pub(crate) struct Counted<B> {
         #[pin]
         inner: B,
         _guard: Option<StreamGuard>,
+        head: bool,
     }
 }
 
@@ -215,14 +232,21 @@ impl<B: HttpBody> HttpBody for Counted<B> {
     type Error = B::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        if *this.head {
+            return Poll::Ready(None);
+        }
+        this.inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.head || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.head {
+            return SizeHint::with_exact(0);
+        }
         self.inner.size_hint()
     }
 }

@@ -23,6 +23,8 @@ use http_body_util::BodyExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+mod head;
+
 use super::{Current, Open, Stop, Stopping};
 use crate::body::Inbound;
 use crate::config::Quic;
@@ -33,6 +35,9 @@ use crate::proxy::Shared;
 /// How long a connection that sent GOAWAY and has no request left waits for its client to
 /// close it (so the last answers are delivered) before closing it itself.
 const LINGER: Duration = Duration::from_secs(1);
+
+/// HTTP/3's `H3_NO_ERROR`, for a connection closed without fault of its own.
+const NO_ERROR: u32 = 0x100;
 
 /// The UDP side of listener `idx`: an endpoint on `addr` (the TCP listener's own address).
 ///
@@ -148,20 +153,30 @@ async fn connection(
         }
     };
     // With 0-RTT, requests may arrive before the handshake ends; only safe methods are
-    // served before then (see `request`). Without it, nothing is read before the end.
+    // served before then (see `request`). Without it, nothing is read before the end. Either
+    // way a handshake not done within `handshake_timeout` ends the connection (and frees its
+    // place under `server.max_connections`).
     let (conn, confirmed) = if limits.quic.early_data {
         match connecting.into_0rtt() {
             Ok((conn, accepted)) => {
                 let (tx, rx) = watch::channel(false);
-                let watched = conn.clone();
+                let (watched, metrics, timeout) = (conn.clone(), metrics.clone(), limits.handshake_timeout);
                 tokio::spawn(async move {
                     // Resolves once the handshake ends (whether the client used 0-RTT or not),
-                    // or the connection closed first: only the first lets requests on.
-                    let _ = accepted.await;
-                    if watched.close_reason().is_none() {
-                        let _ = tx.send(true);
+                    // or the connection closed first: only the first lets requests on. The
+                    // connection's task ends once the connection is closed.
+                    match tokio::time::timeout(timeout, accepted).await {
+                        Ok(_) if watched.close_reason().is_none() => {
+                            metrics.handshakes.inc();
+                            let _ = tx.send(true);
+                        }
+                        // Dropped: the requests waiting for it are dropped.
+                        Ok(_) => metrics.refused("handshake"),
+                        Err(_) => {
+                            metrics.refused("handshake_timeout");
+                            watched.close(quinn::VarInt::from_u32(NO_ERROR), b"handshake timeout");
+                        }
                     }
-                    // Dropped otherwise: the requests waiting for it are dropped.
                 });
                 (conn, Some(rx))
             }
@@ -169,7 +184,10 @@ async fn connection(
         }
     } else {
         match tokio::time::timeout(limits.handshake_timeout, connecting).await {
-            Ok(Ok(conn)) => (conn, None),
+            Ok(Ok(conn)) => {
+                metrics.handshakes.inc();
+                (conn, None)
+            }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "QUIC handshake failed");
                 return metrics.refused("handshake");
@@ -177,7 +195,6 @@ async fn connection(
             Err(_) => return metrics.refused("handshake_timeout"),
         }
     };
-    metrics.handshakes.inc();
     metrics.open.inc();
     let _open = Open(metrics.open.clone());
     let peer = crate::listen::quic::peer(&conn);
@@ -205,11 +222,11 @@ async fn connection(
                     let (proxy, peer, confirmed, metrics) = (proxy.clone(), peer.clone(), confirmed.clone(), metrics.clone());
                     let header_timeout = limits.header_timeout;
                     requests.spawn(async move {
-                        let Ok(Ok((req, stream))) = tokio::time::timeout(header_timeout, resolver.resolve_request()).await else {
+                        let Ok(Ok((req, stream, malformed))) = tokio::time::timeout(header_timeout, resolve(resolver)).await else {
                             return;
                         };
                         metrics.requests.inc();
-                        request(req, stream, proxy, peer, confirmed).await;
+                        request(req, stream, proxy, peer, confirmed, malformed).await;
                     });
                 }
                 // The client sent GOAWAY and its requests are done, or the connection ended
@@ -228,13 +245,35 @@ async fn connection(
     drop(stop);
 }
 
-/// One request: through the proxy's request path, its answer sent back on the stream.
+/// A request stream's head, read and decoded by `h3` (which refuses what it finds malformed
+/// with `H3_MESSAGE_ERROR`), with what RFC 9114 finds malformed in it beyond that (see
+/// [`head`]): the pseudo-headers read from the encoded section before `h3` decodes it.
+async fn resolve(
+    mut resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+) -> Result<(http::Request<()>, Stream, Option<&'static str>), h3::error::StreamError> {
+    let frame = std::future::poll_fn(|cx| resolver.frame_stream.poll_next(cx)).await;
+    let mut malformed = match &frame {
+        Ok(Some(h3::proto::frame::Frame::Headers(section))) => head::pseudo_headers(section),
+        _ => None,
+    };
+    let (req, stream) = resolver.accept_with_frame(frame)?.resolve().await?;
+    malformed = malformed.or_else(|| head::connection_fields(req.headers()));
+    Ok((req, stream, malformed))
+}
+
+type Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+
+/// One request: through the proxy's request path, its answer sent back on the stream. A
+/// `malformed` head goes there too, marked, to be refused with `400` like any bad head (see
+/// [`crate::framing::Malformed`]); the client is asked to stop sending with
+/// `H3_MESSAGE_ERROR`.
 async fn request(
-    req: http::Request<()>,
-    stream: h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
+    mut req: http::Request<()>,
+    stream: Stream,
     proxy: Shared,
     peer: crate::peer::Peer,
     confirmed: Option<watch::Receiver<bool>>,
+    malformed: Option<&'static str>,
 ) {
     // 0-RTT: an unsafe request waits for the handshake's end, which a replayed flight never
     // reaches; a safe one is served at once (and counted by limits as any request).
@@ -247,7 +286,17 @@ async fn request(
     let length =
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let (mut send, recv) = stream.split();
-    let req = req.map(|()| Inbound::H3(Box::new(crate::body::h3::Recv::new(recv, length))));
+    let mut body = crate::body::h3::Recv::new(recv, length);
+    if let Some(why) = malformed {
+        body.refuse();
+        req.extensions_mut().insert(crate::framing::Malformed(why));
+    } else if !body.is_end_stream() && length == Some(0) {
+        // No data may follow; the end is awaited here, since nothing polls an empty body.
+        if let Err(e) = body.end_of_empty().await {
+            req.extensions_mut().insert(crate::framing::Malformed(e));
+        }
+    }
+    let req = req.map(|()| Inbound::H3(Box::new(body)));
     let resp = proxy.load_full().handle_peer(req, peer).await;
     let (mut parts, body) = resp.into_parts();
     // Fields of a connection, which HTTP/3 has no use for (RFC 9114 §4.2).
@@ -256,6 +305,12 @@ async fn request(
     }
     parts.headers.remove("keep-alive");
     parts.headers.remove("proxy-connection");
+    // hyper writes these two on HTTP/1.1 and HTTP/2 answers; HTTP/3's must too (RFC 9110
+    // §6.6.1, and a HEAD answer carries the GET's fields: see `announce_length`).
+    if !parts.headers.contains_key(header::DATE) {
+        parts.headers.insert(header::DATE, date::now());
+    }
+    super::announce_length(&mut parts.headers, parts.status, &body);
     let bodiless = head_only || matches!(parts.status.as_u16(), 204 | 304);
     if send.send_response(http::Response::from_parts(parts, ())).await.is_err() {
         return;
@@ -288,4 +343,29 @@ async fn request(
         }
     }
     let _ = send.finish().await;
+}
+
+/// The `Date` of HTTP/3 answers, formatted at most once a second on each thread.
+mod date {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    use http::HeaderValue;
+
+    thread_local! {
+        static NOW: RefCell<(u64, HeaderValue)> = const { RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
+    }
+
+    pub(super) fn now() -> HeaderValue {
+        let now = SystemTime::now();
+        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        NOW.with_borrow_mut(|(at, value)| {
+            if *at != secs {
+                if let Ok(formatted) = HeaderValue::try_from(httpdate::fmt_http_date(now)) {
+                    (*at, *value) = (secs, formatted);
+                }
+            }
+            value.clone()
+        })
+    }
 }

@@ -237,3 +237,72 @@ fn the_token_file_wins_over_the_token_and_short_tokens_are_refused() {
     // The token is never shown.
     assert!(!format!("{:?}", Config::from_yaml(&config_path, &text).unwrap()).contains("file-token"));
 }
+
+/// A page of another site whose name was rebound to the admin listener's address (DNS
+/// rebinding, in an operator's browser) sends its own name as `Host`: refused, on every
+/// endpoint and over HTTP/2 too. The listener's own address, loopback, `localhost` and the
+/// names of `admin.allowed_hosts` are answered, with any port (a tunnel's).
+#[tokio::test]
+async fn the_admin_listener_answers_only_requests_that_name_it() {
+    let up = Upstream::fixed("ok").await;
+    let yaml = yaml(&up, "local", "")
+        .replace(&format!("token: {TOKEN} }}"), &format!("token: {TOKEN}, allowed_hosts: [Admin.Internal.] }}"));
+    let tg = Tollgate::start(&yaml).await;
+    let admin = tg.start_admin().await;
+    assert_eq!(flood(tg.addr, "/named", "k-123", 3).await[2], StatusCode::TOO_MANY_REQUESTS);
+    let port = admin.port();
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "LOCALHOST.:8000".to_owned(),
+        "[::1]:9901".to_owned(),
+        "127.0.0.2".to_owned(),
+        "admin.internal:9901".to_owned(),
+        "admin.internal.".to_owned(),
+    ] {
+        let (status, _, body) = get_with(admin, "/limits/named/per-client/keys", &[("host", host.as_str())]).await;
+        assert_eq!(status, StatusCode::OK, "{host}: {}", String::from_utf8_lossy(&body));
+        assert!(String::from_utf8_lossy(&body).contains("k-123"), "{host}");
+    }
+    for host in [
+        format!("rebind.attacker.example:{port}"),
+        "localhost.attacker.example".to_owned(),
+        "admin.internal.attacker.example".to_owned(),
+        "10.9.8.7:9901".to_owned(),
+        "not a host".to_owned(),
+    ] {
+        for path in ["/limits/named/per-client/keys", "/limits", "/metrics", "/config", "/", "/dashboard.json"] {
+            let (status, headers, body) = get_with(admin, path, &[("host", host.as_str())]).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{host} {path}");
+            assert_eq!(headers["content-type"], "application/problem+json", "{host} {path}");
+            assert!(!String::from_utf8_lossy(&body).contains("k-123"), "{host} {path}");
+        }
+    }
+    // A write is refused for the same reason before its token is looked at.
+    let mut send = h1(admin).await;
+    let req = Request::delete("/limits/named/per-client/keys/x")
+        .header("host", "evil.example")
+        .header("authorization", bearer());
+    assert_eq!(send.send_request(req.body(full("")).unwrap()).await.unwrap().status(), StatusCode::FORBIDDEN);
+    // HTTP/2 names the host in `:authority`.
+    let mut h2 = crate::support::h2(admin).await;
+    for (authority, want) in [("rebind.attacker.example", StatusCode::FORBIDDEN), ("localhost", StatusCode::OK)] {
+        let req = Request::get(format!("http://{authority}:{port}/limits")).body(full("")).unwrap();
+        assert_eq!(h2.send_request(req).await.unwrap().status(), want, "{authority}");
+    }
+}
+
+#[test]
+fn allowed_hosts_are_names_without_a_port() {
+    for (name, says) in
+        [("admin.internal:9901", "without a port"), ("ad min", "not a host name"), ("", "not a host name")]
+    {
+        let yaml = format!(
+            "admin: {{ addr: 127.0.0.1:9901, allowed_hosts: [ok.example, '{name}'] }}\nupstreams: {{ up: {{ respond: {{}} }} }}\nroutes: [{{ upstream: up }}]\n"
+        );
+        let e = tollgate::config::Config::from_yaml(std::path::Path::new("t.yaml"), &yaml).expect_err(name);
+        assert_eq!(e.path, "admin.allowed_hosts[1]", "{e}");
+        assert!(e.message.contains(says), "{e}");
+        assert_eq!(e.line, 1, "{e}");
+    }
+}

@@ -3,7 +3,7 @@
 //! a file and from a real redis-server, and limits keyed on the verified consumer.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -212,6 +212,10 @@ struct KeyServer {
     doc: Arc<Mutex<String>>,
     hits: Arc<AtomicUsize>,
     down: Arc<AtomicBool>,
+    /// How long each answer takes (ms).
+    slow: Arc<AtomicU64>,
+    /// The answers' `Cache-Control`.
+    cache: Arc<Mutex<&'static str>>,
     server: Upstream,
 }
 
@@ -219,11 +223,13 @@ impl KeyServer {
     async fn start(doc: String) -> KeyServer {
         let (doc, hits, down) =
             (Arc::new(Mutex::new(doc)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
-        let (d, h, x) = (doc.clone(), hits.clone(), down.clone());
+        let (slow, cache) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new("max-age=3600")));
+        let (d, h, x, w, c) = (doc.clone(), hits.clone(), down.clone(), slow.clone(), cache.clone());
         let server = Upstream::start(move |_req| {
-            let (d, h, x) = (d.clone(), h.clone(), x.clone());
+            let (d, h, x, w, c) = (d.clone(), h.clone(), x.clone(), w.clone(), c.clone());
             async move {
                 h.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(w.load(Ordering::SeqCst))).await;
                 if x.load(Ordering::SeqCst) {
                     let mut r = http::Response::new(full("down"));
                     *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -231,12 +237,13 @@ impl KeyServer {
                 }
                 let body = d.lock().unwrap().clone();
                 let mut r = http::Response::new(full(body));
-                r.headers_mut().insert("cache-control", "max-age=3600".parse().unwrap());
+                let cache = *c.lock().unwrap();
+                r.headers_mut().insert("cache-control", cache.parse().unwrap());
                 r
             }
         })
         .await;
-        KeyServer { doc, hits, down, server }
+        KeyServer { doc, hits, down, slow, cache, server }
     }
 
     fn url(&self) -> String {
@@ -548,4 +555,258 @@ async fn a_stripped_query_credential_never_reaches_the_upstream() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(String::from_utf8_lossy(&body), "/items");
     assert_eq!(get(tg.addr, "/items?api_key=sk-other").await.0, StatusCode::UNAUTHORIZED);
+}
+
+/// `n` requests with `token` at once, each on its own connection; their statuses.
+async fn at_once(tg: &Tollgate, token: &str, n: usize) -> Vec<StatusCode> {
+    let calls = (0..n).map(|_| {
+        let (addr, auth) = (tg.addr, bearer(token));
+        tokio::spawn(async move { get_with(addr, "/", &[("authorization", auth.as_str())]).await.0 })
+    });
+    let mut out = Vec::with_capacity(n);
+    for c in calls.collect::<Vec<_>>() {
+        out.push(c.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn good_tokens_wait_for_the_key_set_being_read() {
+    let (first, next) = (Signer::ec("first"), Signer::ed25519("next"));
+    let keys = KeyServer::start(jwt::jwks(&[&first])).await;
+    // Each reading takes a while: every request that needs the set meanwhile waits for it.
+    keys.slow.store(700, Ordering::SeqCst);
+    let up = echo().await;
+    let yaml =
+        api_route(up.addr, &format!("      jwt: {{ jwks: '{}', audiences: [api], min_refresh: 1s }}\n", keys.url()));
+    let tg = Tollgate::start(&yaml).await;
+    // A fresh proxy: 20 good tokens at once, one reading.
+    let got = at_once(&tg, &first.sign(&claims("alice")), 20).await;
+    assert!(got.iter().all(|s| *s == StatusCode::OK), "a fresh proxy: {got:?}");
+    assert_eq!(keys.hits(), 1);
+
+    // A rotation: tokens of the new key, at once, wait for the one reading they start.
+    *keys.doc.lock().unwrap() = jwt::jwks(&[&first, &next]);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let got = at_once(&tg, &next.sign(&claims("bob")), 20).await;
+    assert!(got.iter().all(|s| *s == StatusCode::OK), "a rotation: {got:?}");
+    assert_eq!(keys.hits(), 2);
+}
+
+#[tokio::test]
+async fn a_key_set_never_read_answers_503_not_401() {
+    let ec = Signer::ec("e1");
+    let keys = KeyServer::start(jwt::jwks(&[&ec])).await;
+    keys.down.store(true, Ordering::SeqCst);
+    let up = echo().await;
+    let yaml =
+        api_route(up.addr, &format!("      jwt: {{ jwks: '{}', audiences: [api], min_refresh: 1s }}\n", keys.url()));
+    let tg = Tollgate::start(&yaml).await;
+    // The key set's server answers 503: a good token cannot be checked.
+    let (status, headers, body) = call(&tg, "/", &ec.sign(&claims("alice"))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(headers.contains_key("retry-after"), "{headers:?}");
+    // A token that is not one at all is still the client's fault.
+    assert_eq!(call(&tg, "/", "not.a.token").await.0, StatusCode::UNAUTHORIZED);
+
+    // Nothing listens at the URL at all: the same.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let yaml = api_route(
+        up.addr,
+        &format!("      jwt: {{ jwks: 'http://{closed}/jwks.json', audiences: [api], min_refresh: 1s }}\n"),
+    );
+    let tg2 = Tollgate::start(&yaml).await;
+    assert_eq!(call(&tg2, "/", &ec.sign(&claims("alice"))).await.0, StatusCode::SERVICE_UNAVAILABLE);
+
+    // The server comes back: past the interval, the set is read and the token passes.
+    keys.down.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(call(&tg, "/", &ec.sign(&claims("alice"))).await.0, StatusCode::OK);
+    let admin = tg.start_admin().await;
+    let (_, _, body) = get(admin, "/metrics").await;
+    let text = String::from_utf8_lossy(&body);
+    let line = r#"tollgate_auth_total{route="api",result="refused",reason="unavailable"} 1"#;
+    assert!(text.contains(line), "no `{line}` in\n{text}");
+}
+
+#[tokio::test]
+async fn a_removed_key_stays_refused_as_the_set_is_read_again() {
+    let (old, new) = (Signer::ec("old"), Signer::ec("new"));
+    let keys = KeyServer::start(jwt::jwks(&[&old, &new])).await;
+    // Every answer is stale at once: the set is read again (in the background) every second.
+    *keys.cache.lock().unwrap() = "no-store";
+    let up = echo().await;
+    let yaml =
+        api_route(up.addr, &format!("      jwt: {{ jwks: '{}', audiences: [api], min_refresh: 1s }}\n", keys.url()));
+    let tg = Tollgate::start(&yaml).await;
+    let revoked = old.sign(&claims("alice"));
+    assert_eq!(call(&tg, "/", &revoked).await.0, StatusCode::OK);
+    *keys.doc.lock().unwrap() = jwt::jwks(&[&new]);
+    let good = new.sign(&claims("bob"));
+    for reading in 0..4 {
+        // Past the interval, a request reads the set again; wait until that reading is done.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let before = keys.hits();
+        assert_eq!(call(&tg, "/", &good).await.0, StatusCode::OK);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while keys.hits() == before {
+            assert!(std::time::Instant::now() < deadline, "no reading");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(call(&tg, "/", &revoked).await.0, StatusCode::UNAUTHORIZED, "after reading {reading}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_query_credential_never_reaches_the_access_log() {
+    let (logs, _guard) = crate::operate::Captured::json_logs();
+    let dir = folder();
+    let keys = write(&dir, "keys.txt", &format!("{} acme\n", tollgate::config::auth::hash_key(b"sk-acme-1")));
+    let up = Upstream::start(|req| async move {
+        http::Response::new(full(req.uri().path_and_query().map_or("-".to_owned(), |pq| pq.to_string())))
+    })
+    .await;
+    let auth = format!("      api_key: {{ from: 'query:api_key', keys: '{keys}' }}\n      strip_credentials: true\n");
+    let yaml =
+        api_route(up.addr, &auth).replace("listen: 127.0.0.1:0\n", "listen: 127.0.0.1:0\nlog: { access: true }\n");
+    let tg = Tollgate::start(&yaml).await;
+    let (status, _, body) = get(tg.addr, "/v1/x?a=1&api_key=sk-acme-1&b=2&api_key=sk-acme-1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&body), "/v1/x?a=1&b=2");
+    // Refused keys are not logged either.
+    assert_eq!(get(tg.addr, "/v1/x?a=1&api_key=sk-guessed-9").await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(get(tg.addr, "/v1/x?api_key=sk-acme-1").await.0, StatusCode::OK);
+    let (lines, text) = logs.access_lines();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0]["fields"]["query"], "a=1&b=2", "{text}");
+    assert_eq!(lines[1]["fields"]["query"], "a=1", "{text}");
+    assert!(lines[2]["fields"].get("query").is_none(), "{text}");
+    for secret in ["sk-acme-1", "sk-guessed-9", "api_key"] {
+        assert!(!text.contains(secret), "`{secret}` reached the log: {text}");
+    }
+}
+
+/// An upstream that answers with every field it got whose name is a claim field's once `_`
+/// is read as `-` (what a WSGI server would merge into one variable), sorted.
+async fn field_echo() -> Upstream {
+    Upstream::start(|req| async move {
+        let mut got: Vec<String> = req
+            .headers()
+            .iter()
+            .filter(|(n, _)| matches!(n.as_str().replace('_', "-").as_str(), "x-consumer-id" | "x-org"))
+            .map(|(n, v)| format!("{n}={}", v.to_str().unwrap()))
+            .collect();
+        got.sort();
+        http::Response::new(full(got.join(" ")))
+    })
+    .await
+}
+
+const FORGED: [(&str, &str); 4] =
+    [("x_consumer_id", "admin"), ("x-consumer_id", "admin"), ("x_org", "evil"), ("x-consumer-id", "admin")];
+
+#[tokio::test]
+async fn forged_identity_fields_spelt_with_underscores_never_reach_the_upstream() {
+    let ec = Signer::ec("e1");
+    let dir = folder();
+    let jwks = write(&dir, "jwks.json", &jwt::jwks(&[&ec]));
+    let up = field_echo().await;
+    let yaml = api_route(
+        up.addr,
+        &format!(
+            "      jwt: {{ jwks: '{jwks}', audiences: [api] }}\n      optional: true\n      claims_to_headers: {{ consumer: x-consumer-id, org_id: x-org }}\n"
+        ),
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let auth = bearer(&ec.sign(&claims("alice")));
+    let mut headers = vec![("authorization", auth.as_str())];
+    headers.extend(FORGED);
+    // HTTP/1.1.
+    let (status, _, body) = get_with(tg.addr, "/", &headers).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&body), "x-consumer-id=alice x-org=acme");
+    // An anonymous request on the optional route: none of them either.
+    let (_, _, body) = get_with(tg.addr, "/", &FORGED).await;
+    assert_eq!(String::from_utf8_lossy(&body), "x-consumer-id=anonymous");
+    // HTTP/2.
+    let mut h2 = crate::support::h2(tg.addr).await;
+    let mut req = http::Request::get("http://localhost/");
+    for (n, v) in &headers {
+        req = req.header(*n, *v);
+    }
+    let resp = h2.send_request(req.body(full("")).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+    assert_eq!(String::from_utf8_lossy(&body), "x-consumer-id=alice x-org=acme");
+}
+
+#[tokio::test]
+async fn forged_identity_fields_spelt_with_underscores_never_reach_the_upstream_over_http3() {
+    use crate::support::tls::{client_config, Ca, Dir};
+    let ec = Signer::ec("e1");
+    let dir = Dir::new();
+    let jwks = dir.write("jwks.json", &jwt::jwks(&[&ec]));
+    let ca = Ca::new("test CA");
+    ca.issue(&["api.test"]).write(&dir, "api");
+    let up = field_echo().await;
+    let file = dir.path("proxy.yaml");
+    let yaml = format!(
+        "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: api.pem, key: api.key }}] }}\n    http3: true\nupstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes:\n  - upstream: up\n    auth:\n      jwt: {{ jwks: '{}', audiences: [api] }}\n      claims_to_headers: {{ consumer: x-consumer-id, org_id: x-org }}\n",
+        up.addr,
+        jwks.display()
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let tg = Tollgate::start_config(tollgate::config::Config::load(&file).unwrap()).await;
+    let tls = client_config(&ca, &[b"h3"], None);
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    let conn = endpoint.connect(tg.addr, "api.test").unwrap().await.unwrap();
+    let (mut driver, mut send) = h3::client::new(h3_quinn::Connection::new(conn)).await.unwrap();
+    tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+    let auth = bearer(&ec.sign(&claims("alice")));
+    let mut req = http::Request::get("https://api.test/").header("authorization", auth.as_str());
+    for (n, v) in FORGED {
+        req = req.header(n, v);
+    }
+    let mut stream = send.send_request(req.body(()).unwrap()).await.unwrap();
+    stream.finish().await.unwrap();
+    let resp = stream.recv_response().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        use bytes::Buf;
+        body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    assert_eq!(String::from_utf8_lossy(&body), "x-consumer-id=alice x-org=acme");
+}
+
+#[test]
+fn check_warns_of_a_key_set_read_over_plain_http_from_another_host() {
+    let dir = folder();
+    let file = write(
+        &dir,
+        "proxy.yaml",
+        "upstreams: { up: { url: 'http://127.0.0.1:1' } }
+auth: { jwt: { jwks: 'http://[::1]:9/jwks.json' } }
+routes:
+  - { name: plain, upstream: up, auth: { jwt: { jwks: 'http://id.example.com/jwks.json' } } }
+  - { name: sidecar, upstream: up, auth: { jwt: { jwks: 'http://127.0.0.1:9/jwks.json' } } }
+  - { name: local, upstream: up, auth: { jwt: { jwks: 'http://localhost:9/jwks.json' } } }
+  - { name: tls, upstream: up, auth: { jwt: { jwks: 'https://id.example.com/jwks.json' } } }
+  - { name: default, upstream: up }
+",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate")).args(["check", "-c", &file]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let warned: Vec<&str> = err.lines().filter(|l| l.contains("plain HTTP")).collect();
+    assert_eq!(
+        warned,
+        ["warning: routes[0].auth.jwt.jwks: `http://id.example.com/jwks.json` is read over plain HTTP: anyone on the \
+          path can swap the key set (and sign tokens that pass); use https://"],
+        "{err}"
+    );
 }

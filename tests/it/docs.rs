@@ -165,6 +165,8 @@ fn named_files(v: &serde_yaml::Value, out: &mut Named) {
             out.cas.extend(s("ca_file"));
             out.tokens.extend(s("token_file"));
             out.cas.extend(s("client_ca"));
+            out.cas.extend(s("directory_ca"));
+            out.secrets.extend(s("hmac_key_file"));
             out.jwks.extend(s("jwks").filter(|j| !j.starts_with("http://") && !j.starts_with("https://")));
             out.secrets.extend(s("secret_file"));
             if m.get("keys").is_some_and(serde_yaml::Value::is_string) {
@@ -207,7 +209,7 @@ fn check_config(text: &str) -> Result<Config, String> {
     for (cert, key) in &named.pairs {
         let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         provide(&dir, cert, || made.cert.pem())?;
-        provide(&dir, key, || made.key_pair.serialize_pem())?;
+        provide(&dir, key, || made.signing_key.serialize_pem())?;
     }
     for ca in &named.cas {
         provide(&dir, ca, || rcgen::generate_simple_self_signed(vec!["ca".to_owned()]).unwrap().cert.pem())?;
@@ -346,14 +348,38 @@ async fn every_example_starts_and_answers() {
             text = text.replace(EXAMPLE_REDIS, &node.url());
         }
         // Loaded as the file itself, so the files it names resolve from examples/.
-        let config = Config::from_yaml(&path, &text).unwrap_or_else(|e| panic!("{}: {e}", rel(&path)));
+        let mut config = Config::from_yaml(&path, &text).unwrap_or_else(|e| panic!("{}: {e}", rel(&path)));
         let tls: Vec<bool> = config.listeners.iter().map(|l| l.tls.is_some()).collect();
-        let mut gate = Tollgate::start_config(config).await;
-        for (i, addr) in gate.addrs.clone().into_iter().enumerate() {
+        // A local CA of the test's own, so nothing is written outside it.
+        let local_ca = Dir::new();
+        let mut internal = false;
+        for m in config.listeners.iter_mut().filter_map(|l| l.tls.as_mut()).flat_map(|t| t.managed.iter_mut()) {
+            if let tollgate::config::CertSource::Internal(i) = &mut m.source {
+                let mut own = tollgate::config::managed::Internal::clone(i);
+                own.storage = local_ca.0.clone();
+                *i = Arc::new(own);
+                internal = true;
+            }
+        }
+        // With certificates tollgate gets itself, as `tollgate run` wires it (the manager
+        // puts them in service before the first accept).
+        let (addrs, mut gate, instance) = if internal {
+            let bound = crate::support::acme::Bound::new(config.listeners.len()).await;
+            let addrs = bound.addrs.clone();
+            (addrs, None, Some(crate::support::acme::Instance::start_config(bound, config).await))
+        } else {
+            let gate = Tollgate::start_config(config).await;
+            (gate.addrs.clone(), Some(gate), None)
+        };
+        for (i, addr) in addrs.into_iter().enumerate() {
             let status = if tls.get(i).copied().unwrap_or(false) {
                 let demo = CertificateDer::from_pem_file(root().join("examples/certs/demo-localhost.pem")).unwrap();
                 let mut roots = rustls::RootCertStore::empty();
                 roots.add(demo).unwrap();
+                if internal {
+                    let pem = local_ca.path("local-ca/root.pem");
+                    roots.add(CertificateDer::from_pem_file(pem).expect("the local CA's root")).unwrap();
+                }
                 let provider = Arc::new(rustls::crypto::ring::default_provider());
                 let mut client = rustls::ClientConfig::builder_with_provider(provider)
                     .with_safe_default_protocol_versions()
@@ -369,7 +395,12 @@ async fn every_example_starts_and_answers() {
             println!("{} listener {i}: GET /v1/items -> {status}", rel(&path));
             assert!(status.as_u16() < 600, "{}: no answer", rel(&path));
         }
-        gate.shutdown();
+        if let Some(g) = gate.as_mut() {
+            g.shutdown();
+        }
+        if let Some(i) = instance {
+            i.stop().await;
+        }
         started += 1;
     }
     assert!(started >= 5, "only {started} examples");

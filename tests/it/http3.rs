@@ -14,55 +14,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tollgate::config::Config;
 
+use crate::support::quic::H3;
 use crate::support::tls::{client_config, connect, Ca, Client, Dir};
 use crate::support::{full, Tollgate, Upstream};
-
-/// An HTTP/3 client connection (quinn and h3), its driver running beside it.
-struct H3 {
-    conn: quinn::Connection,
-    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
-    _endpoint: quinn::Endpoint,
-}
-
-impl H3 {
-    async fn connect(addr: SocketAddr, ca: &Ca) -> Result<H3, String> {
-        let tls = client_config(ca, &[b"h3"], None);
-        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
-        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).map_err(|e| e.to_string())?;
-        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-        let conn = endpoint.connect(addr, "api.test").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
-        let (mut driver, send) =
-            h3::client::new(h3_quinn::Connection::new(conn.clone())).await.map_err(|e| e.to_string())?;
-        tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
-        Ok(H3 { conn, send, _endpoint: endpoint })
-    }
-
-    /// `method path` with `body`; the status, headers and body of the answer.
-    async fn request(
-        &self,
-        method: &str,
-        path: &str,
-        body: &[u8],
-    ) -> Result<(StatusCode, http::HeaderMap, Bytes), String> {
-        let mut send = self.send.clone();
-        let req = Request::builder().method(method).uri(format!("https://api.test{path}")).body(()).unwrap();
-        let mut stream = send.send_request(req).await.map_err(|e| e.to_string())?;
-        if !body.is_empty() {
-            stream.send_data(Bytes::copy_from_slice(body)).await.map_err(|e| e.to_string())?;
-        }
-        stream.finish().await.map_err(|e| e.to_string())?;
-        let resp = stream.recv_response().await.map_err(|e| e.to_string())?;
-        let mut out = BytesMut::new();
-        while let Some(mut chunk) = stream.recv_data().await.map_err(|e| e.to_string())? {
-            out.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
-        }
-        Ok((resp.status(), resp.headers().clone(), out.freeze()))
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, http::HeaderMap, Bytes) {
-        self.request("GET", path, b"").await.unwrap_or_else(|e| panic!("GET {path} over HTTP/3: {e}"))
-    }
-}
 
 /// An upstream that answers with the method, the body's length and the body, after
 /// `delay_ms` from the `delay` query (the most requests it had at once counted in `peak`).
@@ -397,4 +351,274 @@ async fn an_upstreams_trailers_come_back_over_http3() {
     assert_eq!(body, "answer");
     let trailers = stream.recv_trailers().await.unwrap().expect("the upstream's trailers");
     assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+}
+
+/// A site whose config has the TLS listener with HTTP/3 (`listener_extra` under it), then
+/// `rest` (upstreams, routes, `server:`) as written.
+fn site_with(listener_extra: &str, rest: &str) -> Site {
+    let dir = Dir::new();
+    let ca = Ca::new("test CA");
+    ca.issue(&["api.test"]).write(&dir, "api");
+    let file = dir.write(
+        "proxy.yaml",
+        &format!(
+            "listen:\n  - addr: 127.0.0.1:0\n    tls: {{ certificates: [{{ cert: api.pem, key: api.key }}] }}\n    http3: true\n{listener_extra}{rest}"
+        ),
+    );
+    Site { dir, ca, file }
+}
+
+/// Runs tests/h3/raw_requests.py against `tg` with `cases`: one answer per case, or `None`
+/// (saying so) where python3 with aioquic cannot be had.
+async fn raw_requests(
+    tg: &Tollgate,
+    site: &Site,
+    test: &str,
+    cases: serde_json::Value,
+) -> Option<Vec<serde_json::Value>> {
+    let has = std::process::Command::new("python3").args(["-c", "import aioquic"]).output();
+    if !has.is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED {test}: python3 with aioquic is not installed (pip3 install aioquic)");
+        return None;
+    }
+    let ca = site.ca.write(&site.dir, "ca");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/raw_requests.py");
+    let out = tokio::process::Command::new("python3")
+        .arg(script)
+        .args(["127.0.0.1", &tg.addr.port().to_string(), &ca.display().to_string(), "api.test", &cases.to_string()])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let answers: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(answers.len(), cases.as_array().unwrap().len(), "{answers:?}");
+    Some(answers)
+}
+
+/// An upstream that counts the requests it got whole (their body read to its end) and
+/// answers with the method and the body's length.
+async fn counting_upstream(whole: Arc<AtomicUsize>) -> Upstream {
+    Upstream::start(move |req| {
+        let whole = whole.clone();
+        async move {
+            let method = req.method().clone();
+            match req.into_body().collect().await {
+                Ok(body) => {
+                    whole.fetch_add(1, Ordering::SeqCst);
+                    Response::new(full(format!("{method} {}", body.to_bytes().len())))
+                }
+                Err(_) => Response::new(full("cut short")),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_body_shorter_or_longer_than_its_content_length_is_the_clients_fault() {
+    let whole = Arc::new(AtomicUsize::new(0));
+    let up = counting_upstream(whole.clone()).await;
+    // One server, ejected after one failure: a failure blamed on it would take it out.
+    let site = site_with(
+        "",
+        &format!(
+            "upstreams:
+  app:
+    servers: [{{ url: 'http://{}' }}]
+    outlier: {{ consecutive_failures: 1, base_ejection_time: 1m, max_ejected_percent: 100 }}
+routes: [{{ name: app, upstream: app }}]
+",
+            up.addr
+        ),
+    );
+    let tg = site.start().await;
+    let h3 = H3::connect(tg.addr, &site.ca).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        seen.push(h3.request_with("POST", "/short", &[("content-length", "10")], b"abc").await.map(|a| a.0));
+    }
+    seen.push(h3.request_with("POST", "/long", &[("content-length", "3")], b"0123456789").await.map(|a| a.0));
+    seen.push(h3.request_with("POST", "/zero", &[("content-length", "0")], b"x").await.map(|a| a.0));
+    let refused: Vec<_> = seen.iter().map(|s| s.as_ref().ok().copied()).collect();
+    assert!(refused.iter().all(|s| *s == Some(StatusCode::BAD_REQUEST)), "every one refused with 400: {seen:?}");
+    let (status, _, body) = h3.get("/after").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"GET 0"[..]), "the server was not blamed (nor ejected)");
+    let (status, _, body) = h3.request_with("POST", "/exact", &[("content-length", "3")], b"abc").await.unwrap();
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"POST 3"[..]));
+    assert_eq!(whole.load(Ordering::SeqCst), 2, "only the two well-framed requests reached the upstream whole");
+    let text = tg.shared.load().metrics().encode(None);
+    let blamed: Vec<&str> = text.lines().filter(|l| l.contains("source=\"upstream\"") && !l.ends_with(" 0")).collect();
+    assert!(blamed.is_empty(), "no upstream error counted: {blamed:?}");
+}
+
+/// `GET /path` as raw fields, `extra` fields after the pseudo-headers.
+fn head(path: &str, pseudo_after: &[(&str, &str)], extra: &[(&str, &str)]) -> serde_json::Value {
+    let mut fields = vec![(":method", "GET"), (":scheme", "https"), (":authority", "api.test"), (":path", path)];
+    fields.extend_from_slice(pseudo_after);
+    fields.extend_from_slice(extra);
+    serde_json::json!({ "headers": fields, "data": null, "end": true })
+}
+
+#[tokio::test]
+async fn malformed_heads_are_refused_with_400_and_nothing_is_forwarded() {
+    let whole = Arc::new(AtomicUsize::new(0));
+    let up = counting_upstream(whole.clone()).await;
+    let site = Site::new(up.addr, "", "");
+    let tg = site.start().await;
+    let cases = serde_json::json!([
+        head("/fine", &[], &[("te", "trailers")]),
+        head("/a", &[(":path", "/admin")], &[]),
+        head("/b", &[], &[("x-a", "1"), (":path", "/admin")]),
+        head("/c", &[(":status", "200")], &[]),
+        head("/d", &[], &[("connection", "keep-alive")]),
+        head("/e", &[], &[("keep-alive", "timeout=5")]),
+        head("/f", &[], &[("transfer-encoding", "chunked")]),
+        head("/g", &[], &[("upgrade", "websocket")]),
+        head("/h", &[], &[("te", "gzip")]),
+        head("/i", &[], &[("proxy-connection", "keep-alive")]),
+    ]);
+    let test = "malformed_heads_are_refused_with_400_and_nothing_is_forwarded";
+    let Some(answers) = raw_requests(&tg, &site, test, cases).await else { return };
+    assert_eq!(answers[0]["status"], 200, "a well-formed head (TE: trailers) is served: {:?}", answers[0]);
+    let wrong: Vec<_> = answers[1..]
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a["status"] != 400 || a["headers"]["content-type"] != "application/problem+json")
+        .map(|(i, a)| format!("case {}: {a}", i + 1))
+        .collect();
+    assert!(wrong.is_empty(), "refused with a 400 problem:\n{}", wrong.join("\n"));
+    assert_eq!(whole.load(Ordering::SeqCst), 1, "only the well-formed request reached the upstream");
+}
+
+#[tokio::test]
+async fn every_answer_has_a_date_and_an_unread_body_is_stopped_with_h3_no_error() {
+    // An upstream that sends no Date.
+    let up = crate::support::raw::RawUpstream::start(|_| {
+        crate::support::raw::Reply::new(
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            crate::support::raw::Then::KeepAlive,
+        )
+    })
+    .await;
+    let site = site_with(
+        "",
+        &format!(
+            "upstreams:
+  up: {{ url: 'http://{}' }}
+  say: {{ respond: {{ status: 200, body: hi }} }}
+routes:
+  - {{ name: relayed, match: {{ path_prefix: /up }}, upstream: up }}
+  - {{ name: responder, match: {{ path_prefix: /r }}, upstream: say }}
+  - name: limited
+    upstream: say
+    limits: [{{ name: none, algorithm: fixed_window, rate: 1/h, key: route }}]
+",
+            up.addr
+        ),
+    );
+    let tg = site.start().await;
+    let h3 = H3::connect(tg.addr, &site.ca).await.unwrap();
+    assert_eq!(h3.get("/limited").await.0, StatusCode::OK);
+    for path in ["/up", "/r", "/limited", "/nope"] {
+        let (status, headers, _) = h3.get(path).await;
+        let date = headers.get("date").map(|d| d.to_str().unwrap().to_owned()).unwrap_or_default();
+        assert!(tollgate_date(&date), "{path} ({status}): a Date in IMF-fixdate form: {headers:?}");
+    }
+    // A 429 made before the body came (the stream is left open): the client is asked to stop
+    // sending it with H3_NO_ERROR (0x100).
+    let case = serde_json::json!([{
+        "headers": [[":method", "POST"], [":scheme", "https"], [":authority", "api.test"], [":path", "/limited"], ["content-length", "5"]],
+        "data": null, "end": false, "watch_stop": true
+    }]);
+    let test = "every_answer_has_a_date_and_an_unread_body_is_stopped_with_h3_no_error";
+    let Some(answers) = raw_requests(&tg, &site, test, case).await else { return };
+    assert_eq!(answers[0]["status"], 429, "{:?}", answers[0]);
+    assert_eq!(answers[0]["stop_sending"], 0x100, "STOP_SENDING with H3_NO_ERROR: {:?}", answers[0]);
+}
+
+/// `Sun, 06 Nov 1994 08:49:37 GMT`'s shape.
+fn tollgate_date(d: &str) -> bool {
+    let b = d.as_bytes();
+    b.len() == 29 && &b[3..5] == b", " && d.ends_with(" GMT") && b[19] == b':' && b[22] == b':'
+}
+
+/// The first datagrams (QUIC Initial packets) of `n` connections a quinn client opens towards
+/// a socket that never answers: each a new connection when sent on to a server.
+async fn initial_packets(n: usize, ca: &Ca) -> Vec<Vec<u8>> {
+    let sink = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let tls = client_config(ca, &[b"h3"], None);
+    let mut config =
+        quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap()));
+    // The idle timeout the server applies is the lower of both sides': theirs stays 5 minutes.
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(quinn::VarInt::from_u32(600_000).into()));
+    config.transport_config(Arc::new(transport));
+    endpoint.set_default_client_config(config);
+    let addr = sink.local_addr().unwrap();
+    let _connecting: Vec<_> = (0..n).map(|_| endpoint.connect(addr, "api.test").unwrap()).collect();
+    let (mut seen, mut out) = (std::collections::HashSet::new(), Vec::new());
+    while out.len() < n {
+        let mut buf = vec![0u8; 2048];
+        let (len, _) = tokio::time::timeout(Duration::from_secs(10), sink.recv_from(&mut buf)).await.unwrap().unwrap();
+        buf.truncate(len);
+        // A long header's Initial (`11 00` in its first bits), told apart by its destination
+        // connection id (a retransmission repeats it).
+        if buf.len() > 6 && buf[0] & 0xf0 == 0xc0 {
+            let dcid = buf[6..6 + usize::from(buf[5]).min(buf.len() - 6)].to_vec();
+            if seen.insert(dcid) {
+                out.push(buf);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn half_open_connections_with_early_data_end_at_the_handshake_timeout() {
+    let up = echo_upstream(peak()).await;
+    let n = 12;
+    let site = site_with(
+        "    quic: { early_data: true, idle_timeout: 5m, retry_above: 1000, new_connections_per_ip: 1000 }\n",
+        &format!(
+            "upstreams: {{ up: {{ url: 'http://{}' }} }}\nroutes: [{{ upstream: up }}]\nserver: {{ max_connections: {n} }}\n",
+            up.addr
+        ),
+    );
+    // `handshake_timeout: 1s` on the listener's TLS.
+    let text = std::fs::read_to_string(&site.file)
+        .unwrap()
+        .replace("key: api.key }] }", "key: api.key }], handshake_timeout: 1s }");
+    std::fs::write(&site.file, text).unwrap();
+    let tg = site.start().await;
+    let metrics = tg.shared.load().metrics().connections().clone();
+    // `n` clients that send their Initial packet and nothing more.
+    let mut sockets = Vec::new();
+    for packet in initial_packets(n, &site.ca).await {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.send_to(&packet, tg.addr).unwrap();
+        sockets.push(socket);
+    }
+    let wait_for = |want: i64, bound: Duration| {
+        let metrics = metrics.clone();
+        async move {
+            let start = std::time::Instant::now();
+            while metrics.open.get() != want && start.elapsed() < bound {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            metrics.open.get()
+        }
+    };
+    assert_eq!(wait_for(n as i64, Duration::from_secs(10)).await, n as i64, "every half-open connection counted");
+    // The idle timeout is 5 minutes: only the handshake timeout (1 s) can end them this soon.
+    assert_eq!(wait_for(0, Duration::from_secs(20)).await, 0, "half-open connections still counted");
+    let text = tg.shared.load().metrics().encode(None);
+    assert!(text.contains(&format!("tollgate_quic_refused_total{{reason=\"handshake_timeout\"}} {n}")), "{text}");
+    // The places are free again, for TCP and for HTTP/3.
+    let tls = connect(tg.addr, "api.test", client_config(&site.ca, &[b"h2"], None)).await.unwrap();
+    assert_eq!(Client::over(tls).await.get("api.test", "/").await.0, StatusCode::OK);
+    let h3 = H3::connect(tg.addr, &site.ca).await.unwrap();
+    assert_eq!(h3.get("/").await.0, StatusCode::OK);
+    drop(sockets);
 }

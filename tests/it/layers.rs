@@ -8,9 +8,13 @@ use std::path::{Path, PathBuf};
 
 /// Top to bottom: a room may use the rooms of the layers below its own.
 const LAYERS: [(&str, &[&str], &str); 7] = [
-    ("tools", &["bench", "calibrate", "fuzzing", "replay"], "commands and harnesses around a running tollgate"),
+    (
+        "tools",
+        &["bench", "calibrate", "fuzzing", "replay", "trust"],
+        "commands and harnesses around a running tollgate",
+    ),
     ("process", &["instance", "reload"], "one running tollgate: its servers, admin and reloads"),
-    ("edge", &["admin", "server", "listen"], "sockets and connections, before and around HTTP"),
+    ("edge", &["admin", "server", "listen", "acme"], "sockets and connections, before and around HTTP"),
     ("request", &["proxy", "explain"], "the compiled config serving a request, and its description"),
     ("step", &["step"], "a route's declared steps, each composing parts, run in order by the request path"),
     (
@@ -26,10 +30,11 @@ const LAYERS: [(&str, &[&str], &str); 7] = [
 ];
 
 /// Edges inside one layer, each with why; they must stay acyclic.
-const SAME_LAYER: [(&str, &str, &str); 22] = [
+const SAME_LAYER: [(&str, &str, &str); 23] = [
     ("instance", "reload", "a running tollgate runs its reloader"),
     ("admin", "server", "the admin listener is served by the server's connection loop"),
     ("server", "listen", "a listener that is not plain runs listen's edge steps before HTTP"),
+    ("server", "acme", "a plain listener answers ACME HTTP-01 validations before routing"),
     ("gate", "answer", "a refusal is an answer"),
     ("auth", "answer", "refused credentials are an answer (401, 403, with their challenge)"),
     ("gate", "body", "a granted slot is held by the answer's body"),

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod acme;
 mod adaptive;
 mod admin_limits;
 mod auth;
@@ -19,6 +20,7 @@ mod framing;
 mod gateway;
 mod groups;
 mod grpc;
+mod guides;
 mod h2_abuse;
 mod h2_upstream;
 mod hops;
@@ -28,12 +30,15 @@ mod layers;
 mod limits;
 mod listener;
 mod live_reload;
+mod local_ca;
 mod memory;
 mod operate;
 mod products;
 mod proxy_protocol;
 mod redis;
 mod replay;
+mod responder;
+mod semantics;
 mod server;
 mod stale;
 mod steps;

@@ -229,7 +229,7 @@ routes:
     // Every key is idle 100 ms after its request: none still holds state.
     std::thread::sleep(Duration::from_millis(500));
     let mut m = TcpStream::connect(("127.0.0.1", admin)).unwrap();
-    m.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    m.write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     m.read_to_string(&mut text).unwrap();
     let gauge: Vec<&str> = text.lines().filter(|l| l.starts_with("tollgate_local_store_keys{")).collect();

@@ -79,7 +79,7 @@ async fn health_ready_and_config_endpoints() {
     assert_eq!(h["content-type"], "application/problem+json");
     assert!(String::from_utf8_lossy(&body).contains("/metrics, /healthz"), "{body:?}");
     let mut c = crate::support::h1(admin).await;
-    let post = http::Request::post("/metrics").header("host", "x").body(crate::support::full("")).unwrap();
+    let post = http::Request::post("/metrics").header("host", "localhost").body(crate::support::full("")).unwrap();
     let resp = c.send_request(post).await.unwrap();
     assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(resp.headers()["allow"], "GET, HEAD");

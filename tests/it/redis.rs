@@ -468,6 +468,8 @@ async fn password_and_acl_user_in_the_url() {
 }
 
 mod cluster;
+mod late;
+mod nodelay;
 mod partition;
 mod proxy;
 

@@ -88,6 +88,23 @@ impl RedisNode {
         }
     }
 
+    /// SIGSTOP, like a stalled host: connections stay open, what is written waits unread.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`RedisNode::pause`]: what waited is read and run now.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill").args([sig, &c.id().to_string()]).status().is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} {}", c.id());
+        }
+    }
+
     /// Starts again on the same port (empty: no persistence).
     pub fn restart(&mut self) {
         self.kill();

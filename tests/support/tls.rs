@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -57,7 +57,7 @@ impl Drop for Dir {
 /// A certificate authority for one test.
 pub struct Ca {
     pub cert: rcgen::Certificate,
-    key: KeyPair,
+    issuer: Issuer<'static, KeyPair>,
     pub pem: String,
 }
 
@@ -89,7 +89,7 @@ impl Ca {
         let key = KeyPair::generate().unwrap();
         let cert = params.self_signed(&key).unwrap();
         let pem = cert.pem();
-        Ca { cert, key, pem }
+        Ca { cert, issuer: Issuer::new(params, key), pem }
     }
 
     /// A leaf for `names` (DNS names or IP addresses), ECDSA P-256, valid now.
@@ -103,7 +103,7 @@ impl Ca {
         params.distinguished_name.push(DnType::CommonName, names.first().copied().unwrap_or("client"));
         adjust(&mut params);
         let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
         Issued {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),

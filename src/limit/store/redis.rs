@@ -350,8 +350,8 @@ impl RedisStore {
             None => Op::Decide,
         };
         let rkey = self.redis_key(key);
-        let inv = self.script.invocation(rkey.as_bytes(), op, cost, now, script_now);
-        let reply = match self.client.invoke::<Vec<i64>>(&inv).await {
+        let build = |deadline| self.script.invocation(rkey.as_bytes(), op, cost, now, deadline, script_now);
+        let reply = match self.client.invoke(build, script_now.is_none()).await {
             Ok(r) => r,
             Err(f) => return self.on_error(key, now, cost, f),
         };
@@ -389,10 +389,10 @@ impl RedisStore {
             return Ok(Decision::Never { reset: Span::ZERO });
         }
         let rkey = self.redis_key(key);
-        let inv = self.script.invocation(rkey.as_bytes(), Op::Peek, cost, now, None);
+        let build = |deadline| self.script.invocation(rkey.as_bytes(), Op::Peek, cost, now, deadline, None);
         let unavailable =
             |f: Failure| StoreError::Unavailable { kind: f.kind, retry_after: f.retry_in, message: f.to_string() };
-        let reply = self.client.invoke::<Vec<i64>>(&inv).await.map_err(unavailable)?;
+        let reply = self.client.invoke(build, true).await.map_err(unavailable)?;
         decode(&reply)
             .map(|(d, _)| d)
             .ok_or_else(|| unavailable(Failure { kind: FailureKind::Reply, retry_in: Duration::ZERO, error: None }))
@@ -500,8 +500,8 @@ impl RedisStore {
             return;
         }
         let rkey = self.redis_key(key);
-        let inv = self.script.invocation(rkey.as_bytes(), Op::Debit, cost, now, script_now);
-        if self.client.invoke::<i64>(&inv).await.is_err() {
+        let build = |deadline| self.script.invocation(rkey.as_bytes(), Op::Debit, cost, now, deadline, script_now);
+        if self.client.invoke(build, script_now.is_none()).await.is_err() {
             self.client.metrics().fallback();
             if self.client.config().on_error == OnError::Local {
                 self.fallback.debit(key, now, cost);
@@ -518,8 +518,10 @@ impl RedisStore {
         // Whatever was denied before may fit now.
         self.denials.remove(key);
         let rkey = self.redis_key(key);
-        let inv = self.script.invocation(rkey.as_bytes(), Op::Refund, cost, now, script_now);
-        if self.client.invoke::<i64>(&inv).await.is_err() && self.client.config().on_error == OnError::Local {
+        let build = |deadline| self.script.invocation(rkey.as_bytes(), Op::Refund, cost, now, deadline, script_now);
+        if self.client.invoke(build, script_now.is_none()).await.is_err()
+            && self.client.config().on_error == OnError::Local
+        {
             self.fallback.refund(key, now, cost);
         }
     }

@@ -8,8 +8,20 @@
 //! after Redis is reachable, however long the partition lasted (the old socket would wait for
 //! the kernel's retransmission backoff). Sockets also carry TCP keepalive and a user timeout, so
 //! the kernel gives up on a dead peer by itself.
+//!
+//! # Deadlines in Redis' clock
+//! A call that times out has been written, and Redis runs it whenever it reads it (a paused or
+//! overloaded server, a slow link). Meanwhile the decision was made without Redis (`on_error`),
+//! so the script must not charge then: each writing call carries its deadline in Redis' `TIME`,
+//! and a script run past it changes nothing (it answers "late"). The client learns Redis' clock
+//! from the replies themselves (each ends with the script's `TIME`): `offset` is the smallest
+//! `redis_time − local_send_time` seen, an upper bound of the true offset (a script runs after it
+//! was sent), so a deadline computed with it is never earlier than the true one, and at most the
+//! fastest call's one-way delay later. If Redis' clock moves ahead of that estimate (a step, a
+//! drift, another cluster node), a call answered "late" within the decision timeout says so: the
+//! estimate is raised to that call's own sample and the call is made once more.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,6 +92,9 @@ pub struct RedisClient {
     unanswered: AtomicU64,
     /// Woken when a background connect attempt ends, either way.
     attempted: Notify,
+    /// Redis' `TIME` minus this client's monotonic µs (see the module's doc), an upper bound;
+    /// [`NO_OFFSET`] until a reply taught it.
+    offset: AtomicI64,
     breaker: Breaker,
     metrics: RedisMetrics,
 }
@@ -169,6 +184,7 @@ impl RedisClient {
             heard: AtomicU64::new(0),
             unanswered: AtomicU64::new(0),
             attempted: Notify::new(),
+            offset: AtomicI64::new(NO_OFFSET),
             breaker,
             metrics: RedisMetrics::default(),
         }))
@@ -226,9 +242,46 @@ impl RedisClient {
                 })
             }
         };
+        // Redis' clock, before the first script call needs it (best effort, within one
+        // decision's time: a script's reply teaches it too).
+        let mut c = opened.clone();
+        let sent = self.mono();
+        if let Ok(Ok((secs, micros))) =
+            tokio::time::timeout(self.config.timeout, redis::cmd("TIME").query_async::<(i64, i64)>(&mut c)).await
+        {
+            self.learn(secs.saturating_mul(1_000_000).saturating_add(micros), sent, false);
+        }
         self.heard.store(self.mono(), Ordering::Relaxed);
         self.conn.store(Some(Arc::new(opened)));
         Ok(())
+    }
+
+    /// A reply's Redis time for a call sent at `sent` (monotonic µs): the clock estimate
+    /// takes the smaller sample, or this one after a call found late in time (`raise`).
+    fn learn(&self, redis_us: i64, sent: u64, raise: bool) {
+        let sample = redis_us.saturating_sub(i64::try_from(sent).unwrap_or(i64::MAX));
+        if raise {
+            self.offset.store(sample, Ordering::Relaxed);
+        } else {
+            self.offset.fetch_min(sample, Ordering::Relaxed);
+        }
+    }
+
+    /// The deadline in Redis' clock (µs) of a call that must be answered by `until`
+    /// (monotonic µs); 0 (none) while the clock is not known.
+    fn redis_deadline(&self, until: u64) -> i64 {
+        match self.offset.load(Ordering::Relaxed) {
+            NO_OFFSET => 0,
+            offset => offset.saturating_add(i64::try_from(until).unwrap_or(i64::MAX)).max(1),
+        }
+    }
+
+    /// Moves the estimate of Redis' clock by `by_us` (tests only: an estimate that went wrong).
+    #[doc(hidden)]
+    pub fn skew_clock(&self, by_us: i64) {
+        let _ = self
+            .offset
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |o| (o != NO_OFFSET).then(|| o.saturating_add(by_us)));
     }
 
     fn mono(&self) -> u64 {
@@ -324,8 +377,70 @@ impl RedisClient {
         }
     }
 
-    /// Runs one script call within the decision deadline, through the breaker.
-    pub(super) async fn invoke<T: FromRedisValue>(self: &Arc<Self>, inv: &Invocation<'_>) -> Result<T, Failure> {
+    /// `SET key value NX PX ttl` within the connect timeout (a lock shared by instances, not
+    /// a decision: not through the breaker); whether the key was set, i.e. the lock taken.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if Redis does not answer or answers with an error.
+    pub async fn set_nx(self: &Arc<Self>, key: &str, value: &str, ttl: Duration) -> Result<bool, StoreError> {
+        let fail = |kind, message: String| StoreError::Unavailable { kind, retry_after: Duration::ZERO, message };
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let call = async {
+            let mut conn = self.conn().await.ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
+            self.metrics.call();
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ms)
+                .query_async::<Option<String>>(&mut conn)
+                .await
+                .map_err(|e| fail(classify(&e), e.to_string()))
+        };
+        match tokio::time::timeout(self.config.connect_timeout, call).await {
+            Ok(r) => r.map(|ok| ok.is_some()),
+            Err(_) => Err(fail(FailureKind::Timeout, "SET timed out".into())),
+        }
+    }
+
+    /// Deletes `key` if it still holds `value` (a lock released by its holder only, in one
+    /// script so another's lock taken meanwhile stays); whether it was deleted.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if Redis does not answer or answers with an error.
+    pub async fn del_if(self: &Arc<Self>, key: &str, value: &str) -> Result<bool, StoreError> {
+        const SCRIPT: &str =
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+        let fail = |kind, message: String| StoreError::Unavailable { kind, retry_after: Duration::ZERO, message };
+        let call = async {
+            let mut conn = self.conn().await.ok_or_else(|| fail(FailureKind::Connection, "not connected".into()))?;
+            self.metrics.call();
+            redis::cmd("EVAL")
+                .arg(SCRIPT)
+                .arg(1)
+                .arg(key)
+                .arg(value)
+                .query_async::<i64>(&mut conn)
+                .await
+                .map_err(|e| fail(classify(&e), e.to_string()))
+        };
+        match tokio::time::timeout(self.config.connect_timeout, call).await {
+            Ok(r) => r.map(|n| n > 0),
+            Err(_) => Err(fail(FailureKind::Timeout, "EVAL timed out".into())),
+        }
+    }
+
+    /// Runs one script call within the decision deadline, through the breaker. `build` makes
+    /// the call for a deadline in Redis' clock (µs, 0: none); `timed`: the script reads Redis'
+    /// `TIME` (not a test clock), so a deadline is sent and the reply's time is learnt. The
+    /// reply without its final time; a call answered "late" in time is made once more (see the
+    /// module's doc).
+    pub(super) async fn invoke<'s>(
+        self: &Arc<Self>,
+        build: impl Fn(i64) -> Invocation<'s>,
+        timed: bool,
+    ) -> Result<Vec<i64>, Failure> {
         let pass = self.breaker.pass();
         if let Pass::Open(retry_in) = pass {
             self.metrics.failure(FailureKind::BreakerOpen);
@@ -337,12 +452,31 @@ impl RedisClient {
         }
         let started = Instant::now();
         let sent = self.mono();
+        let timeout_us = u64::try_from(self.config.timeout.as_micros()).unwrap_or(u64::MAX);
+        let until = sent.saturating_add(timeout_us);
         let call = async {
             let Some(mut conn) = self.conn().await else {
                 return Err(None);
             };
-            self.metrics.call();
-            self.eval(&mut conn, inv).await.map_err(Some)
+            let mut raised = false;
+            loop {
+                let deadline = if timed { self.redis_deadline(until) } else { 0 };
+                let at = self.mono();
+                self.metrics.call();
+                let mut reply: Vec<i64> = self.eval(&mut conn, &build(deadline)).await.map_err(Some)?;
+                let Some(redis_us) = reply.pop() else { return Ok(reply) };
+                let late = reply.as_slice() == [LATE];
+                if timed {
+                    self.learn(redis_us, at, late);
+                }
+                if !late {
+                    return Ok(reply);
+                }
+                if raised {
+                    return Err(Some(RedisError::from((ErrorKind::ResponseError, "late twice in time"))));
+                }
+                raised = true;
+            }
         };
         let result = tokio::time::timeout(self.config.timeout, call).await;
         self.metrics.latency(started.elapsed());
@@ -412,17 +546,27 @@ impl RedisClient {
     }
 }
 
-/// Keepalive probes on an idle connection and a bound on unacknowledged data: the kernel
+/// Nagle's algorithm off, keepalive probes on an idle connection and a bound on
+/// unacknowledged data, on every connection (the node's, or each cluster node's). Without
+/// `TCP_NODELAY` (the crate's default), a call written while the previous segment waits for its
+/// acknowledgement waits too: concurrent decisions behind a 20 ms link took twice the round
+/// trip, past the default decision timeout. With keepalive and the user timeout the kernel
 /// drops a connection to a peer that went away, and the next call reconnects.
 fn tcp_settings() -> TcpSettings {
     let keepalive = TcpKeepalive::new().with_time(Duration::from_secs(5)).with_interval(Duration::from_secs(1));
     #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
     let keepalive = keepalive.with_retries(3);
-    let settings = TcpSettings::default().set_keepalive(keepalive);
+    let settings = TcpSettings::default().set_nodelay(true).set_keepalive(keepalive);
     #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
     let settings = settings.set_user_timeout(Duration::from_secs(5));
     settings
 }
+
+/// A script's reply to a writing call that Redis ran past its deadline (`{3, now}`).
+const LATE: i64 = 3;
+
+/// The clock estimate before anything taught it (above any sample, so the first one is taken).
+const NO_OFFSET: i64 = i64::MAX;
 
 /// Redirects one call follows itself (each after the cluster client's own).
 const MAX_REDIRECTS: u32 = 3;

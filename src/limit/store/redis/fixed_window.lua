@@ -9,14 +9,16 @@
 -- ARGV[4]  L: limit (units per window)
 -- ARGV[5..7] b0, b1, b2 (µs): calendar boundaries around the caller's clock, b0 <= b1 <= b2
 --          (the window [b0, b1) and the next [b1, b2)); all 0 for epoch-aligned windows
--- ARGV[8]  optional now (µs) — tests only; production omits it and the script reads TIME
--- Reply "d": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r", "b": 0
+-- ARGV[8]  deadline (µs, Redis TIME; 0 = none): a writing call run past it changes nothing, answers {3, now}
+-- ARGV[9]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- Reply "d": {kind, retry_after, remaining, reset, granted, now} (kind 0 allow, 2 deny; µs, units)
+-- Reply "r", "b": {0, now}
 -- Writes: SET with PX = window end - now, or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local b0, b1, b2 = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local now, test = clock_us(8)
+local now, test = clock_us(9)
+if late(8, now, test) then return {3, now} end
 
 local start, count = 0, 0
 local v = redis.call('GET', key)
@@ -46,12 +48,12 @@ end
 if op == 'r' then
   count = math.max(count - c, 0)
   store()
-  return 0
+  return {0, now}
 end
 if op == 'b' then
   count = math.min(count + c, 2251799813685248)
   store()
-  return 0
+  return {0, now}
 end
 
 if count + c <= l then
@@ -59,6 +61,6 @@ if count + c <= l then
   store()
   local reset = 0
   if count > 0 then reset = left end
-  return {0, 0, l - count, reset, c}
+  return {0, 0, l - count, reset, c, now}
 end
-return {2, left, 0, left, 0}
+return {2, left, 0, left, 0, now}

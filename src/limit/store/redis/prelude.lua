@@ -9,6 +9,11 @@
 --               from Redis' own expiry clock, keys live at least 60 s. Nothing under "p".
 --   write(...): redis.call(...) of a write, skipped under "p"
 --   peek: op "p" (peek): decide as "d" would, and write nothing (the admin listener's read)
+--   late(i, now, test): true for a writing call (every op but "p") that Redis runs past
+--               ARGV[i], the call's deadline in Redis TIME µs (0: none; never under a test
+--               clock): its caller has given up on it and decided without Redis, so it must
+--               change nothing. Such a call answers {3, now}.
+-- Every reply ends with `now`, Redis' time of the call (the caller estimates its clock from it).
 local function clock_us(i)
   local given = tonumber(ARGV[i])
   if given then return given, true end
@@ -43,3 +48,8 @@ local function put(key, left, val, test)
   redis.call('SET', key, val, 'PX', ms)
 end
 
+
+local function late(i, now, test)
+  local d = tonumber(ARGV[i]) or 0
+  return (not peek) and (not test) and d > 0 and now > d
+end

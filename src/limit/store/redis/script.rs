@@ -90,13 +90,15 @@ impl AlgScript {
     /// The EVALSHA call for `op` on `key`; `now` only from tests (production: Redis TIME).
     /// `local` is this instance's clock: a calendar window's boundaries around it are passed
     /// (the script picks the one holding Redis' time; clocks apart by more than a window
-    /// are not expected).
+    /// are not expected). `deadline`: Redis' time (µs) past which a writing call changes
+    /// nothing (0: none).
     pub fn invocation(
         &self,
         key: &[u8],
         op: Op,
         cost: u64,
         local: Timestamp,
+        deadline: i64,
         now: Option<Timestamp>,
     ) -> Invocation<'_> {
         let mut inv = redis::cmd("EVALSHA");
@@ -125,6 +127,7 @@ impl AlgScript {
             };
             inv.arg(b0).arg(b1).arg(b2);
         }
+        inv.arg(deadline);
         if let Some(now) = now {
             inv.arg(now.as_micros());
         }
@@ -138,7 +141,8 @@ pub struct Invocation<'a> {
     pub script: &'a AlgScript,
 }
 
-/// A decision reply `{kind, wait_or_retry_after, remaining, reset, granted}` → the decision and
+/// A decision reply `{kind, wait_or_retry_after, remaining, reset, granted}` (the script's
+/// final `now` taken off by the client) → the decision and
 /// the units granted (more than the cost only for a lease). `None` if malformed. No kind says
 /// "never": the store answers a cost above `max_cost` with `Decision::Never` itself, without
 /// calling a script.
@@ -223,7 +227,7 @@ mod tests {
     #[test]
     fn every_script_opens_with_its_contract() {
         for code in [TOKEN_BUCKET, LEAKY_BUCKET, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG] {
-            for part in ["KEYS[1]", "ARGV[1]", "ARGV[2]", "optional now", "Reply"] {
+            for part in ["KEYS[1]", "ARGV[1]", "ARGV[2]", "deadline", "optional now", "Reply"] {
                 assert!(code.contains(part), "missing {part}");
             }
         }

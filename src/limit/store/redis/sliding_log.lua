@@ -6,13 +6,15 @@
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)
--- ARGV[5]  optional now (µs) — tests only; production omits it and the script reads TIME
--- Reply "d": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r", "b": 0
+-- ARGV[5]  deadline (µs, Redis TIME; 0 = none): a writing call run past it changes nothing, answers {3, now}
+-- ARGV[6]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- Reply "d": {kind, retry_after, remaining, reset, granted, now} (kind 0 allow, 2 deny; µs, units)
+-- Reply "r", "b": {0, now}
 -- Writes: ZADD/ZREM, then PEXPIRE = newest ts + W - now (the log is empty then).
 local op, key = ARGV[1], KEYS[1]
 local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, test = clock_us(5)
+local now, test = clock_us(6)
+if late(5, now, test) then return {3, now} end
 
 local function f(x) return string.format('%.0f', x) end
 local function member(ts, cost) return f(ts) .. ':' .. f(cost) end
@@ -58,7 +60,7 @@ if op == 'r' then
     end
   end
   expire()
-  return 0
+  return {0, now}
 end
 
 if op == 'b' then c = math.max(math.min(c, 2251799813685248 - sum), 0) end
@@ -79,8 +81,8 @@ if op == 'b' or sum + c <= l then
     sum = sum + c
     expire()
   end
-  if op == 'b' then return 0 end
-  return {0, 0, l - sum, reset(), c}
+  if op == 'b' then return {0, now} end
+  return {0, 0, l - sum, reset(), c, now}
 end
 -- Denied: wait until enough of the oldest entries have left the window.
 local need, freed, ra = sum + c - l, 0, 0
@@ -91,4 +93,4 @@ for i = 1, #ts do
     break
   end
 end
-return {2, ra, 0, reset(), 0}
+return {2, ra, 0, reset(), 0, now}

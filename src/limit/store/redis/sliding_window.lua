@@ -6,14 +6,16 @@
 -- ARGV[2]  cost c (units)
 -- ARGV[3]  W: window (µs)
 -- ARGV[4]  L: limit (units per window)
--- ARGV[5]  optional now (µs) — tests only; production omits it and the script reads TIME
--- Reply "d": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r", "b": 0
+-- ARGV[5]  deadline (µs, Redis TIME; 0 = none): a writing call run past it changes nothing, answers {3, now}
+-- ARGV[6]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- Reply "d": {kind, retry_after, remaining, reset, granted, now} (kind 0 allow, 2 deny; µs, units)
+-- Reply "r", "b": {0, now}
 -- Writes: SET with PX = time until neither counter weighs (start + 2W if cur > 0, else
 -- start + W), or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, wl, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, test = clock_us(5)
+local now, test = clock_us(6)
+if late(5, now, test) then return {3, now} end
 
 local start, prev, cur = 0, 0, 0
 local v = redis.call('GET', key)
@@ -46,19 +48,19 @@ end
 if op == 'r' then
   cur = math.max(cur - c, 0)
   store()
-  return 0
+  return {0, now}
 end
 if op == 'b' then
   cur = math.min(cur + c, 2 * l)
   store()
-  return 0
+  return {0, now}
 end
 
 local weighted = prev * rest
 if weighted + (cur + c) * wl <= l * wl then
   cur = cur + c
   store()
-  return {0, 0, math.max(idiv(l * wl - weighted, wl) - cur, 0), reset(), c}
+  return {0, 0, math.max(idiv(l * wl - weighted, wl) - cur, 0), reset(), c, now}
 end
 -- Smallest wait after which the same request fits: first within this window ...
 local ra
@@ -73,4 +75,4 @@ if not ra then
   if cur > 0 then e2 = wl - math.min(wl, idiv((l - c) * wl, cur)) end
   ra = rest + e2
 end
-return {2, ra + lag, 0, reset(), 0}
+return {2, ra + lag, 0, reset(), 0, now}

@@ -13,14 +13,16 @@
 -- ARGV[7]  plan: "1" for a plan limit (the interval differs per client tier; a state charged at
 --          another interval is carried over: units owed = ceil((tat - now) / per), tat = now +
 --          units * T, at most now + 2^51), else "0"
--- ARGV[8]  optional now (µs) — tests only; production omits it and the script reads TIME
--- Reply "d"/"l": {kind, retry_after, remaining, reset, granted} (kind 0 allow, 2 deny; µs, units)
--- Reply "r", "b": 0
+-- ARGV[8]  deadline (µs, Redis TIME; 0 = none): a writing call run past it changes nothing, answers {3, now}
+-- ARGV[9]  optional now (µs) — tests only; production omits it and the script reads TIME
+-- Reply "d"/"l": {kind, retry_after, remaining, reset, granted, now} (kind 0 allow, 2 deny; µs, units)
+-- Reply "r", "b": {0, now}
 -- Writes: SET with PX = time until the state is initial again (tat + W - now), or DEL.
 local op, key = ARGV[1], KEYS[1]
 local c, t, b, w, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local plan = ARGV[7] == '1'
-local now, test = clock_us(8)
+local now, test = clock_us(9)
+if late(8, now, test) then return {3, now} end
 
 local tat, start, per = 0, 0, 0
 local v = redis.call('GET', key)
@@ -61,18 +63,18 @@ local function store(x, s)
 end
 
 if op == 'r' then
-  if tat <= now then return 0 end
+  if tat <= now then return {0, now} end
   tat = math.max(tat - c * charge(start), now)
   if tat <= now and start == now then tat = 0 end -- refunded a cold start: cold again
   store(tat, start)
-  return 0
+  return {0, now}
 end
 
 if op == 'b' then
   local st = start
   if cold(tat) then st = now end
   store(math.min(math.max(tat, now) + c * charge(st), now + 2251799813685248), st)
-  return 0
+  return {0, now}
 end
 
 local tau = b * t
@@ -81,7 +83,7 @@ local st = start
 if cold(tat) then st = now end
 local late = tat0 + c * t - now
 if late > tau then
-  return {2, late - tau, 0, math.max(tat - now, 0), 0}
+  return {2, late - tau, 0, math.max(tat - now, 0), 0, now}
 end
 local k = c
 if op == 'l' then k = math.max(c, math.min(n, idiv(tau - (tat0 - now), t))) end
@@ -94,4 +96,4 @@ if slack >= t then
   rem = 1 + idiv(slack - t, math.max(charge(s2), 1))
 end
 store(tat, st)
-return {0, 0, rem, math.max(tat - now, 0), k}
+return {0, 0, rem, math.max(tat - now, 0), k, now}
