@@ -13,7 +13,9 @@
 
 pub mod admin;
 pub mod auth;
+pub mod cors;
 pub mod edge;
+pub mod extension;
 mod forms;
 pub mod gateway;
 pub mod group;
@@ -118,6 +120,8 @@ pub struct Config {
     pub dns: group::DnsConfig,
     /// `auth:` at the top level: the routes without their own use it (files read).
     pub auth: Option<Arc<auth::AuthConfig>>,
+    /// `cors:` at the top level: the routes without their own use it.
+    pub cors: Option<Arc<cors::CorsConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.
     pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
     /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).
@@ -351,6 +355,10 @@ pub struct Route {
     pub auth_own: bool,
     /// `split:`: several upstreams by weight (`upstream` is then the first of them).
     pub split: Option<Arc<split::Split>>,
+    /// `cors:`, the route's own or the top-level default (`None`: no CORS fields).
+    pub cors: Option<Arc<cors::CorsConfig>>,
+    /// `extensions:`: steps registered by the program that embeds tollgate, in file order.
+    pub extensions: Vec<extension::Extension>,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).

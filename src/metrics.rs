@@ -84,6 +84,13 @@ struct AuthLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabel {
+    route: Label,
+    step: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KeySetLabel {
     url: String,
     result: &'static str,
@@ -237,6 +244,7 @@ pub struct Metrics {
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
     auth: Family<AuthLabel, Counter>,
+    steps: Family<StepLabel, Counter>,
     key_set_reads: Family<KeySetLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
     tunnels_open: Family<RouteLabel, Gauge>,
@@ -546,6 +554,12 @@ impl Metrics {
             "Requests of routes with `auth`, by route, result (authenticated, anonymous, refused) and reason",
             auth.clone(),
         );
+        let steps = Family::<StepLabel, Counter>::default();
+        registry.register(
+            "steps",
+            "What a route's steps did (e.g. cors: allowed, refused, preflight, preflight_refused), by route, step and result",
+            steps.clone(),
+        );
         let key_set_reads = Family::<KeySetLabel, Counter>::default();
         registry.register(
             "auth_key_set_reads",
@@ -715,6 +729,7 @@ impl Metrics {
             concurrency_limit,
             errors,
             auth,
+            steps,
             key_set_reads,
             upstream_read_timeouts,
             tunnels_open,
@@ -791,6 +806,11 @@ impl Metrics {
     /// reason `-`, `refused` with why.
     pub fn auth(&self, route: &str, result: &'static str, reason: &'static str) -> Counter {
         self.auth.get_or_create(&AuthLabel { route: Label::new(route), result, reason }).clone()
+    }
+
+    /// The count of what step `step` of route `route` did (`result`).
+    pub fn step(&self, route: &str, step: &'static str, result: &'static str) -> Counter {
+        self.steps.get_or_create(&StepLabel { route: Label::new(route), step, result }).clone()
     }
 
     /// The counts of a key set URL's readings: those that gave a set, those that failed.

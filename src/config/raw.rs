@@ -45,6 +45,7 @@ pub struct Config {
     request_id: super::gateway::RawRequestId,
     plans: Option<super::plans::RawPlans>,
     auth: Option<super::auth::RawAuth>,
+    cors: Option<super::cors::RawCors>,
     tracing: Option<super::otel::RawTracing>,
     dns: Option<super::group::RawDns>,
     upstreams: BTreeMap<String, Upstream>,
@@ -432,6 +433,8 @@ struct Route {
     #[serde(default)]
     tunnels: Tunnels,
     auth: Option<super::auth::RawRouteAuth>,
+    cors: Option<super::cors::RawRouteCors>,
+    extensions: Option<serde_yaml::Mapping>,
 }
 
 #[derive(Deserialize, Default)]
@@ -485,6 +488,7 @@ impl Config {
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let default_auth =
             self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
+        let default_cors = self.cors.map(|c| c.validate(&[key("cors")])).transpose()?.map(std::sync::Arc::new);
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -663,6 +667,14 @@ impl Config {
                 }
             };
             let upstream = split.as_ref().map_or(upstream, |s| s.sides[0].upstream);
+            let cors = match route.cors {
+                None => default_cors.clone(),
+                Some(c) => c.validate(&at(&["cors"]))?.map(std::sync::Arc::new),
+            };
+            let extensions = match route.extensions {
+                None => Vec::new(),
+                Some(map) => super::extension::validate(map, &at(&["extensions"]))?,
+            };
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -694,6 +706,8 @@ impl Config {
                 auth,
                 auth_own,
                 split,
+                cors,
+                extensions,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -745,6 +759,7 @@ impl Config {
             tracing,
             dns,
             auth: default_auth,
+            cors: default_cors,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,
             upstreams,

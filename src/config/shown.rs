@@ -96,6 +96,7 @@ pub fn shown(c: &Config) -> Value {
         ),
         ("plans", opt(c.plans.as_deref(), |p| plans(p, c))),
         ("auth", opt(c.auth.as_deref(), auth)),
+        ("cors", opt(c.cors.as_deref(), cors)),
         ("tracing", opt(c.tracing.as_ref(), tracing)),
         (
             "dns",
@@ -638,7 +639,57 @@ fn route(c: &Config, r: &Route) -> Value {
         ("tunnels", json!({ "idle_timeout": dur(r.tunnels.idle_timeout), "max": r.tunnels.max })),
         // The auth in effect: the route's own, the top-level default it inherits, or `none`.
         ("auth", r.auth.as_deref().map_or_else(|| Value::from("none"), auth)),
+        // Likewise the CORS in effect.
+        ("cors", r.cors.as_deref().map_or_else(|| Value::from("none"), cors)),
+        (
+            "extensions",
+            if r.extensions.is_empty() {
+                Value::Null
+            } else {
+                Value::Object(
+                    r.extensions
+                        .iter()
+                        .map(|e| (e.name.clone(), serde_json::to_value(&e.value).unwrap_or(Value::Null)))
+                        .collect(),
+                )
+            },
+        ),
     ])
+}
+
+/// `cors:` as written: origins in their three forms, `*` for a list that allows any.
+fn cors(c: &super::cors::CorsConfig) -> Value {
+    use super::cors::{Allow, OriginRule, Origins};
+    fn allow<T>(a: &Allow<T>, name: impl Fn(&T) -> &str) -> Value {
+        match a {
+            Allow::Any => json!(["*"]),
+            Allow::List(l) => l.iter().map(|x| Value::from(name(x))).collect(),
+        }
+    }
+    let origins: Value = match &c.origins {
+        Origins::Any => json!(["*"]),
+        Origins::List(l) => l
+            .iter()
+            .map(|o| match o {
+                OriginRule::Exact(s) => Value::from(s.as_str()),
+                OriginRule::Wildcard { scheme, suffix, port } => Value::from(format!(
+                    "{}*{suffix}{}",
+                    scheme.as_ref().map_or(String::new(), |s| format!("{s}://")),
+                    port.map_or(String::new(), |p| format!(":{p}"))
+                )),
+                OriginRule::Regex(r) => json!({ "regex": r }),
+            })
+            .collect(),
+    };
+    json!({
+        "origins": origins,
+        "methods": allow(&c.methods, http::Method::as_str),
+        "headers": allow(&c.headers, http::HeaderName::as_str),
+        "expose": allow(&c.expose, http::HeaderName::as_str),
+        "credentials": c.credentials,
+        "max_age": dur(c.max_age),
+        "limit_preflights": c.limit_preflights,
+    })
 }
 
 /// `split:`: its sides by upstream name, the sticky key and the override header.
@@ -914,6 +965,14 @@ auth:
   optional: true
   claims_to_headers: { sub: x-user }
   strip_credentials: true
+cors:
+  origins: [https://app.example.com, "*.example.org", { regex: "^https://[a-z]+[.]example[.]net$" }]
+  methods: [PUT, DELETE]
+  headers: [x-token]
+  expose: [x-cost]
+  credentials: true
+  max_age: 5m
+  limit_preflights: true
 dns: { nameservers: ["127.0.0.1:53"], min_ttl: 2s, max_ttl: 1m, timeout: 1s, required: false }
 tracing:
   otlp: { endpoint: "http://127.0.0.1:4317", protocol: grpc }
@@ -995,6 +1054,8 @@ routes:
     upstream: canned
     auth:
       api_key: { from: "query:key", keys: keys.txt }
+    cors: { origins: ["*"] }
+    extensions: { shown-test: { stamp: x-edge } }
   - name: secret
     upstream: canned
     auth:
@@ -1064,7 +1125,7 @@ routes: [{ upstream: canned }]
 
     /// A path with sequence indices and the keys of data mappings (names the user chose) made
     /// general, so the fields of every route (or upstream) are counted together.
-    /// A route's own `auth` is the same mapping as the top-level one: counted together.
+    /// A route's own `auth` (or `cors`) is the same mapping as the top-level one: counted together.
     fn general(path: &[String], data: &BTreeSet<String>) -> String {
         let mut out = String::new();
         for (i, seg) in path.iter().enumerate() {
@@ -1073,10 +1134,13 @@ routes: [{ upstream: canned }]
             out.push_str(if out.is_empty() { "" } else { "." });
             out.push_str(seg);
         }
-        match out.strip_prefix("routes.*.auth") {
-            Some(rest) if rest.is_empty() || rest.starts_with('.') => format!("auth{rest}"),
-            _ => out,
+        for own in ["auth", "cors"] {
+            match out.strip_prefix(&format!("routes.*.{own}")) {
+                Some(rest) if rest.is_empty() || rest.starts_with('.') => return format!("{own}{rest}"),
+                _ => {}
+            }
         }
+        out
     }
 
     fn general_key(concrete: &str) -> String {
@@ -1157,6 +1221,9 @@ routes: [{ upstream: canned }]
 
     #[test]
     fn the_output_names_every_field_the_yaml_has() {
+        // A program's own step, so a route can list `extensions:` (its value is taken as is).
+        let check: crate::config::extension::Check = std::sync::Arc::new(|_| Ok(()));
+        let _ = crate::config::extension::register("shown-test", check, std::sync::Arc::new(()));
         let dir = files();
         let docs: Vec<(&str, Yaml, Config)> = [("a.yaml", A), ("b.yaml", B), ("c.yaml", C)]
             .into_iter()

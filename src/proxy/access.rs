@@ -52,6 +52,8 @@ pub(super) struct Extra {
     keys: Option<String>,
     /// The consumer the route's `auth` verified (never the credential).
     consumer: Option<Box<str>>,
+    /// What the route's steps did, as `step=what` words (`cors=origin_refused`).
+    steps: String,
 }
 
 impl Extra {
@@ -85,6 +87,11 @@ impl<'a> Access<'a> {
         }
     }
 
+    /// Where the route's steps note what they did for the line (nowhere when the log is off).
+    pub(super) fn notes(&mut self) -> crate::step::Notes<'_> {
+        crate::step::Notes(self.extra.as_deref_mut().map(|x| &mut x.steps))
+    }
+
     /// `logging`: the access log is on, so the path is worth copying (the span's too).
     pub(super) fn new(
         lane: &'a Lane,
@@ -97,7 +104,7 @@ impl<'a> Access<'a> {
         let extra = logging.then(|| {
             let host = crate::target::host(&parts.headers).map(str::to_owned);
             // A credential read from the query never reaches the log, admitted or not.
-            let query = match lane.auth.as_deref() {
+            let query = match lane.steps.auth() {
                 Some(auth) => parts.uri.query().and_then(|q| auth.loggable_query(q)),
                 None => parts.uri.query().map(str::to_owned),
             };
@@ -155,6 +162,7 @@ impl<'a> Access<'a> {
             at_us = extra.and_then(|x| x.at_us),
             keys = extra.and_then(|x| x.keys.as_deref()),
             consumer = extra.and_then(|x| x.consumer.as_deref()),
+            steps = extra.map(|x| x.steps.as_str()).filter(|s| !s.is_empty()),
         );
     }
 }

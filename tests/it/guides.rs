@@ -746,3 +746,44 @@ async fn the_several_instances_guide() {
         assert!(codes.contains(&"429"), "{out}");
     }
 }
+
+#[tokio::test]
+async fn the_browser_facing_api_guide() {
+    let mut g = Guide::open("docs/guides/browser-facing-api.md");
+    let addr = g.port(8080);
+    g.serve("tollgate -c examples/browser-facing-api.yaml", addr).await;
+    let preflight = "curl -si -X OPTIONS localhost:8080/v1/items/7 -H 'Origin: https://app.example.com' -H 'Access-Control-Request-Method: PUT' -H 'Access-Control-Request-Headers: content-type, x-csrf-token'";
+    let page = "docs/guides/browser-facing-api.md";
+    has_lines(page, preflight, &g.output_after(preflight), &g.run(preflight));
+    // The burst and the call after it are separate commands: on a loaded machine a token (one
+    // every 6 s) may come back between them; then the step is tried again, from a full bucket.
+    let burst =
+        "for i in 1 2 3; do curl -s -o /dev/null -H 'Origin: https://app.example.com' localhost:8080/v1/items; done";
+    let call = "curl -si -H 'Origin: https://app.example.com' localhost:8080/v1/items";
+    let mut tries = 0;
+    let out = loop {
+        g.run(burst);
+        let out = g.run(call);
+        tries += 1;
+        if out.starts_with("HTTP/1.1 429") || tries == 3 {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_secs(19)).await;
+    };
+    // Every line the page shows, but the waits, which count whole seconds from the burst.
+    let shown = g.output_after(call);
+    let steady: String = shown
+        .lines()
+        .filter(|l| !l.starts_with("retry-after") && !l.starts_with("ratelimit:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    has_lines(page, call, &steady, &out);
+    assert!(out.lines().any(|l| l.trim() == "retry-after: 6" || l.trim() == "retry-after: 5"), "{out}");
+    let refused = "curl -si -X OPTIONS localhost:8080/v1/items -H 'Origin: https://evil.example' -H 'Access-Control-Request-Method: PUT'";
+    let out = g.run(refused);
+    has_lines(page, refused, &g.output_after(refused), &out);
+    assert!(!out.to_lowercase().contains("access-control-"), "{out}");
+    assert!(g.log().contains("\"cors=origin_refused\""), "{}", g.log());
+    let explain = "tollgate explain -c examples/browser-facing-api.yaml";
+    has_lines(page, explain, &g.output_after(explain), &g.run(explain));
+}

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod acme;
+pub mod browser;
 pub mod dns;
 pub mod jwt;
 pub mod process;
