@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod compression;
 pub mod edge;
 pub mod gateway;
 pub mod group;
@@ -101,6 +102,8 @@ pub struct Config {
     pub tracing: Option<TracingConfig>,
     /// `auth:` at the top level: the routes without their own use it (files read).
     pub auth: Option<Arc<auth::AuthConfig>>,
+    /// `compression:` at the top level: the routes without their own use it.
+    pub compression: Option<Arc<compression::CompressionConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.
     pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
     /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).
@@ -330,6 +333,8 @@ pub struct Route {
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// Whether `auth` is the route's own (its files are read at its own path).
     pub auth_own: bool,
+    /// `compression:`, the route's own or the top-level default (`None`: answers pass as they are).
+    pub compression: Option<Arc<compression::CompressionConfig>>,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).

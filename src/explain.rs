@@ -340,6 +340,26 @@ pub fn listeners(config: &Config) -> String {
     out
 }
 
+/// A route's `compression` in words: the codings in the server's order, what is encoded, how
+/// a stream is sent.
+fn describe_compression(c: &crate::config::compression::CompressionConfig) -> String {
+    let codings: Vec<String> = c.encodings.iter().map(|&e| format!("{} {}", e.token(), c.levels.of(e))).collect();
+    let types: Vec<String> = c.types.iter().map(ToString::to_string).collect();
+    let size = match c.min_size {
+        0 => "of any size".to_owned(),
+        n if n % (1 << 20) == 0 => format!("of {} MiB or more", n >> 20),
+        n if n % (1 << 10) == 0 => format!("of {} KiB or more", n >> 10),
+        n => format!("of {n} bytes or more"),
+    };
+    format!(
+        "compression: {} (by Accept-Encoding's weights, this order among equal ones) for {} answers {size} \
+         (or of unknown length), with Vary: Accept-Encoding; event streams flushed per event; never HEAD, 206, \
+         no-transform, already encoded or tollgate's own answers",
+        codings.join(", "),
+        types.join(", ")
+    )
+}
+
 /// A route's `auth` in words: what is verified, where it is read, what a client without it gets.
 fn describe_auth(a: &AuthConfig) -> String {
     let from = |c: &Credential| match c {
@@ -419,6 +439,15 @@ pub fn explain(config: &Config) -> String {
         }
         if let Some(a) = &r.auth {
             let _ = writeln!(out, "  {}", describe_auth(a));
+        }
+        match (&r.compression, &config.compression) {
+            (Some(c), _) => {
+                let _ = writeln!(out, "  {}", describe_compression(c));
+            }
+            (None, Some(_)) => {
+                let _ = writeln!(out, "  compression: none (this route turns the default off)");
+            }
+            (None, None) => {}
         }
         for line in gateway::describe(r) {
             let _ = writeln!(out, "  {line}");
@@ -531,6 +560,28 @@ routes:
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn compression_in_plain_words() {
+        let yaml = "compression: { levels: { gzip: 6 } }
+upstreams: { d: { respond: {} } }
+routes:
+  - { name: own, upstream: d, compression: { encodings: [gzip, br], min_size: 10KiB, types: [text/html, application/*+json] } }
+  - { name: off, upstream: d, compression: none }
+  - { name: default, upstream: d }
+";
+        let text = explain(&Config::from_yaml(Path::new("c.yaml"), yaml).unwrap());
+        assert!(
+            text.contains("compression: gzip 4, br 4 (by Accept-Encoding's weights, this order among equal ones) for text/html, application/*+json answers of 10 KiB or more"),
+            "{text}"
+        );
+        assert!(
+            text.contains("route `off` -> upstream `d`\n  compression: none (this route turns the default off)"),
+            "{text}"
+        );
+        assert!(text.contains("compression: zstd 3, br 4, gzip 6 (by"), "{text}");
+        assert!(text.contains("event streams flushed per event"), "{text}");
     }
 
     fn explained(limits: &str) -> String {

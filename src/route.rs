@@ -98,6 +98,7 @@ mod tests {
             tunnels: crate::config::Tunnels { idle_timeout: std::time::Duration::from_secs(1), max: 1 },
             auth: None,
             auth_own: false,
+            compression: None,
         }
     }
 

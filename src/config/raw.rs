@@ -45,6 +45,7 @@ pub struct Config {
     request_id: super::gateway::RawRequestId,
     plans: Option<super::plans::RawPlans>,
     auth: Option<super::auth::RawAuth>,
+    compression: Option<super::compression::RawCompression>,
     tracing: Option<super::otel::RawTracing>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
@@ -408,6 +409,7 @@ struct Route {
     #[serde(default)]
     tunnels: Tunnels,
     auth: Option<super::auth::RawRouteAuth>,
+    compression: Option<super::compression::RawRouteCompression>,
 }
 
 #[derive(Deserialize, Default)]
@@ -459,6 +461,8 @@ impl Config {
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let default_auth =
             self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
+        let default_compression =
+            self.compression.map(|c| c.validate(&[key("compression")])).transpose()?.map(std::sync::Arc::new);
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -614,6 +618,10 @@ impl Config {
                 None => (default_auth.clone(), false),
                 Some(a) => (a.validate(&at(&["auth"]), redis.is_some())?.map(std::sync::Arc::new), true),
             };
+            let compression = match route.compression {
+                None => default_compression.clone(),
+                Some(c) => c.validate(&at(&["compression"]))?.map(std::sync::Arc::new),
+            };
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -644,6 +652,7 @@ impl Config {
                 tunnels,
                 auth,
                 auth_own,
+                compression,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -693,6 +702,7 @@ impl Config {
             request_id,
             tracing,
             auth: default_auth,
+            compression: default_compression,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,
             upstreams,
