@@ -198,6 +198,8 @@ pub enum BodyError {
     Stream(#[from] ::h2::Error),
     #[error("the request body failed: {0}")]
     ClientBody(ClientBodyError),
+    #[error("the answer's encoder failed: {0}")]
+    Encode(std::io::Error),
 }
 
 pin_project! {
@@ -212,6 +214,9 @@ pin_project! {
         // A stream of tollgate's own HTTP/2 client: the response as h2 hands it over, and the
         // request body's unfinished pump (boxed: most requests finish theirs before the head).
         H2 { recv: ::h2::RecvStream, pump: Option<Box<h2::Pump>>, idle: Idle, stream: Option<Place>, data_done: bool },
+        // Another body made of one of these (an answer encoded on its way out), boxed by the
+        // room that made it.
+        Boxed { inner: Pin<Box<dyn HttpBody<Data = Bytes, Error = BodyError> + Send>> },
     }
 }
 
@@ -264,6 +269,11 @@ impl Body {
     pub fn h2(recv: ::h2::RecvStream, pump: Option<h2::Pump>, stream: Place, idle_timeout: Duration) -> Body {
         let pump = pump.map(Box::new);
         Body::of(Kind::H2 { recv, pump, idle: Idle::new(idle_timeout), stream: Some(stream), data_done: false })
+    }
+
+    /// A body made by another room around a `Body` (an encoded answer's).
+    pub fn boxed(inner: impl HttpBody<Data = Bytes, Error = BodyError> + Send + 'static) -> Body {
+        Body::of(Kind::Boxed { inner: Box::pin(inner) })
     }
 
     /// Copies the body into `tap` as it streams.
@@ -351,6 +361,15 @@ impl HttpBody for Body {
                 }
                 (polled, ended)
             }
+            KindProj::Boxed { inner } => {
+                let polled = inner.as_mut().poll_frame(cx);
+                let ended = match &polled {
+                    Poll::Ready(Some(Ok(_))) => inner.is_end_stream(),
+                    Poll::Ready(_) => true,
+                    Poll::Pending => false,
+                };
+                (polled, ended)
+            }
         };
         if let Poll::Ready(frame) = &polled {
             feed(this.tap, frame, ended);
@@ -366,6 +385,7 @@ impl HttpBody for Body {
             Kind::Full { data } => data.is_none(),
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.is_end_stream(),
             Kind::H2 { recv, .. } => recv.is_end_stream(),
+            Kind::Boxed { inner } => inner.is_end_stream(),
         }
     }
 
@@ -375,6 +395,7 @@ impl HttpBody for Body {
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.size_hint(),
             Kind::H2 { recv, .. } if recv.is_end_stream() => SizeHint::with_exact(0),
             Kind::H2 { .. } => SizeHint::default(),
+            Kind::Boxed { inner } => inner.size_hint(),
         }
     }
 }

@@ -14,7 +14,7 @@ const LAYERS: [(&str, &[&str], &str); 6] = [
     ("request", &["proxy", "explain"], "the compiled config serving a request, and its description"),
     (
         "parts",
-        &["route", "auth", "gate", "forward", "cache", "target", "framing", "answer", "body", "trace"],
+        &["route", "auth", "gate", "forward", "cache", "compress", "target", "framing", "answer", "body", "trace"],
         "the steps of one request, compiled from the config at `Proxy::build`",
     ),
     (
@@ -25,7 +25,7 @@ const LAYERS: [(&str, &[&str], &str); 6] = [
 ];
 
 /// Edges inside one layer, each with why; they must stay acyclic.
-const SAME_LAYER: [(&str, &str, &str); 22] = [
+const SAME_LAYER: [(&str, &str, &str); 23] = [
     ("instance", "reload", "a running tollgate runs its reloader"),
     ("admin", "server", "the admin listener is served by the server's connection loop"),
     ("server", "listen", "a listener that is not plain runs listen's edge steps before HTTP"),
@@ -34,6 +34,7 @@ const SAME_LAYER: [(&str, &str, &str); 22] = [
     ("gate", "body", "a granted slot is held by the answer's body"),
     ("cache", "answer", "a stale copy is served as an answer"),
     ("cache", "body", "copies are captured from and served as bodies"),
+    ("compress", "body", "an encoded answer is a body around the one it encodes"),
     ("target", "answer", "a bad target is refused with an answer"),
     ("framing", "answer", "a smuggling attempt is refused with an answer"),
     ("route", "target", "routes match the decided target"),
