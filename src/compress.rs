@@ -5,12 +5,13 @@
 //!
 //! # API
 //! - [`Compress::new`]`(config)`: a route's compiled `compression:`.
-//! - [`Accepted::parse`]`(lines)`: what the request's `Accept-Encoding` accepts (small, `Copy`:
-//!   taken on the request side, read on the answer side).
-//! - [`Compress::decide`]`(method, &accepted, origin, status, headers, length) -> Outcome`:
-//!   the rules below, pure.
-//! - [`Compress::apply`]`(method, &accepted, origin, &mut resp) -> Outcome`: decides, edits
-//!   the fields and wraps the body in the encoder ([`Encoded`]).
+//! - [`Asked::new`]`(method, headers)`: what the answer side needs of the request (its
+//!   `Accept-Encoding` parsed, [`Accepted`]; whether it is a `HEAD` or a `CONNECT`): small,
+//!   `Copy`, taken on the request side and read on the answer side.
+//! - [`Compress::decide`]`(&asked, origin, status, headers, length) -> Outcome`: the rules
+//!   below, pure.
+//! - [`Compress::apply`]`(&asked, origin, &mut resp) -> Outcome`: decides, edits the fields
+//!   and wraps the body in the encoder ([`Encoded`]).
 //!
 //! # Rules
 //! - Never encoded: tollgate's own answers (small, and the `429` path stays cheap), tunnels
@@ -39,10 +40,30 @@ use http::{Method, Response, StatusCode};
 use http_body::Body as _;
 
 pub use accept::{Accepted, Choice};
-pub use stream::Encoded;
+pub use stream::{Counters, Encoded};
 
 use crate::body::Body;
 use crate::config::compression::{Coding, CompressionConfig};
+
+/// What the answer side needs of its request: taken when the request arrives (small, `Copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Asked {
+    pub accepted: Accepted,
+    /// A `HEAD`: its answer says what the `GET` would be, unencoded.
+    pub head: bool,
+    /// A `CONNECT`: its `2xx` starts a tunnel.
+    pub connect: bool,
+}
+
+impl Asked {
+    pub fn new(method: &Method, headers: &HeaderMap) -> Asked {
+        Asked {
+            accepted: Accepted::parse(headers.get_all(header::ACCEPT_ENCODING)),
+            head: method == Method::HEAD,
+            connect: method == Method::CONNECT,
+        }
+    }
+}
 
 /// Where an answer comes from, as the answer side sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,18 +116,24 @@ pub enum Plain {
 /// A route's `compression:`, compiled.
 pub struct Compress {
     config: Arc<CompressionConfig>,
+    counters: Option<Counters>,
 }
 
 impl Compress {
     pub fn new(config: Arc<CompressionConfig>) -> Compress {
-        Compress { config }
+        Compress { config, counters: None }
+    }
+
+    /// Counts the bytes every encoded answer of the route takes and emits in `counters`.
+    pub fn counted(mut self, counters: Counters) -> Compress {
+        self.counters = Some(counters);
+        self
     }
 
     /// The rules of the module docs. `length`: the answer's body length when known.
     pub fn decide(
         &self,
-        method: &Method,
-        accepted: &Accepted,
+        asked: &Asked,
         origin: Origin,
         status: StatusCode,
         headers: &HeaderMap,
@@ -117,7 +144,7 @@ impl Compress {
             Origin::Tunnel => return Outcome::Skip(Skip::Tunnel),
             Origin::Upstream => {}
         }
-        if status == StatusCode::SWITCHING_PROTOCOLS || (method == Method::CONNECT && status.is_success()) {
+        if status == StatusCode::SWITCHING_PROTOCOLS || (asked.connect && status.is_success()) {
             return Outcome::Skip(Skip::Tunnel);
         }
         if status.is_informational() || status == StatusCode::NO_CONTENT {
@@ -148,9 +175,10 @@ impl Compress {
             Some((kind, sub)) if self.takes(kind, sub) => {}
             _ => return Outcome::Skip(Skip::Type),
         }
-        if method == Method::HEAD {
+        if asked.head {
             return Outcome::Identity(Plain::Head);
         }
+        let accepted = &asked.accepted;
         let coding = match accepted.choose(&self.config.encodings) {
             Choice::Encode(c) => c,
             Choice::Identity => return Outcome::Identity(Plain::NotAccepted),
@@ -163,10 +191,10 @@ impl Compress {
 
     /// Decides for `resp` and applies the outcome: fields edited, the body wrapped in the
     /// encoder when it is encoded.
-    pub fn apply(&self, method: &Method, accepted: &Accepted, origin: Origin, resp: &mut Response<Body>) -> Outcome {
+    pub fn apply(&self, asked: &Asked, origin: Origin, resp: &mut Response<Body>) -> Outcome {
         let exact = resp.body().size_hint().exact();
         let length = exact.or_else(|| content_length(resp.headers()));
-        let outcome = self.decide(method, accepted, origin, resp.status(), resp.headers(), length);
+        let outcome = self.decide(asked, origin, resp.status(), resp.headers(), length);
         let coding = match outcome {
             Outcome::Skip(_) => return outcome,
             Outcome::Identity(_) => {
@@ -180,7 +208,10 @@ impl Compress {
         let body = std::mem::replace(resp.body_mut(), Body::empty());
         match Encoded::new(body, coding, self.config.levels.of(coding), exact, stream) {
             Ok(encoded) => {
-                *resp.body_mut() = Body::boxed(encoded);
+                *resp.body_mut() = match &self.counters {
+                    Some(c) => Body::boxed(encoded.counted(c.clone())),
+                    None => Body::boxed(encoded),
+                };
                 encoded_fields(resp.headers_mut(), coding);
                 outcome
             }

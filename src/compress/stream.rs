@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use prometheus_client::metrics::counter::Counter;
 
 use super::encoder::Encoder;
 use crate::body::BodyError;
@@ -47,10 +48,19 @@ pin_project! {
         unflushed: bool,
         trailers: Option<HeaderMap>,
         state: State,
-        // Bytes in and out, for the caller's counters.
+        // Bytes in and out, so far.
         bytes_in: u64,
         bytes_out: u64,
+        // The route's counters of bytes in and out, added to as the body goes.
+        counters: Option<Counters>,
     }
+}
+
+/// A route's counts of the bytes its encoders took and emitted.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    pub bytes_in: Counter,
+    pub bytes_out: Counter,
 }
 
 impl<B: HttpBody<Data = Bytes, Error = BodyError>> Encoded<B> {
@@ -78,7 +88,14 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> Encoded<B> {
             state: State::Reading,
             bytes_in: 0,
             bytes_out: 0,
+            counters: None,
         })
+    }
+
+    /// Adds the bytes taken and emitted to `counters` as the body goes.
+    pub fn counted(mut self, counters: Counters) -> Encoded<B> {
+        self.counters = Some(counters);
+        self
     }
 
     /// Bytes taken from the inner body and bytes emitted, so far.
@@ -89,8 +106,11 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> Encoded<B> {
 
 type Polled = Poll<Option<Result<Frame<Bytes>, BodyError>>>;
 
-fn emit(out: &mut Vec<u8>, bytes_out: &mut u64) -> Polled {
+fn emit(out: &mut Vec<u8>, bytes_out: &mut u64, counters: &Option<Counters>) -> Polled {
     *bytes_out += out.len() as u64;
+    if let Some(c) = counters {
+        c.bytes_out.inc_by(out.len() as u64);
+    }
     Poll::Ready(Some(Ok(Frame::data(Bytes::from(std::mem::take(out))))))
 }
 
@@ -106,6 +126,9 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
                 let slice = this.input.split_to(this.input.len().min(SLICE));
                 spent += slice.len();
                 *this.bytes_in += slice.len() as u64;
+                if let Some(c) = this.counters {
+                    c.bytes_in.inc_by(slice.len() as u64);
+                }
                 let mut done = this.encoder.encode(&slice, this.out);
                 *this.unflushed = true;
                 if this.input.is_empty() && *this.per_frame && done.is_ok() {
@@ -118,7 +141,7 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
                     return Poll::Ready(Some(Err(BodyError::Encode(e))));
                 }
                 if !this.out.is_empty() {
-                    return emit(this.out, this.bytes_out);
+                    return emit(this.out, this.bytes_out, this.counters);
                 }
                 if spent >= BUDGET {
                     cx.waker().wake_by_ref();
@@ -168,7 +191,7 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
                             return Poll::Ready(Some(Err(BodyError::Encode(e))));
                         }
                         if !this.out.is_empty() {
-                            return emit(this.out, this.bytes_out);
+                            return emit(this.out, this.bytes_out, this.counters);
                         }
                     }
                     return Poll::Pending;
@@ -180,7 +203,7 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
                 return Poll::Ready(Some(Err(BodyError::Encode(e))));
             }
             if !this.out.is_empty() {
-                return emit(this.out, this.bytes_out);
+                return emit(this.out, this.bytes_out, this.counters);
             }
         }
     }

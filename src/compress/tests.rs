@@ -16,8 +16,12 @@ fn compress() -> Compress {
     Compress::new(Arc::new(CompressionConfig::default()))
 }
 
-fn accepted(field: &str) -> Accepted {
-    Accepted::parse(&[HeaderValue::from_str(field).unwrap()])
+fn accepted(field: &str) -> Asked {
+    asked(Method::GET, field)
+}
+
+fn asked(method: Method, field: &str) -> Asked {
+    Asked::new(&method, &headers(&[("accept-encoding", field)]))
 }
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -30,7 +34,7 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
 
 fn decide(method: Method, ae: &str, status: u16, pairs: &[(&str, &str)], length: Option<u64>) -> Outcome {
     let c = compress();
-    c.decide(&method, &accepted(ae), Origin::Upstream, StatusCode::from_u16(status).unwrap(), &headers(pairs), length)
+    c.decide(&asked(method, ae), Origin::Upstream, StatusCode::from_u16(status).unwrap(), &headers(pairs), length)
 }
 
 const JSON: (&str, &str) = ("content-type", "application/json; charset=utf-8");
@@ -86,7 +90,7 @@ fn exclusions_leave_the_answer_untouched() {
     let c = compress();
     let h = headers(&[JSON]);
     for (origin, why) in [(Origin::Own, Own), (Origin::Tunnel, Tunnel)] {
-        assert_eq!(c.decide(&Method::GET, &accepted("gzip"), origin, StatusCode::OK, &h, None), Outcome::Skip(why));
+        assert_eq!(c.decide(&accepted("gzip"), origin, StatusCode::OK, &h, None), Outcome::Skip(why));
     }
     // `identity` is no coding.
     assert_eq!(
@@ -114,8 +118,8 @@ fn answers_that_depend_on_accept_encoding_but_go_as_they_are() {
 #[test]
 fn no_field_no_compression() {
     let c = compress();
-    let none = Accepted::parse(None::<&HeaderValue>);
-    let out = c.decide(&Method::GET, &none, Origin::Upstream, StatusCode::OK, &headers(&[JSON]), None);
+    let none = Asked::new(&Method::GET, &HeaderMap::new());
+    let out = c.decide(&none, Origin::Upstream, StatusCode::OK, &headers(&[JSON]), None);
     assert_eq!(out, Outcome::Identity(Plain::NotAccepted));
 }
 
@@ -130,12 +134,9 @@ fn types_and_min_size_come_from_the_route() {
     let c = Compress::new(Arc::new(config));
     let bin = headers(&[("content-type", "application/octet-stream")]);
     let ae = accepted("br, gzip;q=0.1");
-    assert_eq!(
-        c.decide(&Method::GET, &ae, Origin::Upstream, StatusCode::OK, &bin, Some(3)),
-        Outcome::Encode(Coding::Gzip)
-    );
+    assert_eq!(c.decide(&ae, Origin::Upstream, StatusCode::OK, &bin, Some(3)), Outcome::Encode(Coding::Gzip));
     let json = headers(&[JSON]);
-    assert_eq!(c.decide(&Method::GET, &ae, Origin::Upstream, StatusCode::OK, &json, None), Outcome::Skip(Skip::Type));
+    assert_eq!(c.decide(&ae, Origin::Upstream, StatusCode::OK, &json, None), Outcome::Skip(Skip::Type));
 }
 
 fn answer(pairs: &[(&str, &str)], body: &'static [u8]) -> Response<Body> {
@@ -177,7 +178,7 @@ async fn an_encoded_answer_has_its_fields_edited_and_decodes_to_the_original() {
             big_json(),
         );
         let mut resp = resp;
-        let outcome = compress().apply(&Method::GET, &accepted(ae), Origin::Upstream, &mut resp);
+        let outcome = compress().apply(&accepted(ae), Origin::Upstream, &mut resp);
         assert!(matches!(outcome, Outcome::Encode(_)));
         let h = resp.headers();
         assert_eq!(h[header::CONTENT_ENCODING], coding);
@@ -196,12 +197,12 @@ async fn an_encoded_answer_has_its_fields_edited_and_decodes_to_the_original() {
 async fn fields_already_right_are_kept() {
     let resp = answer(&[JSON, ("etag", "W/\"weak\""), ("vary", "accept-encoding, origin")], big_json());
     let mut resp = resp;
-    compress().apply(&Method::GET, &accepted("gzip"), Origin::Upstream, &mut resp);
+    compress().apply(&accepted("gzip"), Origin::Upstream, &mut resp);
     assert_eq!(resp.headers()[header::ETAG], "W/\"weak\"");
     assert_eq!(resp.headers().get_all(header::VARY).iter().count(), 1);
     let resp = answer(&[JSON, ("vary", "*")], big_json());
     let mut resp = resp;
-    compress().apply(&Method::GET, &accepted("gzip"), Origin::Upstream, &mut resp);
+    compress().apply(&accepted("gzip"), Origin::Upstream, &mut resp);
     assert_eq!(resp.headers()[header::VARY], "*");
 }
 
@@ -209,7 +210,7 @@ async fn fields_already_right_are_kept() {
 async fn identity_answers_get_vary_and_nothing_else() {
     let resp = answer(&[JSON, ("content-length", "5"), ("etag", "\"v1\"")], b"short");
     let mut resp = resp;
-    let outcome = compress().apply(&Method::GET, &accepted("gzip"), Origin::Upstream, &mut resp);
+    let outcome = compress().apply(&accepted("gzip"), Origin::Upstream, &mut resp);
     assert_eq!(outcome, Outcome::Identity(Plain::Small));
     assert_eq!(resp.headers()[header::VARY], "Accept-Encoding");
     assert_eq!(resp.headers()[header::ETAG], "\"v1\"");
@@ -220,7 +221,7 @@ async fn identity_answers_get_vary_and_nothing_else() {
     let resp = answer(&[("content-type", "image/png")], b"png");
     let before = resp.headers().clone();
     let mut resp = resp;
-    compress().apply(&Method::GET, &accepted("gzip"), Origin::Upstream, &mut resp);
+    compress().apply(&accepted("gzip"), Origin::Upstream, &mut resp);
     assert_eq!(resp.headers(), &before);
 }
 
@@ -375,4 +376,15 @@ async fn a_large_frame_is_encoded_a_slice_at_a_time() {
     let (bytes_in, bytes_out) = body.counts();
     assert_eq!(bytes_in, data.len() as u64);
     assert_eq!(bytes_out, sent.len() as u64);
+}
+
+#[tokio::test]
+async fn a_routes_counters_get_the_bytes_in_and_out() {
+    let counters = Counters::default();
+    let c = compress().counted(counters.clone());
+    let mut resp = answer(&[JSON], big_json());
+    c.apply(&accepted("gzip"), Origin::Upstream, &mut resp);
+    let sent = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(counters.bytes_in.get(), big_json().len() as u64);
+    assert_eq!(counters.bytes_out.get(), sent.len() as u64);
 }
