@@ -340,26 +340,6 @@ pub fn listeners(config: &Config) -> String {
     out
 }
 
-/// A route's `compression` in words: the codings in the server's order, what is encoded, how
-/// a stream is sent.
-fn describe_compression(c: &crate::config::compression::CompressionConfig) -> String {
-    let codings: Vec<String> = c.encodings.iter().map(|&e| format!("{} {}", e.token(), c.levels.of(e))).collect();
-    let types: Vec<String> = c.types.iter().map(ToString::to_string).collect();
-    let size = match c.min_size {
-        0 => "of any size".to_owned(),
-        n if n % (1 << 20) == 0 => format!("of {} MiB or more", n >> 20),
-        n if n % (1 << 10) == 0 => format!("of {} KiB or more", n >> 10),
-        n => format!("of {n} bytes or more"),
-    };
-    format!(
-        "compression: {} (by Accept-Encoding's weights, this order among equal ones) for {} answers {size} \
-         (or of unknown length), with Vary: Accept-Encoding; event streams flushed per event; never HEAD, 206, \
-         no-transform, already encoded or tollgate's own answers",
-        codings.join(", "),
-        types.join(", ")
-    )
-}
-
 /// A route's `auth` in words: what is verified, where it is read, what a client without it gets.
 fn describe_auth(a: &AuthConfig) -> String {
     let from = |c: &Credential| match c {
@@ -440,14 +420,8 @@ pub fn explain(config: &Config) -> String {
         if let Some(a) = &r.auth {
             let _ = writeln!(out, "  {}", describe_auth(a));
         }
-        match (&r.compression, &config.compression) {
-            (Some(c), _) => {
-                let _ = writeln!(out, "  {}", describe_compression(c));
-            }
-            (None, Some(_)) => {
-                let _ = writeln!(out, "  compression: none (this route turns the default off)");
-            }
-            (None, None) => {}
+        for line in crate::step::describe(r, config) {
+            let _ = writeln!(out, "  {line}");
         }
         for line in gateway::describe(r) {
             let _ = writeln!(out, "  {line}");

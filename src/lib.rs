@@ -23,6 +23,8 @@
 //!   no I/O, the time given).
 //! - [`auth`]: who a request is: a JWT or an API key verified once, between route and
 //!   admit, yielding the `Identity` that limit keys and plans read.
+//! - [`step`]: a route's steps (`response_headers`), run in a declared order on the request's
+//!   way in and on every answer's way out.
 //! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
@@ -94,6 +96,7 @@ mod reload;
 mod request_id;
 mod route;
 mod server;
+mod step;
 mod target;
 mod timer;
 mod trace;

@@ -26,6 +26,7 @@ use crate::metrics::{Metrics, RouteMetrics};
 use crate::peer::Peer;
 use crate::request_id::RequestId;
 use crate::route;
+use crate::step::{self, Answered, Steps};
 use crate::target::{self, Target};
 
 mod access;
@@ -67,9 +68,10 @@ struct Lane {
     tunnels: Arc<tokio::sync::Semaphore>,
     /// `rewrite.path_regex`, compiled.
     rewrite: Option<Box<route::PathRewrite>>,
-    /// `request_headers` and `response_headers`, compiled.
+    /// `request_headers`, compiled (applied by the forwarder, in its one pass over the head).
     request_headers: Option<Arc<forward::rules::HeaderRules>>,
-    response_headers: Option<Arc<forward::rules::HeaderRules>>,
+    /// The route's steps (`response_headers`), compiled; an empty slice for a route without any.
+    steps: Steps,
     /// The upstream's name (a traced request's `tollgate.upstream`).
     upstream: String,
     /// `auth:`, compiled; boxed, as routes without it are the common case.
@@ -169,9 +171,6 @@ impl Proxy {
             .map(|r| {
                 let (matching, rewrite) = route::compile(r);
                 conditions.push(matching);
-                let rules = |rules: &Option<Arc<crate::config::HeaderRules>>| {
-                    rules.as_deref().map(|r| Arc::new(forward::rules::HeaderRules::new(r)))
-                };
                 let mut store_for = |l: &LimitConfig| {
                     let kept = previous.and_then(|p| p.store_of(&r.name, l)).filter(|s| match &**s {
                         // A Redis store holds its connection: keep it only on the same one.
@@ -206,8 +205,11 @@ impl Proxy {
                     keyed_on_credentials: keys_on_credentials(r),
                     tunnels: Arc::new(tokio::sync::Semaphore::new(r.tunnels.max)),
                     rewrite,
-                    request_headers: rules(&r.request_headers),
-                    response_headers: rules(&r.response_headers),
+                    request_headers: r
+                        .request_headers
+                        .as_deref()
+                        .map(|r| Arc::new(forward::rules::HeaderRules::new(r))),
+                    steps: Steps::new(&mut step::Build { route: r }),
                     upstream: upstream.name.clone(),
                     auth: r.auth.as_deref().map(|a| {
                         let plans = config.plans.as_deref();
@@ -438,7 +440,10 @@ mod tests {
         // 2,624 bytes once TLS peers, gateway rules, tunnels, gRPC and plans met in one future;
         // 2,240 once `serve` stopped keeping its arguments twice; 2,208 once the key's context
         // no longer outlived the decision; 1,888 once the phases took their parts by reference
-        // (a phase that takes the head or the answer by value keeps another copy of it).
+        // (a phase that takes the head or the answer by value keeps another copy of it); 1,888
+        // with the route's steps (what they keep of a request for its answers, inline), once an
+        // unrouted request's error was boxed (the future keeps its arguments to the end) and
+        // the request id kept once, shared, instead of twice.
         assert!(size <= 1952, "the request future grew to {size} bytes");
     }
 }

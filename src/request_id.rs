@@ -20,14 +20,15 @@ pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// The longest id accepted from a trusted proxy.
 pub const MAX_GIVEN: usize = 128;
 
-/// One request's id.
+/// One request's id: its field value, shared (each answer and forwarded request that carries
+/// it counts a reference; none copies it).
+///
+/// Marked sensitive: HTTP/2's HPACK then sends it as a literal never indexed instead of
+/// inserting a value no later message repeats into the connection's table, where each
+/// insert evicts entries worth keeping and lengthens the chain every later id is compared
+/// against. HTTP/1 ignores the mark.
 #[derive(Debug, Clone)]
-pub enum RequestId {
-    /// Made here: 32 hex digits.
-    Made([u8; 32]),
-    /// Sent by a trusted proxy, checked to be well-formed.
-    Given(HeaderValue),
-}
+pub struct RequestId(HeaderValue);
 
 impl RequestId {
     /// The id for a request with `headers` whose peer is (`trusted`) or is not a trusted
@@ -35,13 +36,15 @@ impl RequestId {
     pub fn decide(name: &HeaderName, headers: &HeaderMap, trusted: bool) -> RequestId {
         if trusted {
             if let Some(v) = headers.get(name).filter(|v| well_formed(v.as_bytes())) {
-                return RequestId::Given(v.clone());
+                let mut v = v.clone();
+                v.set_sensitive(true);
+                return RequestId(v);
             }
         }
         RequestId::made()
     }
 
-    /// A new id.
+    /// A new id: 32 hex digits.
     pub fn made() -> RequestId {
         let n = next();
         let mut out = [0u8; 32];
@@ -49,39 +52,24 @@ impl RequestId {
             let bits = (n >> (96 - 32 * i)) as u32;
             chunk.copy_from_slice(&hex8(bits).to_be_bytes());
         }
-        RequestId::Made(out)
+        // Owned by the value it becomes: a clone counts a reference, never copies.
+        let mut v = HeaderValue::from_maybe_shared(Bytes::from_owner(out)).unwrap_or(HeaderValue::from_static(""));
+        v.set_sensitive(true);
+        RequestId(v)
     }
 
-    /// The id's bytes, unchecked (ASCII either way: made as hex digits, or checked when given).
+    /// The id's bytes (ASCII either way: made as hex digits, or checked when given).
     pub fn as_bytes(&self) -> &[u8] {
-        match self {
-            RequestId::Made(b) => b,
-            RequestId::Given(v) => v.as_bytes(),
-        }
+        self.0.as_bytes()
     }
 
     pub fn as_str(&self) -> &str {
-        match self {
-            RequestId::Made(b) => std::str::from_utf8(b).unwrap_or(""),
-            RequestId::Given(v) => v.to_str().unwrap_or(""),
-        }
+        std::str::from_utf8(self.0.as_bytes()).unwrap_or("")
     }
 
-    /// The id as a field value (a copy of the digits, or the client's value shared).
-    ///
-    /// Marked sensitive: HTTP/2's HPACK then sends it as a literal never indexed instead of
-    /// inserting a value no later message repeats into the connection's table, where each
-    /// insert evicts entries worth keeping and lengthens the chain every later id is
-    /// compared against. HTTP/1 ignores the mark.
+    /// The id as a field value (shared, and sensitive: see [`RequestId`]).
     pub fn value(&self) -> HeaderValue {
-        let mut v = match self {
-            RequestId::Made(b) => {
-                HeaderValue::from_maybe_shared(Bytes::copy_from_slice(b)).unwrap_or(HeaderValue::from_static(""))
-            }
-            RequestId::Given(v) => v.clone(),
-        };
-        v.set_sensitive(true);
-        v
+        self.0.clone()
     }
 }
 

@@ -148,6 +148,27 @@ pub struct HeaderRules {
     pub add: Vec<(HeaderName, Template)>,
 }
 
+impl HeaderRules {
+    /// What the rules do, in words (`removes server; sets x-route: {route}`), for `explain`.
+    pub fn describe(&self) -> String {
+        let mut steps = Vec::new();
+        if !self.remove.is_empty() {
+            steps
+                .push(format!("removes {}", self.remove.iter().map(HeaderName::as_str).collect::<Vec<_>>().join(", ")));
+        }
+        for (n, t) in &self.set {
+            steps.push(format!("sets {n}: {t}"));
+        }
+        for (n, t) in &self.add {
+            steps.push(format!("adds {n}: {t}"));
+        }
+        if steps.is_empty() {
+            steps.push("nothing".to_owned());
+        }
+        steps.join("; ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

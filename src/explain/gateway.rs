@@ -14,24 +14,11 @@ fn condition(what: &str, m: &ValueMatch) -> String {
 }
 
 fn rules(direction: &str, r: &HeaderRules) -> String {
-    let mut steps = Vec::new();
-    if !r.remove.is_empty() {
-        steps.push(format!("removes {}", r.remove.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")));
-    }
-    for (n, t) in &r.set {
-        steps.push(format!("sets {n}: {t}"));
-    }
-    for (n, t) in &r.add {
-        steps.push(format!("adds {n}: {t}"));
-    }
-    if steps.is_empty() {
-        steps.push("nothing".to_owned());
-    }
-    format!("{direction}: {}", steps.join("; "))
+    format!("{direction}: {}", r.describe())
 }
 
-/// Lines (without indentation) for `r`'s conditions, rewrite and header rules; none when it
-/// has none of them.
+/// Lines (without indentation) for `r`'s conditions, rewrite and request header rules; none
+/// when it has none of them. (Response header rules are a step: `step::describe`.)
 pub fn describe(r: &Route) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(c) = &r.conditions {
@@ -50,9 +37,6 @@ pub fn describe(r: &Route) -> Vec<String> {
     }
     if let Some(rq) = &r.request_headers {
         out.push(rules("to the request it forwards, tollgate", rq));
-    }
-    if let Some(rs) = &r.response_headers {
-        out.push(rules("to every answer (its own 429s and 5xx, stale copies included), tollgate", rs));
     }
     out
 }

@@ -55,7 +55,9 @@ impl Proxy {
                 let found =
                     route::find(&self.config.routes, &self.conditions, &parts.method, &parts.headers, path, query);
                 found.map(|i| (i, t)).ok_or(Error::NoRoute)
-            });
+            })
+            // Boxed: the future keeps its arguments to the end, and an unrouted request is rare.
+            .map_err(Box::new);
         self.serve(routed, parts, body, peer, started)
     }
 
@@ -69,7 +71,7 @@ impl Proxy {
     #[allow(clippy::manual_async_fn)]
     fn serve(
         self: Arc<Proxy>,
-        routed: Result<(usize, Target), Error>,
+        routed: Result<(usize, Target), Box<Error>>,
         mut parts: Parts,
         body: Inbound,
         peer: Peer,
@@ -87,36 +89,47 @@ impl Proxy {
             let span = this.tracer.as_deref().and_then(|t| Proxy::trace_start(t, &parts));
             let mut log = Access::new(lane, route, &parts, this.config.log.access, ctx.id.as_ref(), span);
             log.grpc = ctx.grpc;
-            // Every answer may need these (a 429 too); the request's only once it is admitted.
-            let response_values = this.values(&lane.response_headers, route, &parts, &target, &ctx);
             let version = parts.version;
-            let mut resp = 'answer: {
+            // What the route's steps learn of the request for its answers (a 429's too).
+            let mut seen = step::Seen::default();
+            let (mut resp, from) = 'answer: {
+                // *Arrive*: the route's steps, if it has any.
+                if !lane.steps.is_empty() {
+                    this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen);
+                }
                 // *Auth*: only on routes with `auth`; its future is boxed, out of the others'.
                 if let Some(auth) = &lane.auth {
                     if let Err(e) = this.authenticate(auth, &mut parts, &mut log).await {
-                        break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
+                        break 'answer (this.refused(route, lane, &e, Some(&parts), version, &mut log), Answered::Own);
                     }
                 }
                 let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
                     Ok(a) => a,
-                    Err(e) => break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log),
+                    Err(e) => {
+                        break 'answer (this.refused(route, lane, &e, Some(&parts), version, &mut log), Answered::Own)
+                    }
                 };
                 // A copy of the head, only when a stale copy could be stored or served for it.
                 let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
                 match this.last_hop(lane, &mut parts) {
                     Ok(None) => {}
-                    Ok(Some(here)) => break 'answer here,
-                    Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                    Ok(Some(here)) => break 'answer (here, Answered::Own),
+                    Err(e) => break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own),
                 }
-                let resp = match &*this.backends[route.upstream] {
+                let (resp, from) = match &*this.backends[route.upstream] {
                     Backend::Respond(r) => match this.responder(r, &parts, body).await {
-                        Ok(resp) => resp,
-                        Err(e) => break 'answer this.refused(route, lane, &e, None, version, &mut log),
+                        Ok(resp) => (resp, Answered::Responder),
+                        Err(e) => {
+                            break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own)
+                        }
                     },
                     backend => {
                         let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
                             let e = Error::BadRequest(STRIP_PARAMS);
-                            break 'answer this.refused(route, lane, &e, Some(&parts), version, &mut log);
+                            break 'answer (
+                                this.refused(route, lane, &e, Some(&parts), version, &mut log),
+                                Answered::Own,
+                            );
                         };
                         let request_values = this.values(&lane.request_headers, route, &parts, &target, &ctx);
                         let down = ctx.downstream(lane, request_values.as_deref());
@@ -150,43 +163,43 @@ impl Proxy {
                             log.served = Some((g.server_name(server).unwrap_or("?"), tries));
                         }
                         match out {
-                            Ok(resp) => resp,
-                            Err(e) => break 'answer this.refused(route, lane, &e, head.as_deref(), version, &mut log),
+                            Ok(resp) => (resp, Answered::Upstream),
+                            Err(e) => {
+                                let refused = this.refused(route, lane, &e, head.as_deref(), version, &mut log);
+                                break 'answer (refused, Answered::Own);
+                            }
                         }
                     }
                 };
                 let mut resp = resp;
-                this.settle(route, lane, admission, head.as_deref(), &mut resp, &mut log).await;
-                resp
+                let tunnel = this.settle(route, lane, admission, head.as_deref(), &mut resp, &mut log).await;
+                (resp, if tunnel { Answered::Tunnel } else { from })
             };
-            this.finish(
-                lane,
-                &mut resp,
-                ctx.id_field.take(),
-                response_values.as_deref(),
-                &mut log,
-                (started, peer.addr.ip()),
-            );
+            // A stale copy stood in for what was answered.
+            let from = if log.stale == Stale::No { from } else { Answered::Stale };
+            this.finish(lane, &mut resp, from, &mut seen, ctx.id_field(), &mut log, (started, peer.addr.ip()));
             resp
         }
     }
 
-    /// *Finish* and *log*: what every answer of the route carries (the request id, response
-    /// header rules), its count, then the access log line.
+    /// *Finish* and *log*: what every answer of the route carries (the request id, the answer
+    /// side of its steps), its count, then the access log line.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         lane: &Lane,
         resp: &mut Response<Body>,
+        from: Answered,
+        seen: &mut step::Seen,
         id_field: Option<(&http::HeaderName, http::HeaderValue)>,
-        response_values: Option<&[HeaderValue]>,
         log: &mut Access<'_>,
         (started, peer): (Option<Instant>, std::net::IpAddr),
     ) {
         if let Some((name, id)) = id_field {
             set_id(resp.headers_mut(), name, id);
         }
-        if let Some(rules) = &lane.response_headers {
-            rules.apply(resp.headers_mut(), response_values.unwrap_or_default());
+        if !lane.steps.is_empty() {
+            lane.steps.answer(seen, resp, from);
         }
         lane.metrics.response(resp.status().as_u16());
         if let Some(started) = started {
@@ -241,7 +254,7 @@ impl Proxy {
         } else {
             self.unrouted.respond(e, &parts.method, parts.uri.path(), parts.version)
         };
-        if let Some((name, id)) = ctx.id_field.take() {
+        if let Some((name, id)) = ctx.id_field() {
             set_id(resp.headers_mut(), name, id);
         }
         resp
@@ -326,6 +339,27 @@ impl Proxy {
         Ok(Some(admission))
     }
 
+    /// *Arrive*: the route's steps, in order, before its limits (see [`crate::step`]).
+    fn arrive(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        parts: &mut Parts,
+        target: &Target,
+        ctx: &Ctx<'_>,
+        seen: &mut step::Seen,
+    ) {
+        let mut arrival = step::Arrival {
+            parts,
+            target,
+            route: &route.name,
+            request_id: ctx.request_id(),
+            peer: ctx.peer.addr.ip(),
+            trusted: &self.trusted,
+        };
+        lane.steps.arrive(&mut arrival, seen);
+    }
+
     /// *Auth*: the route's `auth` verifies the request's credential; the identity goes in the
     /// head's extensions (no slot in the request's future; keys read the head), its consumer
     /// in the log line and the span.
@@ -394,7 +428,8 @@ impl Proxy {
 
     /// *Settle*: a cost taken from the response is debited or refunded now that the head is
     /// here; a stale copy is kept (or stands in for a 5xx); the RateLimit fields go on; the
-    /// body (or the tunnel) holds the concurrency slot until it ends.
+    /// body (or the tunnel) holds the concurrency slot until it ends. True when the answer
+    /// starts a tunnel.
     async fn settle(
         &self,
         route: &Route,
@@ -403,7 +438,7 @@ impl Proxy {
         head: Option<&Parts>,
         resp: &mut Response<Body>,
         log: &mut Access<'_>,
-    ) {
+    ) -> bool {
         // Boxed, so that routes without one carry no larger future.
         if let Some(a) = admission.as_mut().filter(|a| Gate::owes(a)) {
             Box::pin(lane.gate.settle(a, resp.headers(), self.clock.now())).await;
@@ -421,15 +456,18 @@ impl Proxy {
             p.answered(resp.status());
         }
         // A 200 too: the answer to an HTTP/2 extended CONNECT (RFC 8441).
+        let mut tunnel = false;
         if matches!(resp.status().as_u16(), 101 | 200) {
             // The tunnel holds the concurrency slot and its tunnel slot for its life.
             if let Some(pending) = resp.extensions_mut().remove::<forward::tunnel::Pending>() {
                 pending.start(route.tunnels.idle_timeout, lane.metrics.tunnels.clone(), permit.take());
+                tunnel = true;
             }
         }
         if let Some(permit) = permit {
             resp.body_mut().hold(permit.into());
         }
+        tunnel
     }
 }
 
@@ -519,8 +557,8 @@ struct Ctx<'a> {
     /// The request's id, made as it enters; only a trusted proxy's own is read, so the
     /// common case looks up no field.
     id: Option<RequestId>,
-    /// The field and its value, made once: the forwarded request gets a clone.
-    id_field: Option<(&'a http::HeaderName, http::HeaderValue)>,
+    /// The field that carries it (`request_id.header`).
+    id_name: Option<&'a http::HeaderName>,
     /// gRPC runs on HTTP/2 only: an HTTP/1 request costs one comparison here.
     grpc: bool,
     /// Which server of a group took the request (see [`forward::Served`]).
@@ -531,9 +569,15 @@ impl<'a> Ctx<'a> {
     fn new(proxy: &'a Proxy, parts: &Parts, peer: &'a Peer) -> Ctx<'a> {
         let peer_trusted = proxy.trusted.is_trusted(peer.addr.ip());
         let id = proxy.config.request_id.as_ref().map(|name| RequestId::decide(name, &parts.headers, peer_trusted));
-        let id_field = proxy.config.request_id.as_ref().zip(id.as_ref().map(RequestId::value));
+        let id_name = proxy.config.request_id.as_ref();
         let grpc = parts.version == http::Version::HTTP_2 && forward::grpc::is_grpc(&parts.headers);
-        Ctx { peer, peer_trusted, id, id_field, grpc, served: forward::Served::default() }
+        Ctx { peer, peer_trusted, id, id_name, grpc, served: forward::Served::default() }
+    }
+
+    /// The id's field and value, for the forwarded request and the answer (made for each:
+    /// the future keeps the id once, and a value made twice costs what sharing one did).
+    fn id_field(&self) -> Option<(&'a http::HeaderName, http::HeaderValue)> {
+        self.id_name.zip(self.id.as_ref().map(RequestId::value))
     }
 
     /// The id as text, for the log and rule values.
@@ -549,7 +593,7 @@ impl<'a> Ctx<'a> {
             peer: self.peer.addr.ip(),
             peer_trusted: self.peer_trusted,
             https: self.peer.tls.is_some(),
-            request_id: self.id_field.clone(),
+            request_id: self.id_field(),
             rules: lane.request_headers.as_deref().map(|r| (r, values.unwrap_or_default())),
             served: &self.served,
         }

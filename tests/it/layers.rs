@@ -7,11 +7,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Top to bottom: a room may use the rooms of the layers below its own.
-const LAYERS: [(&str, &[&str], &str); 6] = [
+const LAYERS: [(&str, &[&str], &str); 7] = [
     ("tools", &["bench", "calibrate", "fuzzing", "replay"], "commands and harnesses around a running tollgate"),
     ("process", &["instance", "reload"], "one running tollgate: its servers, admin and reloads"),
     ("edge", &["admin", "server", "listen"], "sockets and connections, before and around HTTP"),
     ("request", &["proxy", "explain"], "the compiled config serving a request, and its description"),
+    ("step", &["step"], "a route's declared steps, each composing parts, run in order by the request path"),
     (
         "parts",
         &["route", "auth", "gate", "forward", "cache", "compress", "target", "framing", "answer", "body", "trace"],
