@@ -74,9 +74,6 @@ mod answer;
 mod auth;
 mod body;
 mod cache;
-// Registered as a step of the routes' answer side when the step registry lands; until then
-// only its tests and `explain` use it.
-#[cfg_attr(not(test), allow(dead_code))]
 mod compress;
 mod forward;
 mod framing;

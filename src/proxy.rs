@@ -209,7 +209,7 @@ impl Proxy {
                         .request_headers
                         .as_deref()
                         .map(|r| Arc::new(forward::rules::HeaderRules::new(r))),
-                    steps: Steps::new(&mut step::Build { route: r }),
+                    steps: Steps::new(&mut step::Build { route: r, metrics: &metrics }),
                     upstream: upstream.name.clone(),
                     auth: r.auth.as_deref().map(|a| {
                         let plans = config.plans.as_deref();

@@ -16,6 +16,7 @@
 //! Invariants: a step never forwards; the answer side runs once per answer; configs are data
 //! (`config::gateway`...), compiled here at `Proxy::build`.
 
+mod compress;
 mod headers;
 
 use std::net::IpAddr;
@@ -60,11 +61,14 @@ pub(crate) struct Arrival<'a> {
 pub(crate) struct Seen {
     /// `response_headers`: its values with variables, rendered from the request as it came.
     headers: Option<crate::forward::rules::Values>,
+    /// `compression`: the request's `Accept-Encoding`, and whether it is a `HEAD` or `CONNECT`.
+    compression: Option<crate::compress::Asked>,
 }
 
 /// What compiling a route's steps reads (at `Proxy::build`).
 pub(crate) struct Build<'a> {
     pub route: &'a Route,
+    pub metrics: &'a crate::metrics::Metrics,
 }
 
 /// One built-in step: its compiled form is made from its config, and it may act on either
@@ -124,6 +128,9 @@ builtins! {
     /// `response_headers`: first on the way in (its values read the request as it came), so
     /// last on the way out (the route's own rules have the last word on every answer).
     Headers(headers::Headers),
+    /// `compression`: on the way out after every other step but `response_headers` (whose
+    /// rules have the last word, on `Vary` too).
+    Compression(compress::Compression),
 }
 
 /// A route's compiled steps (empty for most routes).

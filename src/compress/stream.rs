@@ -48,9 +48,6 @@ pin_project! {
         unflushed: bool,
         trailers: Option<HeaderMap>,
         state: State,
-        // Bytes in and out, so far.
-        bytes_in: u64,
-        bytes_out: u64,
         // The route's counters of bytes in and out, added to as the body goes.
         counters: Option<Counters>,
     }
@@ -86,8 +83,6 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> Encoded<B> {
             unflushed: false,
             trailers: None,
             state: State::Reading,
-            bytes_in: 0,
-            bytes_out: 0,
             counters: None,
         })
     }
@@ -97,17 +92,11 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> Encoded<B> {
         self.counters = Some(counters);
         self
     }
-
-    /// Bytes taken from the inner body and bytes emitted, so far.
-    pub fn counts(&self) -> (u64, u64) {
-        (self.bytes_in, self.bytes_out)
-    }
 }
 
 type Polled = Poll<Option<Result<Frame<Bytes>, BodyError>>>;
 
-fn emit(out: &mut Vec<u8>, bytes_out: &mut u64, counters: &Option<Counters>) -> Polled {
-    *bytes_out += out.len() as u64;
+fn emit(out: &mut Vec<u8>, counters: &Option<Counters>) -> Polled {
     if let Some(c) = counters {
         c.bytes_out.inc_by(out.len() as u64);
     }
@@ -125,7 +114,6 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
             if !this.input.is_empty() {
                 let slice = this.input.split_to(this.input.len().min(SLICE));
                 spent += slice.len();
-                *this.bytes_in += slice.len() as u64;
                 if let Some(c) = this.counters {
                     c.bytes_in.inc_by(slice.len() as u64);
                 }
@@ -141,7 +129,7 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
                     return Poll::Ready(Some(Err(BodyError::Encode(e))));
                 }
                 if !this.out.is_empty() {
-                    return emit(this.out, this.bytes_out, this.counters);
+                    return emit(this.out, this.counters);
                 }
                 if spent >= BUDGET {
                     cx.waker().wake_by_ref();
@@ -191,7 +179,7 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
                             return Poll::Ready(Some(Err(BodyError::Encode(e))));
                         }
                         if !this.out.is_empty() {
-                            return emit(this.out, this.bytes_out, this.counters);
+                            return emit(this.out, this.counters);
                         }
                     }
                     return Poll::Pending;
@@ -203,7 +191,7 @@ impl<B: HttpBody<Data = Bytes, Error = BodyError>> HttpBody for Encoded<B> {
                 return Poll::Ready(Some(Err(BodyError::Encode(e))));
             }
             if !this.out.is_empty() {
-                return emit(this.out, this.bytes_out, this.counters);
+                return emit(this.out, this.counters);
             }
         }
     }
