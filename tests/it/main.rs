@@ -9,6 +9,7 @@ mod admin_limits;
 mod auth;
 mod calibrate;
 mod cli;
+mod compression;
 mod dashboard;
 mod docs;
 mod drain;
