@@ -68,6 +68,14 @@ struct Steer {
     events: Mutex<Option<mpsc::Sender<Bytes>>>,
     /// `/stale` fails once this is set.
     failing: AtomicBool,
+    /// The `Accept-Encoding` of each request for `/page`.
+    page_asked: Mutex<Vec<String>>,
+}
+
+/// An HTML page of about 10 KiB whose end only a whole, decoded page shows.
+fn page() -> String {
+    let lines: String = (0..500).map(|i| format!("<p>line {i}</p>")).collect();
+    format!("<!doctype html><html><body>{lines}<div id=\"end\">decoded-all</div></body></html>")
 }
 
 /// The upstream: one path per kind of answer.
@@ -90,6 +98,11 @@ async fn upstream(steer: Arc<Steer>) -> Upstream {
                     json(BodyExt::boxed(http_body_util::StreamBody::new(futures_util::stream::iter(chunks))))
                 }
                 "/small" => json(full("{\"ok\":true}")),
+                "/page" => {
+                    let ae = req.headers().get("accept-encoding").map_or("", |v| v.to_str().unwrap_or("?"));
+                    steer.page_asked.lock().unwrap().push(ae.to_owned());
+                    Response::builder().header("content-type", "text/html; charset=utf-8").body(full(page()))
+                }
                 "/png" => Response::builder().header("content-type", "image/png").body(full(payload().clone())),
                 "/encoded" => Response::builder()
                     .header("content-type", "application/json")
@@ -507,4 +520,42 @@ async fn an_event_stream_is_flushed_per_event() {
         ]);
         events_one_at_a_time(&steer, curl, &format!("curl {coding}")).await;
     }
+}
+
+/// Headless Chromium loads a page through tollgate and shows it whole: a browser decodes what
+/// tollgate encoded for it (whichever coding its `Accept-Encoding` made tollgate choose).
+#[tokio::test]
+async fn a_browser_shows_the_encoded_page() {
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| std::process::Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()));
+    let Some(chromium) = chromium else {
+        eprintln!("SKIPPED a_browser_shows_the_encoded_page: headless Chromium is not installed (scripts/test.sh installs it)");
+        return;
+    };
+    let (steer, _up, tg) = setup().await;
+    let out = tokio::time::timeout(
+        SOON,
+        tokio::process::Command::new(chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+            .arg(tg.url("/page"))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("chromium ended")
+    .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(dom.contains("<p>line 499</p><div id=\"end\">decoded-all</div>"), "{dom}");
+    let asked = steer.page_asked.lock().unwrap().clone();
+    assert!(asked.first().is_some_and(|ae| ae.contains("gzip")), "the browser asked with {asked:?}");
+    let text = tg.shared.load().metrics().encode(None);
+    let encoded: u64 = ["gzip", "br", "zstd"]
+        .iter()
+        .filter_map(|c| {
+            let line = format!("tollgate_compression_total{{route=\"all\",result=\"{c}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(line.as_str())?.parse::<u64>().ok())
+        })
+        .sum();
+    assert!(encoded >= 1, "the page went out unencoded:\n{text}");
 }
