@@ -167,6 +167,9 @@ pub enum Error {
     WrongAudience(Challenge),
     /// The store of API keys cannot answer: 503.
     AuthUnavailable,
+    /// A CORS preflight the route's `cors` does not allow (the origin, the method or a field
+    /// it asks for; the reason is the detail): 403, without CORS fields.
+    CorsRefused(&'static str),
 }
 
 /// What a refused client is told about its credentials (RFC 6750 §3 for bearer tokens).
@@ -214,7 +217,7 @@ const fn kind(
 use StatusCode as S;
 
 /// Every kind, in [`Error::kind_index`]'s order; metric handles are resolved once per route.
-const KINDS: [Kind; 19] = [
+const KINDS: [Kind; 20] = [
     kind("bad_request", S::BAD_REQUEST, Source::Downstream, (None, "bad-request", "Bad request"), 13),
     kind("client_body", S::BAD_REQUEST, Source::Downstream, (None, "bad-request-body", "Bad request body"), 13),
     kind("no_route", S::NOT_FOUND, Source::Policy, (None, "no-route", "No route matches this request"), 12),
@@ -301,6 +304,7 @@ const KINDS: [Kind; 19] = [
         (Some(IANA_BASE), "temporary-reduced-capacity", "Credentials cannot be checked now"),
         14,
     ),
+    kind("cors_refused", S::FORBIDDEN, Source::Policy, (None, "cors-refused", "Cross-origin request not allowed"), 7),
 ];
 
 impl Error {
@@ -325,6 +329,7 @@ impl Error {
             Error::Unauthenticated(_) => 16,
             Error::WrongAudience(_) => 17,
             Error::AuthUnavailable => 18,
+            Error::CorsRefused(_) => 19,
         }
     }
 
@@ -501,6 +506,7 @@ impl RouteAnswers {
                 self.render(err, &format!("no route matches {method} {}", truncated(path))).into_response()
             }
             Error::BadRequest(why) => self.render(err, why).into_response(),
+            Error::CorsRefused(_) => self.render(err, &self.detail(err)).into_response(),
             Error::StoreUnavailable { limit, retry_after_secs } => {
                 let detail = format!(
                     "route `{}`: limit `{}` cannot be checked right now; retry after {retry_after_secs} s",
@@ -624,6 +630,7 @@ impl RouteAnswers {
             Error::MethodNotAllowed => format!("route `{}` does not take this method", self.name),
             Error::TooLarge(max) => format!("route `{}` reads request bodies of at most {max} bytes", self.name),
             Error::AuthUnavailable => format!("route `{}`: credentials cannot be checked right now", self.name),
+            Error::CorsRefused(why) => format!("route `{}`: {why}", self.name),
             Error::Unauthenticated(c) | Error::WrongAudience(c) => {
                 format!("route `{}`: {}", self.name, c.why.description.unwrap_or("credentials are required"))
             }

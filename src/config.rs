@@ -14,7 +14,9 @@
 pub mod admin;
 pub mod auth;
 pub mod compression;
+pub mod cors;
 pub mod edge;
+pub mod extension;
 pub mod gateway;
 pub mod group;
 mod guard;
@@ -104,6 +106,8 @@ pub struct Config {
     pub auth: Option<Arc<auth::AuthConfig>>,
     /// `compression:` at the top level: the routes without their own use it.
     pub compression: Option<Arc<compression::CompressionConfig>>,
+    /// `cors:` at the top level: the routes without their own use it.
+    pub cors: Option<Arc<cors::CorsConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.
     pub plans: Option<std::sync::Arc<crate::limit::plan::Plans>>,
     /// Things `check` reports without refusing the config (e.g. a client with an unknown tier).
@@ -335,6 +339,10 @@ pub struct Route {
     pub auth_own: bool,
     /// `compression:`, the route's own or the top-level default (`None`: answers pass as they are).
     pub compression: Option<Arc<compression::CompressionConfig>>,
+    /// `cors:`, the route's own or the top-level default (`None`: no CORS fields).
+    pub cors: Option<Arc<cors::CorsConfig>>,
+    /// `extensions:`: steps registered by the program that embeds tollgate, in file order.
+    pub extensions: Vec<extension::Extension>,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).

@@ -8,10 +8,8 @@ pub use gateway::describe as describe_gateway;
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::config::auth::{ApiKeys, AuthConfig, Credential, Jwks, Method};
 use crate::config::units::Dur;
 use crate::config::{Config, LimitConfig, Mode, StoreKind};
-use crate::jwt::Alg;
 use crate::limit::algo::{fixed, gcra, leaky, log, sliding};
 use crate::limit::{self, Algorithm, Decision, KeyPart, NonZeroSpan, Span, State, Timestamp};
 use crate::ratelimit::retry_after_secs;
@@ -340,60 +338,6 @@ pub fn listeners(config: &Config) -> String {
     out
 }
 
-/// A route's `auth` in words: what is verified, where it is read, what a client without it gets.
-fn describe_auth(a: &AuthConfig) -> String {
-    let from = |c: &Credential| match c {
-        Credential::Header(h) if *h == http::header::AUTHORIZATION => "a bearer token in Authorization".to_owned(),
-        Credential::Header(h) => format!("header {h}"),
-        Credential::Query(q) => format!("query parameter {q}"),
-        Credential::Cookie(c) => format!("cookie {c}"),
-    };
-    let mut out = match &a.method {
-        Method::Jwt(j) => {
-            let algs: Vec<&str> =
-                Alg::ALL.into_iter().filter(|x| j.rules.algorithms.contains(*x)).map(Alg::as_str).collect();
-            let keys = match &j.keys {
-                Jwks::File { path, .. } => format!("the key set {}", path.display()),
-                Jwks::Url { url, .. } => format!("the key set at {url} (read again in the background)"),
-                Jwks::Secret { path, .. } => format!("the HS256 secret in {}", path.display()),
-            };
-            let mut s = format!("auth: a JWT ({}) from {}, verified with {keys}", algs.join(", "), from(&j.from));
-            if !j.rules.issuers.is_empty() {
-                let _ = write!(s, ", issued by {}", j.rules.issuers.join(" or "));
-            }
-            if !j.rules.audiences.is_empty() {
-                let _ = write!(s, ", for {}", j.rules.audiences.join(" or "));
-            }
-            let _ = write!(
-                s,
-                "; exp and nbf with {}s of leeway; the consumer is claim `{}`",
-                j.rules.leeway_secs, j.rules.consumer_claim
-            );
-            s
-        }
-        Method::ApiKey(k) => {
-            let store = match &k.keys {
-                ApiKeys::File { path, consumers } => format!("{} ({} keys)", path.display(), consumers.len()),
-                ApiKeys::Redis { hash, .. } => format!("the Redis hash {hash}"),
-            };
-            format!("auth: an API key from {}, found by its SHA-256 in {store}", from(&k.from))
-        }
-    };
-    out.push_str(if a.optional {
-        "; a request without one passes as consumer `anonymous`, a bad one gets 401"
-    } else {
-        "; a request without a valid one gets 401 (403 for a token meant for another audience)"
-    });
-    if !a.claims_to_headers.is_empty() {
-        let names: Vec<String> = a.claims_to_headers.iter().map(|(c, h)| format!("{c} as {h}")).collect();
-        let _ = write!(out, "; forwards {} (a client's own copies removed)", names.join(", "));
-    }
-    if a.strip_credentials {
-        out.push_str("; the credential is not forwarded");
-    }
-    out
-}
-
 pub fn explain(config: &Config) -> String {
     let mut out = String::new();
     if let Some(p) = &config.plans {
@@ -416,9 +360,6 @@ pub fn explain(config: &Config) -> String {
                     let _ = writeln!(out, "  {line}");
                 }
             }
-        }
-        if let Some(a) = &r.auth {
-            let _ = writeln!(out, "  {}", describe_auth(a));
         }
         for line in crate::step::describe(r, config) {
             let _ = writeln!(out, "  {line}");

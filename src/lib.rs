@@ -23,8 +23,9 @@
 //!   no I/O, the time given).
 //! - [`auth`]: who a request is: a JWT or an API key verified once, between route and
 //!   admit, yielding the `Identity` that limit keys and plans read.
-//! - [`step`]: a route's steps (`response_headers`), run in a declared order on the request's
-//!   way in and on every answer's way out.
+//! - [`step`]: a route's steps (`response_headers`, `cors`, `auth`, and the `extensions` a
+//!   program that embeds tollgate registers), run in a declared order on the request's way in
+//!   and on every answer's way out.
 //! - [`gate`]: a route's limits and concurrency cap: admit or refuse.
 //! - [`answer`]: every answer tollgate makes itself (problem+json), from typed errors.
 //! - [`ratelimit`]: the RateLimit header fields and `Retry-After` seconds.
@@ -60,6 +61,7 @@ pub mod fuzzing;
 pub mod instance;
 pub mod limit;
 pub mod replay;
+pub mod step;
 
 pub use admin::{effective as effective_config, serve as serve_admin, Readiness};
 pub use pki::x509;
@@ -93,7 +95,6 @@ mod reload;
 mod request_id;
 mod route;
 mod server;
-mod step;
 mod target;
 mod timer;
 mod trace;

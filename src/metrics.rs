@@ -96,6 +96,13 @@ struct AuthLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabel {
+    route: Label,
+    step: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KeySetLabel {
     url: String,
     result: &'static str,
@@ -228,6 +235,7 @@ pub struct Metrics {
     auth: Family<AuthLabel, Counter>,
     compression: Family<CompressionLabel, Counter>,
     compression_bytes: Family<CompressionBytesLabel, Counter>,
+    steps: Family<StepLabel, Counter>,
     key_set_reads: Family<KeySetLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
     tunnels_open: Family<RouteLabel, Gauge>,
@@ -481,6 +489,12 @@ impl Metrics {
             "Bytes taken (in) and emitted (out) by the encoders of routes with `compression`",
             compression_bytes.clone(),
         );
+        let steps = Family::<StepLabel, Counter>::default();
+        registry.register(
+            "steps",
+            "What a route's steps did (e.g. cors: allowed, refused, preflight, preflight_refused), by route, step and result",
+            steps.clone(),
+        );
         let key_set_reads = Family::<KeySetLabel, Counter>::default();
         registry.register(
             "auth_key_set_reads",
@@ -618,6 +632,7 @@ impl Metrics {
             auth,
             compression,
             compression_bytes,
+            steps,
             key_set_reads,
             upstream_read_timeouts,
             tunnels_open,
@@ -704,6 +719,11 @@ impl Metrics {
     /// The count of the bytes route `route`'s encoders took (`in`) or emitted (`out`).
     pub fn compression_bytes(&self, route: &str, direction: &'static str) -> Counter {
         self.compression_bytes.get_or_create(&CompressionBytesLabel { route: Label::new(route), direction }).clone()
+    }
+
+    /// The count of what step `step` of route `route` did (`result`).
+    pub fn step(&self, route: &str, step: &'static str, result: &'static str) -> Counter {
+        self.steps.get_or_create(&StepLabel { route: Label::new(route), step, result }).clone()
     }
 
     /// The counts of a key set URL's readings: those that gave a set, those that failed.

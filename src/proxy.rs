@@ -26,7 +26,7 @@ use crate::metrics::{Metrics, RouteMetrics};
 use crate::peer::Peer;
 use crate::request_id::RequestId;
 use crate::route;
-use crate::step::{self, Answered, Steps};
+use crate::step::{self, Answered, Flow, Steps};
 use crate::target::{self, Target};
 
 mod access;
@@ -70,12 +70,11 @@ struct Lane {
     rewrite: Option<Box<route::PathRewrite>>,
     /// `request_headers`, compiled (applied by the forwarder, in its one pass over the head).
     request_headers: Option<Arc<forward::rules::HeaderRules>>,
-    /// The route's steps (`response_headers`), compiled; an empty slice for a route without any.
+    /// The route's steps (`response_headers`, `cors`, `auth`, `extensions`), compiled; an
+    /// empty slice for a route without any.
     steps: Steps,
     /// The upstream's name (a traced request's `tollgate.upstream`).
     upstream: String,
-    /// `auth:`, compiled; boxed, as routes without it are the common case.
-    auth: Option<Box<crate::auth::Auth>>,
 }
 
 pub struct Proxy {
@@ -155,7 +154,7 @@ impl Proxy {
                 return r.clone();
             }
             let lanes = previous.map(|p| p.lanes.as_slice()).unwrap_or_default();
-            let kept = lanes.iter().filter_map(|l| l.auth.as_ref()?.remote()).find(same).cloned();
+            let kept = lanes.iter().filter_map(|l| l.steps.auth()?.remote()).find(same).cloned();
             let r = kept.unwrap_or_else(|| {
                 // The URL's query may carry a secret: never a label.
                 let label = format!("{}{}", url.authority().map_or("", |a| a.as_str()), url.path());
@@ -209,12 +208,14 @@ impl Proxy {
                         .request_headers
                         .as_deref()
                         .map(|r| Arc::new(forward::rules::HeaderRules::new(r))),
-                    steps: Steps::new(&mut step::Build { route: r, metrics: &metrics }),
-                    upstream: upstream.name.clone(),
-                    auth: r.auth.as_deref().map(|a| {
-                        let plans = config.plans.as_deref();
-                        Box::new(crate::auth::Auth::new(a, r, plans, redis.as_ref(), &metrics, &mut remote_for))
+                    steps: Steps::new(&mut step::Build {
+                        config: &config,
+                        route: r,
+                        metrics: &metrics,
+                        redis: redis.as_ref(),
+                        remote_for: &mut remote_for,
                     }),
+                    upstream: upstream.name.clone(),
                 }
             })
             .collect();
@@ -321,11 +322,6 @@ impl Proxy {
 
     pub fn cache(&self) -> &Cache {
         &self.cache
-    }
-
-    /// The limits' clock in whole seconds since the epoch (a token's `exp` and `nbf`).
-    fn wall_secs(&self) -> i64 {
-        i64::try_from(self.clock.now().as_micros() / 1_000_000).unwrap_or(i64::MAX)
     }
 
     fn wall_now(&self) -> SystemTime {
@@ -440,7 +436,7 @@ mod tests {
         // 2,624 bytes once TLS peers, gateway rules, tunnels, gRPC and plans met in one future;
         // 2,240 once `serve` stopped keeping its arguments twice; 2,208 once the key's context
         // no longer outlived the decision; 1,888 once the phases took their parts by reference
-        // (a phase that takes the head or the answer by value keeps another copy of it); 1,888
+        // (a phase that takes the head or the answer by value keeps another copy of it); 1,920
         // with the route's steps (what they keep of a request for its answers, inline), once an
         // unrouted request's error was boxed (the future keeps its arguments to the end) and
         // the request id kept once, shared, instead of twice.

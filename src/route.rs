@@ -12,26 +12,46 @@ use crate::config::{PathMatch, Route};
 use crate::target;
 
 /// Does `route` accept this request, its conditions aside?
+#[cfg(test)]
 pub fn matches(route: &Route, method: &Method, host: Option<&str>, path: &str) -> bool {
+    place_matches(route, host, path) && takes(route, method)
+}
+
+/// Do the route's host and path match?
+fn place_matches(route: &Route, host: Option<&str>, path: &str) -> bool {
     if let Some(m) = &route.host {
         match host {
             Some(h) if m.matches(h) => {}
             _ => return false,
         }
     }
-    if !route.path.matches(path) {
-        return false;
-    }
+    route.path.matches(path)
+}
+
+/// Does the route take `method`?
+fn takes(route: &Route, method: &Method) -> bool {
     match &route.methods {
         None => true,
         Some(list) => list.iter().any(|m| m == method),
     }
 }
 
+/// The method a CORS preflight asks about (`OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method`), if this is one.
+fn preflight_method(method: &Method, headers: &HeaderMap) -> Option<Method> {
+    if method != Method::OPTIONS || !headers.contains_key(http::header::ORIGIN) {
+        return None;
+    }
+    let asked = headers.get(http::header::ACCESS_CONTROL_REQUEST_METHOD)?;
+    Method::from_bytes(asked.as_bytes()).ok()
+}
+
 /// Index of the first route that accepts the request: `conditions` are the routes' own,
 /// compiled ([`compile`]), `path` is the normalised path ([`target::Target::path`]), `query`
 /// the raw query string; the host is the canonical `Host`, read only once a route asks.
 /// Header and query conditions run last, only on a route whose host, path and method matched.
+/// A CORS preflight is taken by a route with `cors` that takes the method it asks about (its
+/// `methods:` need not list `OPTIONS`, which the step answers).
 pub fn find(
     routes: &[Route],
     conditions: &[Option<Box<Conditions>>],
@@ -41,9 +61,18 @@ pub fn find(
     query: Option<&str>,
 ) -> Option<usize> {
     let mut host = None;
+    // Read once a route with `cors` turns out not to take the method itself.
+    let mut preflight = None;
     routes.iter().zip(conditions).position(|(r, c)| {
         let host = if r.host.is_some() { *host.get_or_insert_with(|| target::host(headers)) } else { None };
-        matches(r, method, host, path) && c.as_ref().is_none_or(|c| c.matches(headers, query))
+        place_matches(r, host, path)
+            && (takes(r, method)
+                || (r.cors.is_some()
+                    && preflight
+                        .get_or_insert_with(|| preflight_method(method, headers))
+                        .as_ref()
+                        .is_some_and(|m| takes(r, m))))
+            && c.as_ref().is_none_or(|c| c.matches(headers, query))
     })
 }
 
@@ -99,6 +128,8 @@ mod tests {
             auth: None,
             auth_own: false,
             compression: None,
+            cors: None,
+            extensions: Vec::new(),
         }
     }
 
@@ -120,6 +151,33 @@ mod tests {
         assert!(matches(&r, &Method::GET, None, "/x"));
         assert!(!matches(&r, &Method::POST, None, "/x"));
         assert!(!matches(&r, &Method::GET, None, "/x/y"));
+    }
+
+    #[test]
+    fn a_preflight_is_routed_by_the_method_it_asks_about_on_routes_with_cors() {
+        let cors = crate::config::cors::CorsConfig {
+            origins: crate::config::cors::Origins::Any,
+            methods: crate::config::cors::Allow::Any,
+            headers: crate::config::cors::Allow::Any,
+            expose: crate::config::cors::Allow::Any,
+            credentials: false,
+            max_age: std::time::Duration::ZERO,
+            limit_preflights: false,
+        };
+        let mut with = route(None, PathMatch::Prefix("/".into()), Some(vec![Method::PUT]));
+        with.cors = Some(std::sync::Arc::new(cors));
+        let without = route(None, PathMatch::Prefix("/".into()), Some(vec![Method::PUT]));
+        let mut h = HeaderMap::new();
+        h.insert("origin", http::HeaderValue::from_static("https://a.example"));
+        h.insert("access-control-request-method", http::HeaderValue::from_static("PUT"));
+        let find_one = |r: &Route, m: &Method, h: &HeaderMap| find(std::slice::from_ref(r), &[None], m, h, "/", None);
+        assert_eq!(find_one(&with, &Method::OPTIONS, &h), Some(0));
+        assert_eq!(find_one(&without, &Method::OPTIONS, &h), None);
+        h.insert("access-control-request-method", http::HeaderValue::from_static("DELETE"));
+        assert_eq!(find_one(&with, &Method::OPTIONS, &h), None);
+        h.insert("access-control-request-method", http::HeaderValue::from_static("PUT"));
+        h.remove("origin");
+        assert_eq!(find_one(&with, &Method::OPTIONS, &h), None, "no Origin: no preflight");
     }
 
     #[test]

@@ -172,6 +172,7 @@ async fn every_error_has_one_answer_with_its_source() {
             Some("1"),
             Source::Store,
         ),
+        (Error::CorsRefused("why"), 403, "urn:tollgate:problem:cors-refused", None, Source::Policy),
     ];
     for (err, status, kind, retry, source) in cases {
         assert_eq!(err.source(), source, "{err:?}");

@@ -46,6 +46,7 @@ pub struct Config {
     plans: Option<super::plans::RawPlans>,
     auth: Option<super::auth::RawAuth>,
     compression: Option<super::compression::RawCompression>,
+    cors: Option<super::cors::RawCors>,
     tracing: Option<super::otel::RawTracing>,
     upstreams: BTreeMap<String, Upstream>,
     routes: Vec<Route>,
@@ -410,6 +411,8 @@ struct Route {
     tunnels: Tunnels,
     auth: Option<super::auth::RawRouteAuth>,
     compression: Option<super::compression::RawRouteCompression>,
+    cors: Option<super::cors::RawRouteCors>,
+    extensions: Option<serde_yaml::Mapping>,
 }
 
 #[derive(Deserialize, Default)]
@@ -463,6 +466,7 @@ impl Config {
             self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
         let default_compression =
             self.compression.map(|c| c.validate(&[key("compression")])).transpose()?.map(std::sync::Arc::new);
+        let default_cors = self.cors.map(|c| c.validate(&[key("cors")])).transpose()?.map(std::sync::Arc::new);
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -622,6 +626,14 @@ impl Config {
                 None => default_compression.clone(),
                 Some(c) => c.validate(&at(&["compression"]))?.map(std::sync::Arc::new),
             };
+            let cors = match route.cors {
+                None => default_cors.clone(),
+                Some(c) => c.validate(&at(&["cors"]))?.map(std::sync::Arc::new),
+            };
+            let extensions = match route.extensions {
+                None => Vec::new(),
+                Some(map) => super::extension::validate(map, &at(&["extensions"]))?,
+            };
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -653,6 +665,8 @@ impl Config {
                 auth,
                 auth_own,
                 compression,
+                cors,
+                extensions,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -703,6 +717,7 @@ impl Config {
             tracing,
             auth: default_auth,
             compression: default_compression,
+            cors: default_cors,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,
             upstreams,

@@ -52,6 +52,8 @@ pub(super) struct Extra {
     keys: Option<String>,
     /// The consumer the route's `auth` verified (never the credential).
     consumer: Option<Box<str>>,
+    /// What the route's steps did, as `step=what` words (`cors=origin_refused`).
+    steps: String,
 }
 
 impl Extra {
@@ -83,6 +85,11 @@ impl<'a> Access<'a> {
         if let Some(span) = self.trace.as_mut() {
             span.attributes.push(trace::text("enduser.id", consumer));
         }
+    }
+
+    /// Where the route's steps note what they did for the line (nowhere when the log is off).
+    pub(super) fn notes(&mut self) -> crate::step::Notes<'_> {
+        crate::step::Notes(self.extra.as_deref_mut().map(|x| &mut x.steps))
     }
 
     /// `logging`: the access log is on, so the path is worth copying (the span's too).
@@ -150,6 +157,7 @@ impl<'a> Access<'a> {
             at_us = extra.and_then(|x| x.at_us),
             keys = extra.and_then(|x| x.keys.as_deref()),
             consumer = extra.and_then(|x| x.consumer.as_deref()),
+            steps = extra.map(|x| x.steps.as_str()).filter(|s| !s.is_empty()),
         );
     }
 }

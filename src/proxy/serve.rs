@@ -93,14 +93,20 @@ impl Proxy {
             // What the route's steps learn of the request for its answers (a 429's too).
             let mut seen = step::Seen::default();
             let (mut resp, from) = 'answer: {
+                // The step that answers once the limits admit the request (a counted preflight).
+                let mut after_limits = None;
                 // *Arrive*: the route's steps, if it has any.
                 if !lane.steps.is_empty() {
-                    this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen);
-                }
-                // *Auth*: only on routes with `auth`; its future is boxed, out of the others'.
-                if let Some(auth) = &lane.auth {
-                    if let Err(e) = this.authenticate(auth, &mut parts, &mut log).await {
-                        break 'answer (this.refused(route, lane, &e, Some(&parts), version, &mut log), Answered::Own);
+                    match this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
+                        (Flow::Next, _) => {}
+                        (Flow::Answer(here), _) => break 'answer (here, Answered::Own),
+                        (Flow::Refuse(e), _) => {
+                            break 'answer (
+                                this.refused(route, lane, &e, Some(&parts), version, &mut log),
+                                Answered::Own,
+                            )
+                        }
+                        (Flow::AfterLimits, i) => after_limits = Some(i),
                     }
                 }
                 let admission = match this.admit(route, lane, &mut parts, &mut target, &ctx, &mut log).await {
@@ -109,6 +115,9 @@ impl Proxy {
                         break 'answer (this.refused(route, lane, &e, Some(&parts), version, &mut log), Answered::Own)
                     }
                 };
+                if let Some(i) = after_limits {
+                    break 'answer (lane.steps.admitted(i, &parts, &mut seen), Answered::Own);
+                }
                 // A copy of the head, only when a stale copy could be stored or served for it.
                 let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
                 match this.last_hop(lane, &mut parts) {
@@ -199,7 +208,7 @@ impl Proxy {
             set_id(resp.headers_mut(), name, id);
         }
         if !lane.steps.is_empty() {
-            lane.steps.answer(seen, resp, from);
+            lane.steps.answer(seen, resp, from, log.notes());
         }
         lane.metrics.response(resp.status().as_u16());
         if let Some(started) = started {
@@ -339,8 +348,11 @@ impl Proxy {
         Ok(Some(admission))
     }
 
-    /// *Arrive*: the route's steps, in order, before its limits (see [`crate::step`]).
-    fn arrive(
+    /// *Arrive*: the route's steps, in order, before its limits (see [`crate::step`]): what
+    /// they decided, and which step decided it. The identity `auth` verified goes in the log
+    /// line and the span.
+    #[allow(clippy::too_many_arguments)]
+    async fn arrive(
         &self,
         route: &Route,
         lane: &Lane,
@@ -348,34 +360,25 @@ impl Proxy {
         target: &Target,
         ctx: &Ctx<'_>,
         seen: &mut step::Seen,
-    ) {
-        let mut arrival = step::Arrival {
-            parts,
-            target,
-            route: &route.name,
-            request_id: ctx.request_id(),
-            peer: ctx.peer.addr.ip(),
-            trusted: &self.trusted,
+        log: &mut Access<'_>,
+    ) -> (Flow, u8) {
+        let decided = {
+            let mut arrival = step::Arrival {
+                parts: &mut *parts,
+                target,
+                route: &route.name,
+                request_id: ctx.request_id(),
+                peer: ctx.peer.addr.ip(),
+                trusted: &self.trusted,
+                clock: &*self.clock,
+                notes: log.notes(),
+            };
+            lane.steps.arrive(&mut arrival, seen).await
         };
-        lane.steps.arrive(&mut arrival, seen);
-    }
-
-    /// *Auth*: the route's `auth` verifies the request's credential; the identity goes in the
-    /// head's extensions (no slot in the request's future; keys read the head), its consumer
-    /// in the log line and the span.
-    fn authenticate<'a>(
-        &'a self,
-        auth: &'a crate::auth::Auth,
-        parts: &'a mut Parts,
-        log: &'a mut Access<'_>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>> {
-        let now = self.wall_secs();
-        Box::pin(async move {
-            let id = auth.check(parts, now).await?;
+        if let Some(id) = identity(parts) {
             log.identified(&id.consumer);
-            parts.extensions.insert(id);
-            Ok(())
-        })
+        }
+        decided
     }
 
     /// What limit keys (and a `hash` group's balancing) read of the request.

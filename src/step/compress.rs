@@ -8,7 +8,7 @@
 use http::Response;
 use prometheus_client::metrics::counter::Counter;
 
-use super::{Answered, Arrival, Build, Builtin, Seen};
+use super::{Answered, Arrival, Arrived, Build, Builtin, Flow, Notes, Seen};
 use crate::body::Body;
 use crate::compress::{Asked, Compress, Counters, Origin, Outcome};
 use crate::config::compression::{Coding, CompressionConfig};
@@ -51,18 +51,19 @@ impl Builtin for Compression {
         }
     }
 
-    fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) {
+    fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, seen: &mut Seen) -> Arrived<'a> {
         seen.compression = Some(Asked::new(&a.parts.method, &a.parts.headers));
+        Arrived::Now(Flow::Next)
     }
 
-    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered) {
+    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
         let origin = match from {
             Answered::Upstream | Answered::Responder | Answered::Stale => Origin::Upstream,
             Answered::Own => Origin::Own,
             Answered::Tunnel => Origin::Tunnel,
         };
-        // Never unset once the request side ran (it runs first); else as a request without
-        // the field.
+        // Set by the request side, which runs before any step that may answer or refuse; else
+        // as a request without the field.
         let asked = seen.compression.unwrap_or_default();
         match self.inner.apply(&asked, origin, resp) {
             Outcome::Encode(c) => {
@@ -72,6 +73,7 @@ impl Builtin for Compression {
                     Coding::Zstd => &self.counts.zstd,
                 };
                 count.inc();
+                notes.add("compression", c.token());
             }
             Outcome::Identity(_) => {
                 self.counts.identity.inc();

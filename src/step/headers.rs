@@ -6,7 +6,7 @@
 
 use http::Response;
 
-use super::{Answered, Arrival, Build, Builtin, Seen};
+use super::{Answered, Arrival, Arrived, Build, Builtin, Flow, Notes, Seen};
 use crate::body::Body;
 use crate::config::{Config, Route};
 use crate::forward::rules::{HeaderRules, Vars};
@@ -25,13 +25,14 @@ impl Builtin for Headers {
         Some(format!("to every answer (its own 429s and 5xx, stale copies included), tollgate: {}", rules.describe()))
     }
 
-    fn arrive(&self, a: &mut Arrival<'_>, seen: &mut Seen) {
+    fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, seen: &mut Seen) -> Arrived<'a> {
         if self.rules.is_dynamic() {
             seen.headers = Some(render(&self.rules, a));
         }
+        Arrived::Now(Flow::Next)
     }
 
-    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, _: Answered) {
+    fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, _: Answered, _: &mut Notes<'_>) {
         self.rules.apply(resp.headers_mut(), seen.headers.as_deref().unwrap_or_default());
     }
 }

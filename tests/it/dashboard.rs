@@ -4,18 +4,16 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use crate::support::browser::{driver, session, webdriver};
 use crate::support::process::Process;
-use crate::support::{full, get, h1, Tollgate, Upstream};
+use crate::support::{get, Tollgate, Upstream};
 
 /// A route whose limit refuses most of a steady client's requests.
 fn limited(upstream: SocketAddr) -> String {
@@ -77,70 +75,6 @@ async fn the_json_counts_what_metrics_count_and_lists_the_429s() {
     assert!(headers["content-type"].to_str().unwrap().starts_with("text/html"));
     assert!(headers["content-security-policy"].to_str().unwrap().contains("connect-src 'self'"));
     assert!(String::from_utf8_lossy(&page).contains("/dashboard.json"));
-}
-
-/// The first of `names` found in `PATH`.
-fn which(names: &[&str]) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).flat_map(|dir| names.iter().map(move |n| dir.join(n))).find(|p| p.is_file())
-}
-
-/// chromedriver, killed on drop.
-struct Driver {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One WebDriver command (W3C JSON over HTTP); the reply's `value`.
-async fn webdriver(addr: SocketAddr, method: Method, path: &str, body: Option<Value>) -> Value {
-    let mut send = h1(addr).await;
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .body(full(body.map(|b| b.to_string()).unwrap_or_default()))
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let reply: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}"));
-    assert!(status.is_success(), "WebDriver {path}: {status} {reply}");
-    reply["value"].clone()
-}
-
-/// Starts chromedriver on a free port, or says why it cannot: CI must have it
-/// (`scripts/test.sh` installs it); elsewhere the test is skipped with the reason.
-async fn driver() -> Option<(Driver, PathBuf)> {
-    let (Some(chromedriver), Some(chromium)) =
-        (which(&["chromedriver"]), which(&["chromium", "chromium-browser", "google-chrome"]))
-    else {
-        let why = "headless Chromium and chromedriver are not installed (apt-get install chromium chromium-driver; scripts/test.sh does it)";
-        assert!(std::env::var_os("CI").is_none(), "the browser test cannot run: {why}");
-        eprintln!("skipped: {why}");
-        return None;
-    };
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let child = Command::new(chromedriver)
-        .arg(format!("--port={}", addr.port()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let driver = Driver { child, addr };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "chromedriver did not start listening on {addr}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Some((driver, chromium))
 }
 
 /// What the page shows of route `api`, read in one script run.
@@ -221,11 +155,7 @@ async fn the_page_in_a_browser_moves_with_the_metrics() {
         }
     });
 
-    let args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,800"];
-    let caps = json!({ "capabilities": { "alwaysMatch": { "goog:chromeOptions": {
-        "binary": chromium.to_string_lossy(), "args": args } } } });
-    let session = webdriver(driver.addr, Method::POST, "/session", Some(caps)).await;
-    let session = session["sessionId"].as_str().expect("a session id").to_owned();
+    let session = session(driver.addr, &chromium).await;
     let url = format!("http://{}/", tg.admin);
     webdriver(driver.addr, Method::POST, &format!("/session/{session}/url"), Some(json!({ "url": url }))).await;
 

@@ -1,6 +1,7 @@
 //! Test helpers: an in-process tollgate on 127.0.0.1:0, real hyper upstreams, real clients.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod jwt;
 pub mod process;
 pub mod raw;

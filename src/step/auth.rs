@@ -1,0 +1,99 @@
+//! `auth`: a route's credentials (a JWT or an API key) verified once, before the limits, into
+//! the identity that limit keys and plans read (kept in the head's extensions). The checking
+//! itself is the `auth` room's; this file puts it on the route's steps and says it in words.
+
+use std::fmt::Write;
+
+use super::{Arrival, Arrived, Build, Builtin, Flow, Seen};
+use crate::config::auth::{ApiKeys, AuthConfig, Credential, Jwks, Method};
+use crate::config::{Config, Route};
+use crate::jwt::Alg;
+
+pub(crate) struct Auth(crate::auth::Auth);
+
+impl Auth {
+    pub(crate) fn inner(&self) -> &crate::auth::Auth {
+        &self.0
+    }
+}
+
+impl Builtin for Auth {
+    fn compile(b: &mut Build<'_>) -> Option<Auth> {
+        let config = b.route.auth.as_deref()?;
+        let plans = b.config.plans.as_deref();
+        Some(Auth(crate::auth::Auth::new(config, b.route, plans, b.redis, b.metrics, b.remote_for)))
+    }
+
+    fn describe(route: &Route, _: &Config) -> Option<String> {
+        route.auth.as_deref().map(describe)
+    }
+
+    /// Boxed: only routes with `auth` carry its future (as before the seam).
+    fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, _: &mut Seen) -> Arrived<'a> {
+        // Token times (`exp`, `nbf`) in whole seconds of the limits' clock.
+        let now = i64::try_from(a.clock.now().as_micros() / 1_000_000).unwrap_or(i64::MAX);
+        Arrived::Later(Box::pin(async move {
+            match self.0.check(a.parts, now).await {
+                Ok(id) => {
+                    a.parts.extensions.insert(id);
+                    Flow::Next
+                }
+                Err(e) => Flow::Refuse(e),
+            }
+        }))
+    }
+}
+
+/// A route's `auth` in words: what is verified, where it is read, what a client without it gets.
+fn describe(a: &AuthConfig) -> String {
+    let from = |c: &Credential| match c {
+        Credential::Header(h) if *h == http::header::AUTHORIZATION => "a bearer token in Authorization".to_owned(),
+        Credential::Header(h) => format!("header {h}"),
+        Credential::Query(q) => format!("query parameter {q}"),
+        Credential::Cookie(c) => format!("cookie {c}"),
+    };
+    let mut out = match &a.method {
+        Method::Jwt(j) => {
+            let algs: Vec<&str> =
+                Alg::ALL.into_iter().filter(|x| j.rules.algorithms.contains(*x)).map(Alg::as_str).collect();
+            let keys = match &j.keys {
+                Jwks::File { path, .. } => format!("the key set {}", path.display()),
+                Jwks::Url { url, .. } => format!("the key set at {url} (read again in the background)"),
+                Jwks::Secret { path, .. } => format!("the HS256 secret in {}", path.display()),
+            };
+            let mut s = format!("auth: a JWT ({}) from {}, verified with {keys}", algs.join(", "), from(&j.from));
+            if !j.rules.issuers.is_empty() {
+                let _ = write!(s, ", issued by {}", j.rules.issuers.join(" or "));
+            }
+            if !j.rules.audiences.is_empty() {
+                let _ = write!(s, ", for {}", j.rules.audiences.join(" or "));
+            }
+            let _ = write!(
+                s,
+                "; exp and nbf with {}s of leeway; the consumer is claim `{}`",
+                j.rules.leeway_secs, j.rules.consumer_claim
+            );
+            s
+        }
+        Method::ApiKey(k) => {
+            let store = match &k.keys {
+                ApiKeys::File { path, consumers } => format!("{} ({} keys)", path.display(), consumers.len()),
+                ApiKeys::Redis { hash, .. } => format!("the Redis hash {hash}"),
+            };
+            format!("auth: an API key from {}, found by its SHA-256 in {store}", from(&k.from))
+        }
+    };
+    out.push_str(if a.optional {
+        "; a request without one passes as consumer `anonymous`, a bad one gets 401"
+    } else {
+        "; a request without a valid one gets 401 (403 for a token meant for another audience)"
+    });
+    if !a.claims_to_headers.is_empty() {
+        let names: Vec<String> = a.claims_to_headers.iter().map(|(c, h)| format!("{c} as {h}")).collect();
+        let _ = write!(out, "; forwards {} (a client's own copies removed)", names.join(", "));
+    }
+    if a.strip_credentials {
+        out.push_str("; the credential is not forwarded");
+    }
+    out
+}
