@@ -37,17 +37,25 @@ if ! need pebble || ! need pebble-challtestsrv; then
     export TOLLGATE_SKIP_PEBBLE=1
   fi
 fi
-# The HTTP/3 test with a client written elsewhere (tests/h3/aioquic_client.py) needs aioquic.
-if need python3 && ! python3 -c 'import aioquic' 2>/dev/null; then
-  echo "==> installing aioquic (pip)"
+# Python modules of tests that use a client or decoder written elsewhere: aioquic for the
+# HTTP/3 test (tests/h3/aioquic_client.py), brotli and zstandard for the compression tests'
+# decoders (tests/it/compression.rs). A test whose module is missing says it was skipped.
+py_missing=()
+if need python3; then
+  for m in aioquic:aioquic brotli:brotli zstandard:zstandard; do
+    python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m#*:}")
+  done
+fi
+if ((${#py_missing[@]})); then
+  echo "==> installing ${py_missing[*]} (pip)"
   if ! python3 -m pip --version >/dev/null 2>&1; then
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq python3-pip >/dev/null || true
   fi
   # A distribution's own Python refuses pip's installs (PEP 668) unless told otherwise.
-  python3 -m pip install -q aioquic 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages aioquic ||
-    echo "warning: aioquic not installed; its HTTP/3 test will say it was skipped"
+  python3 -m pip install -q "${py_missing[@]}" 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages "${py_missing[@]}" ||
+    echo "warning: ${py_missing[*]} not installed; the tests that need them will say they were skipped"
 fi
 if need rustup; then
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt

@@ -202,6 +202,8 @@ pub enum BodyError {
     /// The built-in responder's `resets`: the answer is cut on purpose.
     #[error("cut by the responder (respond.resets)")]
     Cut,
+    #[error("the answer's encoder failed: {0}")]
+    Encode(std::io::Error),
 }
 
 pin_project! {
@@ -216,8 +218,9 @@ pin_project! {
         // A stream of tollgate's own HTTP/2 client: the response as h2 hands it over, and the
         // request body's unfinished pump (boxed: most requests finish theirs before the head).
         H2 { recv: ::h2::RecvStream, pump: Option<Box<h2::Pump>>, idle: Idle, stream: Option<Place>, data_done: bool },
-        // A body made elsewhere (the responder's slow or cut bodies).
-        Dyn { inner: Pin<Box<dyn HttpBody<Data = Bytes, Error = BodyError> + Send + Sync>> },
+        // A body another room made (an answer encoded on its way out, the responder's slow or
+        // cut bodies), boxed by the room that made it.
+        Boxed { inner: Pin<Box<dyn HttpBody<Data = Bytes, Error = BodyError> + Send>> },
     }
 }
 
@@ -272,9 +275,9 @@ impl Body {
         Body::of(Kind::H2 { recv, pump, idle: Idle::new(idle_timeout), stream: Some(stream), data_done: false })
     }
 
-    /// Any body of tollgate's own making (the responder's faults).
-    pub fn boxed(inner: impl HttpBody<Data = Bytes, Error = BodyError> + Send + Sync + 'static) -> Body {
-        Body::of(Kind::Dyn { inner: Box::pin(inner) })
+    /// A body made by another room (an encoded answer, the responder's faults).
+    pub fn boxed(inner: impl HttpBody<Data = Bytes, Error = BodyError> + Send + 'static) -> Body {
+        Body::of(Kind::Boxed { inner: Box::pin(inner) })
     }
 
     /// Copies the body into `tap` as it streams.
@@ -362,7 +365,7 @@ impl HttpBody for Body {
                 }
                 (polled, ended)
             }
-            KindProj::Dyn { inner } => {
+            KindProj::Boxed { inner } => {
                 let polled = inner.as_mut().poll_frame(cx);
                 let ended = match &polled {
                     Poll::Ready(Some(Ok(_))) => inner.is_end_stream(),
@@ -386,7 +389,7 @@ impl HttpBody for Body {
             Kind::Full { data } => data.is_none(),
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.is_end_stream(),
             Kind::H2 { recv, .. } => recv.is_end_stream(),
-            Kind::Dyn { inner } => inner.is_end_stream(),
+            Kind::Boxed { inner } => inner.is_end_stream(),
         }
     }
 
@@ -396,7 +399,7 @@ impl HttpBody for Body {
             Kind::Upstream { inner, .. } | Kind::Stream { inner, .. } => inner.size_hint(),
             Kind::H2 { recv, .. } if recv.is_end_stream() => SizeHint::with_exact(0),
             Kind::H2 { .. } => SizeHint::default(),
-            Kind::Dyn { inner } => inner.size_hint(),
+            Kind::Boxed { inner } => inner.size_hint(),
         }
     }
 }

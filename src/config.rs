@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod compression;
 pub mod cors;
 pub mod edge;
 pub mod extension;
@@ -120,6 +121,8 @@ pub struct Config {
     pub dns: group::DnsConfig,
     /// `auth:` at the top level: the routes without their own use it (files read).
     pub auth: Option<Arc<auth::AuthConfig>>,
+    /// `compression:` at the top level: the routes without their own use it.
+    pub compression: Option<Arc<compression::CompressionConfig>>,
     /// `cors:` at the top level: the routes without their own use it.
     pub cors: Option<Arc<cors::CorsConfig>>,
     /// The `plans:` section (client tiers), with its clients file read.
@@ -355,6 +358,8 @@ pub struct Route {
     pub auth_own: bool,
     /// `split:`: several upstreams by weight (`upstream` is then the first of them).
     pub split: Option<Arc<split::Split>>,
+    /// `compression:`, the route's own or the top-level default (`None`: answers pass as they are).
+    pub compression: Option<Arc<compression::CompressionConfig>>,
     /// `cors:`, the route's own or the top-level default (`None`: no CORS fields).
     pub cors: Option<Arc<cors::CorsConfig>>,
     /// `extensions:`: steps registered by the program that embeds tollgate, in file order.

@@ -677,6 +677,28 @@ routes:
         );
     }
 
+    #[test]
+    fn compression_in_plain_words() {
+        let yaml = "compression: { levels: { gzip: 6 } }
+upstreams: { d: { respond: {} } }
+routes:
+  - { name: own, upstream: d, compression: { encodings: [gzip, br], min_size: 10KiB, types: [text/html, application/*+json] } }
+  - { name: off, upstream: d, compression: none }
+  - { name: default, upstream: d }
+";
+        let text = explain(&Config::from_yaml(Path::new("c.yaml"), yaml).unwrap());
+        assert!(
+            text.contains("compression: gzip 4, br 4 (by Accept-Encoding's weights, this order among equal ones) for text/html, application/*+json answers of 10 KiB or more"),
+            "{text}"
+        );
+        assert!(
+            text.contains("route `off` -> upstream `d`\n  compression: none (this route turns the default off)"),
+            "{text}"
+        );
+        assert!(text.contains("compression: zstd 3, br 4, gzip 6 (by"), "{text}");
+        assert!(text.contains("event streams flushed per event"), "{text}");
+    }
+
     fn explained(limits: &str) -> String {
         let yaml = format!("upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n{limits}");
         explain(&Config::from_yaml(Path::new("t.yaml"), &yaml).unwrap())

@@ -37,6 +37,8 @@
 //!   WebSockets over HTTP/2), header rewriting, built-in responder; `forward::group`: a
 //!   `servers:` upstream's balancing, health and budgeted retries.
 //! - [`body`]: the body types at both edges, with their read deadlines.
+//! - [`compress`]: answers encoded on their way back (gzip, brotli, zstd) by `Accept-Encoding`,
+//!   streamed, flushed per event.
 //! - [`cache`]: stale copies of good GET answers, served when throttled or the upstream fails.
 //! - [`metrics`]: the Prometheus registry and per-route, per-limit handles.
 //! - [`pki`]: certificate and key files read and checked, x509 facts, the TLS configs made
@@ -81,6 +83,7 @@ mod answer;
 mod auth;
 mod body;
 mod cache;
+mod compress;
 mod forward;
 mod framing;
 // Under test, for the property tests and regressions beside the entry points.

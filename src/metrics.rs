@@ -77,6 +77,18 @@ struct RouteLimit {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CompressionLabel {
+    route: Label,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CompressionBytesLabel {
+    route: Label,
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AuthLabel {
     route: Label,
     result: &'static str,
@@ -244,6 +256,8 @@ pub struct Metrics {
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
     auth: Family<AuthLabel, Counter>,
+    compression: Family<CompressionLabel, Counter>,
+    compression_bytes: Family<CompressionBytesLabel, Counter>,
     steps: Family<StepLabel, Counter>,
     key_set_reads: Family<KeySetLabel, Counter>,
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
@@ -554,6 +568,19 @@ impl Metrics {
             "Requests of routes with `auth`, by route, result (authenticated, anonymous, refused) and reason",
             auth.clone(),
         );
+        let compression = Family::<CompressionLabel, Counter>::default();
+        registry.register(
+            "compression",
+            "Answers of routes with `compression`, by route and result (gzip, br, zstd: encoded; identity: sent as \
+             they are with Vary: Accept-Encoding)",
+            compression.clone(),
+        );
+        let compression_bytes = Family::<CompressionBytesLabel, Counter>::default();
+        registry.register(
+            "compression_bytes",
+            "Bytes taken (in) and emitted (out) by the encoders of routes with `compression`",
+            compression_bytes.clone(),
+        );
         let steps = Family::<StepLabel, Counter>::default();
         registry.register(
             "steps",
@@ -729,6 +756,8 @@ impl Metrics {
             concurrency_limit,
             errors,
             auth,
+            compression,
+            compression_bytes,
             steps,
             key_set_reads,
             upstream_read_timeouts,
@@ -806,6 +835,16 @@ impl Metrics {
     /// reason `-`, `refused` with why.
     pub fn auth(&self, route: &str, result: &'static str, reason: &'static str) -> Counter {
         self.auth.get_or_create(&AuthLabel { route: Label::new(route), result, reason }).clone()
+    }
+
+    /// The count of route `route`'s answers with compression result `result`.
+    pub fn compression(&self, route: &str, result: &'static str) -> Counter {
+        self.compression.get_or_create(&CompressionLabel { route: Label::new(route), result }).clone()
+    }
+
+    /// The count of the bytes route `route`'s encoders took (`in`) or emitted (`out`).
+    pub fn compression_bytes(&self, route: &str, direction: &'static str) -> Counter {
+        self.compression_bytes.get_or_create(&CompressionBytesLabel { route: Label::new(route), direction }).clone()
     }
 
     /// The count of what step `step` of route `route` did (`result`).

@@ -21,6 +21,7 @@
 //! (`config::cors`, `config::auth`...), compiled here at `Proxy::build`.
 
 mod auth;
+mod compress;
 mod cors;
 mod extension;
 mod headers;
@@ -120,6 +121,8 @@ impl Notes<'_> {
 pub(crate) struct Seen {
     /// `response_headers`: its values with variables, rendered from the request as it came.
     headers: Option<crate::forward::rules::Values>,
+    /// `compression`: the request's `Accept-Encoding`, and whether it is a `HEAD` or `CONNECT`.
+    compression: Option<crate::compress::Asked>,
     /// CORS: the `Access-Control-Allow-Origin` this request's answers carry (`None`: no
     /// CORS fields, for a request without `Origin` or from an origin not allowed).
     cors: Option<HeaderValue>,
@@ -216,6 +219,10 @@ builtins! {
     /// `response_headers`: first on the way in (its values read the request as it came), so
     /// last on the way out (the route's own rules have the last word on every answer).
     Headers(headers::Headers),
+    /// `compression`: before any step that may answer or refuse (so that it knows every
+    /// request's `Accept-Encoding`), on the way out after every other step but
+    /// `response_headers` (whose rules have the last word, on `Vary` too).
+    Compression(compress::Compression),
     /// `cors`: before credentials, which a preflight never carries.
     Cors(cors::Cors),
     /// `auth`: who the client is, for the limits' keys and plans.

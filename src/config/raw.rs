@@ -45,6 +45,7 @@ pub struct Config {
     request_id: super::gateway::RawRequestId,
     plans: Option<super::plans::RawPlans>,
     auth: Option<super::auth::RawAuth>,
+    compression: Option<super::compression::RawCompression>,
     cors: Option<super::cors::RawCors>,
     tracing: Option<super::otel::RawTracing>,
     dns: Option<super::group::RawDns>,
@@ -433,6 +434,7 @@ struct Route {
     #[serde(default)]
     tunnels: Tunnels,
     auth: Option<super::auth::RawRouteAuth>,
+    compression: Option<super::compression::RawRouteCompression>,
     cors: Option<super::cors::RawRouteCors>,
     extensions: Option<serde_yaml::Mapping>,
 }
@@ -488,6 +490,8 @@ impl Config {
         let mut plans = self.plans.map(|p| p.validate(redis.is_some())).transpose()?;
         let default_auth =
             self.auth.map(|a| a.validate(&[key("auth")], redis.is_some())).transpose()?.map(std::sync::Arc::new);
+        let default_compression =
+            self.compression.map(|c| c.validate(&[key("compression")])).transpose()?.map(std::sync::Arc::new);
         let default_cors = self.cors.map(|c| c.validate(&[key("cors")])).transpose()?.map(std::sync::Arc::new);
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
@@ -667,6 +671,10 @@ impl Config {
                 }
             };
             let upstream = split.as_ref().map_or(upstream, |s| s.sides[0].upstream);
+            let compression = match route.compression {
+                None => default_compression.clone(),
+                Some(c) => c.validate(&at(&["compression"]))?.map(std::sync::Arc::new),
+            };
             let cors = match route.cors {
                 None => default_cors.clone(),
                 Some(c) => c.validate(&at(&["cors"]))?.map(std::sync::Arc::new),
@@ -706,6 +714,7 @@ impl Config {
                 auth,
                 auth_own,
                 split,
+                compression,
                 cors,
                 extensions,
             });
@@ -759,6 +768,7 @@ impl Config {
             tracing,
             dns,
             auth: default_auth,
+            compression: default_compression,
             cors: default_cors,
             plans: plans.map(super::plans::Validated::finish).transpose()?.map(std::sync::Arc::new),
             warnings,

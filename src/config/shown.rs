@@ -97,6 +97,7 @@ pub fn shown(c: &Config) -> Value {
         ("plans", opt(c.plans.as_deref(), |p| plans(p, c))),
         ("auth", opt(c.auth.as_deref(), auth)),
         ("cors", opt(c.cors.as_deref(), cors)),
+        ("compression", opt(c.compression.as_deref(), compression)),
         ("tracing", opt(c.tracing.as_ref(), tracing)),
         (
             "dns",
@@ -641,6 +642,7 @@ fn route(c: &Config, r: &Route) -> Value {
         ("auth", r.auth.as_deref().map_or_else(|| Value::from("none"), auth)),
         // Likewise the CORS in effect.
         ("cors", r.cors.as_deref().map_or_else(|| Value::from("none"), cors)),
+        ("compression", r.compression.as_deref().map_or_else(|| Value::from("none"), compression)),
         (
             "extensions",
             if r.extensions.is_empty() {
@@ -655,6 +657,17 @@ fn route(c: &Config, r: &Route) -> Value {
             },
         ),
     ])
+}
+
+/// `compression:` in effect, every field with its value (defaults included).
+fn compression(c: &super::compression::CompressionConfig) -> Value {
+    let types: Vec<String> = c.types.iter().map(ToString::to_string).collect();
+    json!({
+        "encodings": c.encodings.iter().map(|e| e.token()).collect::<Vec<_>>(),
+        "levels": { "gzip": c.levels.gzip, "br": c.levels.br, "zstd": c.levels.zstd },
+        "min_size": size(c.min_size),
+        "types": types,
+    })
 }
 
 /// `cors:` as written: origins in their three forms, `*` for a list that allows any.
@@ -973,6 +986,7 @@ cors:
   credentials: true
   max_age: 5m
   limit_preflights: true
+compression: { encodings: [gzip, br, zstd], levels: { gzip: 6, br: 5, zstd: 3 }, min_size: 2KiB, types: [text/html, "application/*+json"] }
 dns: { nameservers: ["127.0.0.1:53"], min_ttl: 2s, max_ttl: 1m, timeout: 1s, required: false }
 tracing:
   otlp: { endpoint: "http://127.0.0.1:4317", protocol: grpc }
@@ -1055,6 +1069,7 @@ routes:
     auth:
       api_key: { from: "query:key", keys: keys.txt }
     cors: { origins: ["*"] }
+    compression: { encodings: [gzip] }
     extensions: { shown-test: { stamp: x-edge } }
   - name: secret
     upstream: canned
@@ -1125,7 +1140,7 @@ routes: [{ upstream: canned }]
 
     /// A path with sequence indices and the keys of data mappings (names the user chose) made
     /// general, so the fields of every route (or upstream) are counted together.
-    /// A route's own `auth` (or `cors`) is the same mapping as the top-level one: counted together.
+    /// A route's own `auth` (`cors`, `compression`) is the same mapping as the top-level one: counted together.
     fn general(path: &[String], data: &BTreeSet<String>) -> String {
         let mut out = String::new();
         for (i, seg) in path.iter().enumerate() {
@@ -1134,7 +1149,7 @@ routes: [{ upstream: canned }]
             out.push_str(if out.is_empty() { "" } else { "." });
             out.push_str(seg);
         }
-        for own in ["auth", "cors"] {
+        for own in ["auth", "cors", "compression"] {
             match out.strip_prefix(&format!("routes.*.{own}")) {
                 Some(rest) if rest.is_empty() || rest.starts_with('.') => return format!("{own}{rest}"),
                 _ => {}

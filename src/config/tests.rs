@@ -632,3 +632,65 @@ fn certificates_tollgate_gets_itself_are_checked_where_they_are_written() {
     assert!(ok.listeners[1].acme_http && !ok.listeners[1].is_plain());
     assert!(ok.warnings.iter().any(|w| w.contains("port 80")), "{:?}", ok.warnings);
 }
+
+#[test]
+fn compression_is_a_default_a_route_may_replace_or_turn_off() {
+    use super::compression::{Coding, CompressionConfig, MediaRange};
+    let text = "compression: { levels: { br: 5 } }
+upstreams: { d: { respond: {} } }
+routes:
+  - { name: a, upstream: d }
+  - { name: b, upstream: d, compression: none }
+  - name: c
+    upstream: d
+    compression:
+      encodings: [gzip]
+      min_size: 2KiB
+      types: [text/html, Application/*+JSON, text/html]
+  - { name: d, upstream: d, compression: {} }
+";
+    let c = Config::from_yaml(Path::new("p.yaml"), text).unwrap();
+    let default = c.compression.clone().unwrap();
+    assert_eq!(default.levels.br, 5);
+    assert_eq!(c.routes[0].compression, Some(default));
+    assert_eq!(c.routes[1].compression, None);
+    let own = c.routes[2].compression.as_deref().unwrap();
+    assert_eq!(own.encodings, [Coding::Gzip]);
+    assert_eq!(own.min_size, 2048);
+    assert_eq!(own.types, [MediaRange::parse("text/html").unwrap(), MediaRange::parse("application/*+json").unwrap()]);
+    // A route's own section replaces the default whole: what it leaves out is the built-in value.
+    assert_eq!(own.levels.br, 4);
+    assert_eq!(c.routes[3].compression.as_deref(), Some(&CompressionConfig::default()));
+    // No section anywhere: nothing is compressed.
+    let plain =
+        Config::from_yaml(Path::new("p.yaml"), "upstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n");
+    assert_eq!(plain.unwrap().routes[0].compression, None);
+}
+
+#[test]
+fn compression_mistakes_name_line_column_and_field() {
+    const UP: &str = "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    compression:\n";
+    let cases: &[(&str, usize, &str, &str)] = &[
+        ("      encodings: [gzip, deflate]\n", 5, "routes[0].compression.encodings[1]", "`deflate` is not a coding"),
+        ("      encodings: [gzip, gzip]\n", 5, "routes[0].compression.encodings[1]", "listed twice"),
+        ("      encodings: []\n", 5, "routes[0].compression.encodings", "`compression: none` turns"),
+        ("      levels: { gzip: 0 }\n", 5, "routes[0].compression.levels.gzip", "gzip takes 1 to 9"),
+        ("      levels: { br: 11 }\n", 5, "routes[0].compression.levels.br", "br takes 0 to 9"),
+        ("      levels: { zstd: 22 }\n", 5, "routes[0].compression.levels.zstd", "zstd takes 1 to 19"),
+        ("      levels: { deflate: 3 }\n", 5, "routes[0].compression.levels.deflate", "unknown field"),
+        ("      types: [text/html, html]\n", 5, "routes[0].compression.types[1]", "`html`: expected a media type"),
+        ("      types: []\n", 5, "routes[0].compression.types", "at least one media type"),
+        ("      min_size: lots\n", 5, "routes[0].compression.min_size", "is not a size"),
+        ("      level: 3\n", 5, "routes[0].compression.level", "unknown field"),
+    ];
+    for (body, line, path, needle) in cases {
+        let e = err(&format!("{UP}{body}"));
+        assert_eq!((e.line, e.path.as_str()), (*line, *path), "{body}: {e}");
+        assert!(e.message.contains(needle), "{body}: {e}");
+    }
+    let e = err("upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    compression: off\n");
+    assert_eq!((e.line, e.path.as_str()), (4, "routes[0].compression"), "{e}");
+    assert!(e.message.contains("`off`: expected `none` or a map"), "{e}");
+    let e = err("compression: { levels: { br: -1 } }\nupstreams: { d: { respond: {} } }\nroutes: [{ upstream: d }]\n");
+    assert_eq!((e.line, e.path.as_str()), (1, "compression.levels.br"), "{e}");
+}

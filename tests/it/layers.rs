@@ -23,7 +23,7 @@ const LAYERS: [(&str, &[&str], &str); 7] = [
     ("step", &["step"], "a route's declared steps, each composing parts, run in order by the request path"),
     (
         "parts",
-        &["route", "auth", "gate", "forward", "cache", "target", "framing", "answer", "body", "trace"],
+        &["route", "auth", "gate", "forward", "cache", "compress", "target", "framing", "answer", "body", "trace"],
         "the steps of one request, compiled from the config at `Proxy::build`",
     ),
     (
@@ -46,7 +46,7 @@ const LAYERS: [(&str, &[&str], &str); 7] = [
 ];
 
 /// Edges inside one layer, each with why; they must stay acyclic.
-const SAME_LAYER: [(&str, &str, &str); 24] = [
+const SAME_LAYER: [(&str, &str, &str); 25] = [
     ("instance", "reload", "a running tollgate runs its reloader"),
     ("admin", "server", "the admin listener is served by the server's connection loop"),
     ("server", "listen", "a listener that is not plain runs listen's edge steps before HTTP"),
@@ -56,6 +56,7 @@ const SAME_LAYER: [(&str, &str, &str); 24] = [
     ("gate", "body", "a granted slot is held by the answer's body"),
     ("cache", "answer", "a stale copy is served as an answer"),
     ("cache", "body", "copies are captured from and served as bodies"),
+    ("compress", "body", "an encoded answer is a body around the one it encodes"),
     ("target", "answer", "a bad target is refused with an answer"),
     ("framing", "answer", "a smuggling attempt is refused with an answer"),
     ("route", "target", "routes match the decided target"),

@@ -10,6 +10,7 @@ mod admin_limits;
 mod auth;
 mod calibrate;
 mod cli;
+mod compression;
 mod cors;
 mod dashboard;
 mod discovery;
