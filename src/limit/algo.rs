@@ -57,6 +57,8 @@ use std::num::NonZeroU64;
 use super::{Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
 /// Algorithm with validated parameters (constructed from config; invalid ones cannot exist).
+/// Each variant's math and facts are its [`Rule`], in its own file; [`with_rule!`] is the one
+/// match that reaches them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// GCRA. `interval` = time per token (period / quantity, rounded down to whole µs, >= 1 µs),
@@ -85,53 +87,151 @@ pub enum State {
     SlidingLog(Box<log::Log>),
 }
 
+/// One algorithm: its math over its own per-key state, and what the rest of tollgate asks of
+/// it. Implemented once per algorithm, in its file, on a copy of its parameters (the fields of
+/// its [`Algorithm`] variant); every item is required, so a new algorithm that leaves one out
+/// does not compile.
+pub trait Rule: Sized {
+    /// Its per-key state ([`State`] holds it through [`Slot`]).
+    type State: Slot;
+
+    /// One decision (see the module docs of each algorithm for the exact math).
+    fn decide(&self, st: &mut Self::State, now: Timestamp, cost: u64) -> Decision;
+    /// Undoes an admission of `cost` made at `now` (never gives back more than it took).
+    fn refund(&self, st: &mut Self::State, now: Timestamp, cost: u64);
+    /// Charges `cost` (at least 1) more without a decision; a debt stays below [`MAX_DEBT`].
+    fn debit(&self, st: &mut Self::State, now: Timestamp, cost: u64);
+    /// True if at `now` the state is equivalent to the initial one (it may be forgotten).
+    fn is_idle(&self, st: &Self::State, now: Timestamp) -> bool;
+    /// Earliest time the state is idle, absent further traffic (for sweeps).
+    fn idle_at(&self, st: &Self::State) -> Timestamp;
+
+    /// Largest cost it can ever admit at once; a larger one is always [`Decision::Never`].
+    fn max_cost(&self) -> u64;
+    /// The longest `retry_after` a denial can carry for a cost it admits, absent a debit.
+    fn longest_wait(&self) -> Span;
+}
+
+/// A state type of one algorithm, and its variant of [`State`] (see [`slot!`]).
+pub trait Slot: Default + Clone {
+    fn of(st: &State) -> Option<&Self>;
+    fn of_mut(st: &mut State) -> Option<&mut Self>;
+    /// The state of this type in `st`, which is first reset to the initial one if it has
+    /// another algorithm's shape (a plan's client that moved to a tier of another algorithm).
+    fn fit(st: &mut State) -> &mut Self;
+    fn into_state(self) -> State;
+}
+
+/// `slot!(Variant => Type)` (or `=> box Type` for a boxed variant): the [`Slot`] of `Type`.
+macro_rules! slot {
+    ($variant:ident => box $ty:ty) => {
+        $crate::limit::algo::slot!(@ $variant, $ty, Box::new);
+    };
+    ($variant:ident => $ty:ty) => {
+        $crate::limit::algo::slot!(@ $variant, $ty, std::convert::identity);
+    };
+    (@ $variant:ident, $ty:ty, $wrap:expr) => {
+        impl $crate::limit::algo::Slot for $ty {
+            fn of(st: &$crate::limit::algo::State) -> Option<&Self> {
+                if let $crate::limit::algo::State::$variant(s) = st {
+                    Some(s)
+                } else {
+                    None
+                }
+            }
+            fn of_mut(st: &mut $crate::limit::algo::State) -> Option<&mut Self> {
+                if let $crate::limit::algo::State::$variant(s) = st {
+                    Some(s)
+                } else {
+                    None
+                }
+            }
+            fn fit(st: &mut $crate::limit::algo::State) -> &mut Self {
+                loop {
+                    if let $crate::limit::algo::State::$variant(s) = st {
+                        return s;
+                    }
+                    *st = $crate::limit::algo::State::$variant(Default::default());
+                }
+            }
+            fn into_state(self) -> $crate::limit::algo::State {
+                $crate::limit::algo::State::$variant($wrap(self))
+            }
+        }
+    };
+}
+pub(crate) use slot;
+
+/// The one match over the algorithms: runs `$body` with `$r` bound to the [`Rule`] of `$alg`
+/// (a `&Algorithm`), a copy of its parameters. Each arm compiles `$body` for its own rule, so
+/// every call is static. A new algorithm gets its arm here, and nowhere else.
+macro_rules! with_rule {
+    ($alg:expr, $r:ident => $body:expr) => {
+        match $alg {
+            Algorithm::TokenBucket { interval, burst, warmup } => {
+                let $r = gcra::TokenBucket { interval: *interval, burst: *burst, warmup: *warmup };
+                $body
+            }
+            Algorithm::LeakyBucket { interval, max_delay } => {
+                let $r = leaky::LeakyBucket { interval: *interval, max_delay: *max_delay };
+                $body
+            }
+            Algorithm::FixedWindow { window, limit, calendar } => {
+                let $r = fixed::FixedWindow { window: *window, limit: *limit, calendar: calendar.as_ref() };
+                $body
+            }
+            Algorithm::SlidingWindow { window, limit } => {
+                let $r = sliding::SlidingWindow { window: *window, limit: *limit };
+                $body
+            }
+            Algorithm::SlidingLog { window, limit } => {
+                let $r = log::SlidingLog { window: *window, limit: *limit };
+                $body
+            }
+        }
+    };
+}
+
+impl Algorithm {
+    /// Largest cost this algorithm can ever admit at once (config validation: cost <= this).
+    pub fn max_cost(&self) -> u64 {
+        with_rule!(self, r => r.max_cost())
+    }
+
+    /// The longest `retry_after` a denial can carry for a cost it admits (see [`longest_wait`]).
+    pub fn longest_wait(&self) -> Span {
+        with_rule!(self, r => r.longest_wait())
+    }
+}
+
+/// `st`'s state if it has `R`'s shape.
+fn held<'s, R: Rule>(_: &R, st: &'s State) -> Option<&'s R::State> {
+    R::State::of(st)
+}
+
 impl State {
     /// The initial ("never seen") state of `alg`.
     pub fn initial(alg: &Algorithm) -> State {
-        match alg {
-            Algorithm::TokenBucket { .. } => State::TokenBucket(gcra::Gcra::default()),
-            Algorithm::LeakyBucket { .. } => State::LeakyBucket(leaky::Meter::default()),
-            Algorithm::FixedWindow { .. } => State::FixedWindow(fixed::Window::default()),
-            Algorithm::SlidingWindow { .. } => State::SlidingWindow(sliding::Counter::default()),
-            Algorithm::SlidingLog { .. } => State::SlidingLog(Box::default()),
+        fn of<R: Rule>(_: &R) -> State {
+            R::State::default().into_state()
         }
+        with_rule!(alg, r => of(&r))
     }
 
     /// True if this state has the shape `alg` expects.
     fn fits(&self, alg: &Algorithm) -> bool {
-        matches!(
-            (self, alg),
-            (State::TokenBucket(_), Algorithm::TokenBucket { .. })
-                | (State::LeakyBucket(_), Algorithm::LeakyBucket { .. })
-                | (State::FixedWindow(_), Algorithm::FixedWindow { .. })
-                | (State::SlidingWindow(_), Algorithm::SlidingWindow { .. })
-                | (State::SlidingLog(_), Algorithm::SlidingLog { .. })
-        )
+        with_rule!(alg, r => held(&r, self).is_some())
     }
 
-    /// True if at `now` this state is equivalent to the initial one (it may be forgotten).
+    /// True if at `now` this state is equivalent to the initial one (it may be forgotten). A
+    /// state of another algorithm's shape is treated as initial everywhere.
     pub fn is_idle(&self, alg: &Algorithm, now: Timestamp) -> bool {
-        match (self, alg) {
-            (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.is_idle(*warmup, now),
-            (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.is_idle(now),
-            (State::FixedWindow(s), Algorithm::FixedWindow { .. }) => s.is_idle(now),
-            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.is_idle(*window, now),
-            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.is_idle(*window, now),
-            // A state of another algorithm's shape is treated as initial everywhere.
-            _ => true,
-        }
+        with_rule!(alg, r => held(&r, self).is_none_or(|s| r.is_idle(s, now)))
     }
 
     /// Earliest time at which this state is idle, absent further traffic (for sweeps).
     pub fn idle_at(&self, alg: &Algorithm) -> Timestamp {
-        match (self, alg) {
-            (State::TokenBucket(s), Algorithm::TokenBucket { warmup, .. }) => s.idle_at(*warmup),
-            (State::LeakyBucket(s), Algorithm::LeakyBucket { .. }) => s.tat,
-            (State::FixedWindow(s), Algorithm::FixedWindow { .. }) => s.idle_at(),
-            (State::SlidingWindow(s), Algorithm::SlidingWindow { window, .. }) => s.idle_at(*window),
-            (State::SlidingLog(s), Algorithm::SlidingLog { window, .. }) => s.idle_at(*window),
-            _ => Timestamp::ZERO,
-        }
+        with_rule!(alg, r => held(&r, self).map_or(Timestamp::ZERO, |s| r.idle_at(s)))
     }
 }
 
@@ -163,13 +263,7 @@ pub fn refund(alg: &Algorithm, state: Option<&State>, now: Timestamp, cost: u64)
 /// Largest cost this algorithm can ever admit at once (config validation: cost <= this).
 /// A larger cost is always [`Decision::Never`].
 pub fn max_cost(alg: &Algorithm) -> u64 {
-    match alg {
-        Algorithm::TokenBucket { burst, .. } => burst.get(),
-        Algorithm::LeakyBucket { interval, max_delay } => leaky::max_cost(*interval, *max_delay),
-        Algorithm::FixedWindow { limit, .. }
-        | Algorithm::SlidingWindow { limit, .. }
-        | Algorithm::SlidingLog { limit, .. } => limit.get(),
-    }
+    alg.max_cost()
 }
 
 /// The longest `retry_after` a denial of `alg` can carry for a cost it admits (at most
@@ -180,62 +274,23 @@ pub fn max_cost(alg: &Algorithm) -> u64 {
 /// two windows less 1 µs (a full window's count weighs on the next one, which the request may
 /// have to wait for well into), rounded here to two.
 pub fn longest_wait(alg: &Algorithm) -> Span {
-    match alg {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            let full = interval.get() * burst.get();
-            if warmup.is_zero() {
-                full
-            } else {
-                full * 3
-            }
-        }
-        Algorithm::LeakyBucket { interval, max_delay } => interval.get() * leaky::max_cost(*interval, *max_delay),
-        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingLog { window, .. } => window.get(),
-        Algorithm::SlidingWindow { window, .. } => window.get() * 2,
-    }
+    alg.longest_wait()
 }
 
 /// [`decide`] on a mutable state, without cloning (the store's hot path). A state of another
 /// algorithm's shape is first reset to `alg`'s initial state.
 pub fn decide_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u64) -> Decision {
-    if !st.fits(alg) {
-        *st = State::initial(alg);
-    }
-    match (alg, st) {
-        (Algorithm::TokenBucket { interval, burst, warmup }, State::TokenBucket(s)) => {
-            gcra::decide(*interval, burst.get(), *warmup, s, now, cost)
-        }
-        (Algorithm::LeakyBucket { interval, max_delay }, State::LeakyBucket(s)) => {
-            leaky::decide(*interval, *max_delay, s, now, cost)
-        }
-        (Algorithm::FixedWindow { window, limit, calendar }, State::FixedWindow(s)) => {
-            fixed::decide(fixed::Bounds { window: *window, calendar: calendar.as_ref() }, limit.get(), s, now, cost)
-        }
-        (Algorithm::SlidingWindow { window, limit }, State::SlidingWindow(s)) => {
-            sliding::decide(*window, limit.get(), s, now, cost)
-        }
-        (Algorithm::SlidingLog { window, limit }, State::SlidingLog(s)) => {
-            log::decide(*window, limit.get(), s, now, cost)
-        }
-        // Unreachable after the reset above; deny rather than panic.
-        _ => never(Span::ZERO),
-    }
+    with_rule!(alg, r => r.decide(Slot::fit(st), now, cost))
 }
 
 /// [`refund`] on a mutable state, without cloning. A mismatched state is left alone.
 pub fn refund_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u64) {
-    match (alg, st) {
-        (Algorithm::TokenBucket { interval, warmup, .. }, State::TokenBucket(s)) => {
-            gcra::refund(*interval, *warmup, s, now, cost)
+    fn back<R: Rule>(r: &R, st: &mut State, now: Timestamp, cost: u64) {
+        if let Some(s) = R::State::of_mut(st) {
+            r.refund(s, now, cost);
         }
-        (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => leaky::refund(*interval, s, now, cost),
-        (Algorithm::FixedWindow { window, calendar, .. }, State::FixedWindow(s)) => {
-            fixed::refund(fixed::Bounds { window: *window, calendar: calendar.as_ref() }, s, now, cost)
-        }
-        (Algorithm::SlidingWindow { window, .. }, State::SlidingWindow(s)) => sliding::refund(*window, s, now, cost),
-        (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => log::refund(*window, s, now, cost),
-        _ => {}
     }
+    with_rule!(alg, r => back(&r, st, now, cost));
 }
 
 /// Charges `cost` more units at `now` without a decision: the part of a response's cost above
@@ -256,32 +311,17 @@ pub fn debit(alg: &Algorithm, state: Option<&State>, now: Timestamp, cost: u64) 
 /// most a window can count (2^51 units).
 pub const MAX_DEBT: u64 = 1 << 51;
 
+/// `now + MAX_DEBT`: the furthest a debit may push a time.
+pub(crate) fn debt_cap(now: Timestamp) -> Timestamp {
+    now + Span::from_micros(MAX_DEBT)
+}
+
 /// [`debit`] on a mutable state. A state of another algorithm's shape is first reset.
 pub fn debit_in_place(alg: &Algorithm, st: &mut State, now: Timestamp, cost: u64) {
     if cost == 0 {
         return;
     }
-    if !st.fits(alg) {
-        *st = State::initial(alg);
-    }
-    let cap = now + Span::from_micros(MAX_DEBT);
-    match (alg, st) {
-        (Algorithm::TokenBucket { interval, warmup, .. }, State::TokenBucket(s)) => {
-            gcra::debit(*interval, *warmup, s, now, cost, cap)
-        }
-        (Algorithm::LeakyBucket { interval, .. }, State::LeakyBucket(s)) => {
-            s.tat = (s.tat.max(now) + interval.get() * cost).min(cap);
-        }
-        (Algorithm::FixedWindow { window, calendar, .. }, State::FixedWindow(s)) => {
-            fixed::debit(fixed::Bounds { window: *window, calendar: calendar.as_ref() }, s, now, cost.min(MAX_DEBT));
-            s.count = s.count.min(MAX_DEBT);
-        }
-        (Algorithm::SlidingWindow { window, limit }, State::SlidingWindow(s)) => {
-            sliding::debit(*window, limit.get(), s, now, cost)
-        }
-        (Algorithm::SlidingLog { window, .. }, State::SlidingLog(s)) => log::debit(*window, s, now, cost),
-        _ => {}
-    }
+    with_rule!(alg, r => r.debit(Slot::fit(st), now, cost));
 }
 
 /// The decision for a cost larger than [`max_cost`]: never admissible. `reset` is the state's

@@ -27,8 +27,61 @@
 //! `count = count + c` (saturating), even past `L`: the window then denies until it ends; what
 //! the window overran by is not carried into the next one.
 
-use super::never;
+use std::num::NonZeroU64;
+
+use super::{never, Rule, MAX_DEBT};
 use crate::limit::{Calendar, Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::FixedWindow`]: `W`, `L` and the calendar.
+#[derive(Clone, Copy, Debug)]
+pub struct FixedWindow<'a> {
+    pub window: NonZeroSpan,
+    pub limit: NonZeroU64,
+    pub calendar: Option<&'a Calendar>,
+}
+
+impl FixedWindow<'_> {
+    fn bounds(&self) -> Bounds<'_> {
+        Bounds { window: self.window, calendar: self.calendar }
+    }
+}
+
+super::slot!(FixedWindow => Window);
+
+impl Rule for FixedWindow<'_> {
+    type State = Window;
+
+    fn decide(&self, st: &mut Window, now: Timestamp, cost: u64) -> Decision {
+        decide(self.bounds(), self.limit.get(), st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Window, now: Timestamp, cost: u64) {
+        refund(self.bounds(), st, now, cost);
+    }
+
+    /// At most [`MAX_DEBT`] units counted.
+    fn debit(&self, st: &mut Window, now: Timestamp, cost: u64) {
+        debit(self.bounds(), st, now, cost.min(MAX_DEBT));
+        st.count = st.count.min(MAX_DEBT);
+    }
+
+    fn is_idle(&self, st: &Window, now: Timestamp) -> bool {
+        st.is_idle(now)
+    }
+
+    fn idle_at(&self, st: &Window) -> Timestamp {
+        st.idle_at()
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// One window (the longest calendar window with a calendar).
+    fn longest_wait(&self) -> Span {
+        self.window.get()
+    }
+}
 
 /// Fixed window state: window start and end, and units admitted in it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

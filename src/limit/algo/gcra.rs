@@ -37,8 +37,59 @@
 //! and `retry_after` stays exact. "Idle" (back to cold) means: the bucket refilled and then `W`
 //! more passed without a request — so a steady client below the full rate stays warm.
 
-use super::never;
+use std::num::NonZeroU64;
+
+use super::{debt_cap, never, Rule};
 use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::TokenBucket`]: `T`, `B` and `W` above.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBucket {
+    pub interval: NonZeroSpan,
+    pub burst: NonZeroU64,
+    pub warmup: Span,
+}
+
+super::slot!(TokenBucket => Gcra);
+
+impl Rule for TokenBucket {
+    type State = Gcra;
+
+    fn decide(&self, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {
+        decide(self.interval, self.burst.get(), self.warmup, st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Gcra, now: Timestamp, cost: u64) {
+        refund(self.interval, self.warmup, st, now, cost);
+    }
+
+    fn debit(&self, st: &mut Gcra, now: Timestamp, cost: u64) {
+        debit(self.interval, self.warmup, st, now, cost, debt_cap(now));
+    }
+
+    fn is_idle(&self, st: &Gcra, now: Timestamp) -> bool {
+        st.is_idle(self.warmup, now)
+    }
+
+    fn idle_at(&self, st: &Gcra) -> Timestamp {
+        st.idle_at(self.warmup)
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.burst.get()
+    }
+
+    /// `burst × interval`, three times that with a warm-up (a cold unit is charged up to
+    /// `3 × interval`).
+    fn longest_wait(&self) -> Span {
+        let full = self.interval.get() * self.burst.get();
+        if self.warmup.is_zero() {
+            full
+        } else {
+            full * 3
+        }
+    }
+}
 
 /// GCRA state: theoretical arrival time and warm-up start, and `per`: the interval `tat` was
 /// charged at (zero: the limit's own). A plan limit decides one key with the interval of the

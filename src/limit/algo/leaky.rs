@@ -20,8 +20,51 @@
 //!
 //! Refund of `c` at `now`: if `tat > now`, `tat = max(tat - c*T, now)`.
 
-use super::never;
+use super::{debt_cap, never, Rule};
 use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::LeakyBucket`]: `T` and `D` above.
+#[derive(Clone, Copy, Debug)]
+pub struct LeakyBucket {
+    pub interval: NonZeroSpan,
+    pub max_delay: Span,
+}
+
+super::slot!(LeakyBucket => Meter);
+
+impl Rule for LeakyBucket {
+    type State = Meter;
+
+    fn decide(&self, st: &mut Meter, now: Timestamp, cost: u64) -> Decision {
+        decide(self.interval, self.max_delay, st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Meter, now: Timestamp, cost: u64) {
+        refund(self.interval, st, now, cost);
+    }
+
+    /// The slots of `cost` more units after the queue: `tat = max(tat, now) + c*T`.
+    fn debit(&self, st: &mut Meter, now: Timestamp, cost: u64) {
+        st.tat = (st.tat.max(now) + self.interval.get() * cost).min(debt_cap(now));
+    }
+
+    fn is_idle(&self, st: &Meter, now: Timestamp) -> bool {
+        st.is_idle(now)
+    }
+
+    fn idle_at(&self, st: &Meter) -> Timestamp {
+        st.tat
+    }
+
+    fn max_cost(&self) -> u64 {
+        max_cost(self.interval, self.max_delay)
+    }
+
+    /// The largest cost's slots: `interval × (max_delay / interval + 1)`.
+    fn longest_wait(&self) -> Span {
+        self.interval.get() * self.max_cost()
+    }
+}
 
 /// Meter state: the time the next slot is free.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -26,9 +26,52 @@
 //! Refund of `c` at `now`: take `c` units off the newest entries (the admission being undone).
 
 use std::collections::VecDeque;
+use std::num::NonZeroU64;
 
-use super::never;
+use super::{never, Rule};
 use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::SlidingLog`]: `W` and `L` above.
+#[derive(Clone, Copy, Debug)]
+pub struct SlidingLog {
+    pub window: NonZeroSpan,
+    pub limit: NonZeroU64,
+}
+
+super::slot!(SlidingLog => box Log);
+
+impl Rule for SlidingLog {
+    type State = Log;
+
+    fn decide(&self, st: &mut Log, now: Timestamp, cost: u64) -> Decision {
+        decide(self.window, self.limit.get(), st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Log, now: Timestamp, cost: u64) {
+        refund(self.window, st, now, cost);
+    }
+
+    fn debit(&self, st: &mut Log, now: Timestamp, cost: u64) {
+        debit(self.window, st, now, cost);
+    }
+
+    fn is_idle(&self, st: &Log, now: Timestamp) -> bool {
+        st.is_idle(self.window, now)
+    }
+
+    fn idle_at(&self, st: &Log) -> Timestamp {
+        st.idle_at(self.window)
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// One window: the oldest entry leaves it by then.
+    fn longest_wait(&self) -> Span {
+        self.window.get()
+    }
+}
 
 /// Sliding log state: admitted `(timestamp, cost)`, oldest first, and their total.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -37,8 +37,53 @@
 //!
 //! Refund of `c` at `now`: roll, then `cur = cur - c` (saturating).
 
-use super::never;
+use std::num::NonZeroU64;
+
+use super::{never, Rule};
 use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::SlidingWindow`]: `W` and `L` above.
+#[derive(Clone, Copy, Debug)]
+pub struct SlidingWindow {
+    pub window: NonZeroSpan,
+    pub limit: NonZeroU64,
+}
+
+super::slot!(SlidingWindow => Counter);
+
+impl Rule for SlidingWindow {
+    type State = Counter;
+
+    fn decide(&self, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
+        decide(self.window, self.limit.get(), st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Counter, now: Timestamp, cost: u64) {
+        refund(self.window, st, now, cost);
+    }
+
+    fn debit(&self, st: &mut Counter, now: Timestamp, cost: u64) {
+        debit(self.window, self.limit.get(), st, now, cost);
+    }
+
+    fn is_idle(&self, st: &Counter, now: Timestamp) -> bool {
+        st.is_idle(self.window, now)
+    }
+
+    fn idle_at(&self, st: &Counter) -> Timestamp {
+        st.idle_at(self.window)
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// Two windows less 1 µs (a full window's count weighs on the next one, which the request
+    /// may have to wait for well into), rounded to two.
+    fn longest_wait(&self) -> Span {
+        self.window.get() * 2
+    }
+}
 
 /// Sliding window counter state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
