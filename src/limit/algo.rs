@@ -91,7 +91,14 @@ pub enum State {
 /// it. Implemented once per algorithm, in its file, on a copy of its parameters (the fields of
 /// its [`Algorithm`] variant); every item is required, so a new algorithm that leaves one out
 /// does not compile.
-pub trait Rule: Sized {
+pub trait Rule: Sized + Into<Algorithm> {
+    /// Its decisions may be a [`Decision::Delay`] (a wait the gate sleeps; replay counts them).
+    const DELAYS: bool;
+    /// It may be a plan limit's, whose parameters change with the client's tier under one key.
+    const PLANS: bool;
+    /// The Redis store may lease units of it to spend locally (`lease: N`).
+    const LEASES: bool;
+
     /// Its per-key state ([`State`] holds it through [`Slot`]).
     type State: Slot;
 
@@ -110,6 +117,21 @@ pub trait Rule: Sized {
     fn max_cost(&self) -> u64;
     /// The longest `retry_after` a denial can carry for a cost it admits, absent a debit.
     fn longest_wait(&self) -> Span;
+    /// How long it takes to forget a full quota: its window, a bucket's full refill, a leaky
+    /// bucket's queue draining. An early retry's penalty is capped at it.
+    fn period(&self) -> Span;
+    /// `q` and `w` of its RateLimit-Policy item: the quota, and the seconds it is for (at
+    /// least 1).
+    fn policy(&self) -> (u64, u64);
+    /// The parameters of the in-process fallback of a Redis limit that `instances` proxies
+    /// share: rates and limits divided by `instances` (see [`share`]), so that they all
+    /// falling back together admit about what Redis would have.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm;
+}
+
+/// `n / instances`, at least 1: one instance's share of a count.
+pub fn share(n: NonZeroU64, instances: NonZeroU64) -> NonZeroU64 {
+    NonZeroU64::new(n.get() / instances.get()).unwrap_or(NonZeroU64::MIN)
 }
 
 /// A state type of one algorithm, and its variant of [`State`] (see [`slot!`]).
@@ -201,6 +223,45 @@ impl Algorithm {
     /// The longest `retry_after` a denial can carry for a cost it admits (see [`longest_wait`]).
     pub fn longest_wait(&self) -> Span {
         with_rule!(self, r => r.longest_wait())
+    }
+
+    /// How long it takes to forget a full quota (see [`Rule::period`]).
+    pub fn period(&self) -> Span {
+        with_rule!(self, r => r.period())
+    }
+
+    /// `q` and `w` of its RateLimit-Policy item (see [`Rule::policy`]).
+    pub fn policy(&self) -> (u64, u64) {
+        with_rule!(self, r => r.policy())
+    }
+
+    /// The parameters of its local fallback when `instances` proxies share it through Redis.
+    pub fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        with_rule!(self, r => r.fallback(instances))
+    }
+
+    /// Its decisions may be a [`Decision::Delay`].
+    pub fn delays(&self) -> bool {
+        fn of<R: Rule>(_: &R) -> bool {
+            R::DELAYS
+        }
+        with_rule!(self, r => of(&r))
+    }
+
+    /// It may be a plan limit's.
+    pub fn plans(&self) -> bool {
+        fn of<R: Rule>(_: &R) -> bool {
+            R::PLANS
+        }
+        with_rule!(self, r => of(&r))
+    }
+
+    /// The Redis store may lease units of it.
+    pub fn leases(&self) -> bool {
+        fn of<R: Rule>(_: &R) -> bool {
+            R::LEASES
+        }
+        with_rule!(self, r => of(&r))
     }
 }
 

@@ -29,8 +29,8 @@
 
 use std::num::NonZeroU64;
 
-use super::{never, Rule, MAX_DEBT};
-use crate::limit::{Calendar, Decision, NonZeroSpan, Span, Timestamp};
+use super::{never, share, Rule, MAX_DEBT};
+use crate::limit::{Algorithm, Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::FixedWindow`]: `W`, `L` and the calendar.
 #[derive(Clone, Copy, Debug)]
@@ -48,7 +48,17 @@ impl FixedWindow<'_> {
 
 super::slot!(FixedWindow => Window);
 
+impl From<FixedWindow<'_>> for Algorithm {
+    fn from(r: FixedWindow<'_>) -> Algorithm {
+        Algorithm::FixedWindow { window: r.window, limit: r.limit, calendar: r.calendar.cloned() }
+    }
+}
+
 impl Rule for FixedWindow<'_> {
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = false;
+
     type State = Window;
 
     fn decide(&self, st: &mut Window, now: Timestamp, cost: u64) -> Decision {
@@ -80,6 +90,21 @@ impl Rule for FixedWindow<'_> {
     /// One window (the longest calendar window with a calendar).
     fn longest_wait(&self) -> Span {
         self.window.get()
+    }
+
+    /// Its window.
+    fn period(&self) -> Span {
+        self.window.get()
+    }
+
+    /// "limit per window".
+    fn policy(&self) -> (u64, u64) {
+        (self.limit.get(), self.window.get().as_secs_ceil().max(1))
+    }
+
+    /// Each instance counts its share of the limit in the same windows.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        FixedWindow { limit: share(self.limit, instances), ..*self }.into()
     }
 }
 

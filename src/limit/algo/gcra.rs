@@ -39,8 +39,8 @@
 
 use std::num::NonZeroU64;
 
-use super::{debt_cap, never, Rule};
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use super::{debt_cap, never, share, Rule};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::TokenBucket`]: `T`, `B` and `W` above.
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +52,17 @@ pub struct TokenBucket {
 
 super::slot!(TokenBucket => Gcra);
 
+impl From<TokenBucket> for Algorithm {
+    fn from(r: TokenBucket) -> Algorithm {
+        Algorithm::TokenBucket { interval: r.interval, burst: r.burst, warmup: r.warmup }
+    }
+}
+
 impl Rule for TokenBucket {
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = true;
+
     type State = Gcra;
 
     fn decide(&self, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {
@@ -88,6 +98,26 @@ impl Rule for TokenBucket {
         } else {
             full * 3
         }
+    }
+
+    /// A full bucket's refill, `burst × interval`.
+    fn period(&self) -> Span {
+        self.interval.get() * self.burst.get()
+    }
+
+    /// "burst per the seconds a full bucket takes to refill".
+    fn policy(&self) -> (u64, u64) {
+        (self.burst.get(), self.period().as_secs_ceil().max(1))
+    }
+
+    /// Each instance refills at `1 / instances` of the rate, with its share of the burst.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        TokenBucket {
+            interval: self.interval.saturating_mul(instances),
+            burst: share(self.burst, instances),
+            warmup: self.warmup,
+        }
+        .into()
     }
 }
 

@@ -20,8 +20,10 @@
 //!
 //! Refund of `c` at `now`: if `tat > now`, `tat = max(tat - c*T, now)`.
 
+use std::num::NonZeroU64;
+
 use super::{debt_cap, never, Rule};
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::LeakyBucket`]: `T` and `D` above.
 #[derive(Clone, Copy, Debug)]
@@ -32,7 +34,17 @@ pub struct LeakyBucket {
 
 super::slot!(LeakyBucket => Meter);
 
+impl From<LeakyBucket> for Algorithm {
+    fn from(r: LeakyBucket) -> Algorithm {
+        Algorithm::LeakyBucket { interval: r.interval, max_delay: r.max_delay }
+    }
+}
+
 impl Rule for LeakyBucket {
+    const DELAYS: bool = true;
+    const PLANS: bool = false;
+    const LEASES: bool = false;
+
     type State = Meter;
 
     fn decide(&self, st: &mut Meter, now: Timestamp, cost: u64) -> Decision {
@@ -63,6 +75,26 @@ impl Rule for LeakyBucket {
     /// The largest cost's slots: `interval × (max_delay / interval + 1)`.
     fn longest_wait(&self) -> Span {
         self.interval.get() * self.max_cost()
+    }
+
+    /// The time its queue takes to drain: [`Rule::longest_wait`].
+    fn period(&self) -> Span {
+        self.longest_wait()
+    }
+
+    /// One per interval (the queue is not quota), per second when it can be.
+    fn policy(&self) -> (u64, u64) {
+        let per_sec = Span::from_secs(1) / self.interval;
+        if per_sec >= 1 {
+            (per_sec, 1)
+        } else {
+            (1, self.interval.get().as_secs_ceil())
+        }
+    }
+
+    /// Each instance lets one through per `instances` intervals; the wait stays.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        LeakyBucket { interval: self.interval.saturating_mul(instances), max_delay: self.max_delay }.into()
     }
 }
 

@@ -28,8 +28,8 @@
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
 
-use super::{never, Rule};
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use super::{never, share, Rule};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingLog`]: `W` and `L` above.
 #[derive(Clone, Copy, Debug)]
@@ -40,7 +40,17 @@ pub struct SlidingLog {
 
 super::slot!(SlidingLog => box Log);
 
+impl From<SlidingLog> for Algorithm {
+    fn from(r: SlidingLog) -> Algorithm {
+        Algorithm::SlidingLog { window: r.window, limit: r.limit }
+    }
+}
+
 impl Rule for SlidingLog {
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = false;
+
     type State = Log;
 
     fn decide(&self, st: &mut Log, now: Timestamp, cost: u64) -> Decision {
@@ -70,6 +80,21 @@ impl Rule for SlidingLog {
     /// One window: the oldest entry leaves it by then.
     fn longest_wait(&self) -> Span {
         self.window.get()
+    }
+
+    /// Its window.
+    fn period(&self) -> Span {
+        self.window.get()
+    }
+
+    /// "limit per window".
+    fn policy(&self) -> (u64, u64) {
+        (self.limit.get(), self.window.get().as_secs_ceil().max(1))
+    }
+
+    /// Each instance logs its share of the limit.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        SlidingLog { limit: share(self.limit, instances), ..*self }.into()
     }
 }
 

@@ -39,8 +39,8 @@
 
 use std::num::NonZeroU64;
 
-use super::{never, Rule};
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use super::{never, share, Rule};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingWindow`]: `W` and `L` above.
 #[derive(Clone, Copy, Debug)]
@@ -51,7 +51,17 @@ pub struct SlidingWindow {
 
 super::slot!(SlidingWindow => Counter);
 
+impl From<SlidingWindow> for Algorithm {
+    fn from(r: SlidingWindow) -> Algorithm {
+        Algorithm::SlidingWindow { window: r.window, limit: r.limit }
+    }
+}
+
 impl Rule for SlidingWindow {
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = false;
+
     type State = Counter;
 
     fn decide(&self, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
@@ -82,6 +92,21 @@ impl Rule for SlidingWindow {
     /// may have to wait for well into), rounded to two.
     fn longest_wait(&self) -> Span {
         self.window.get() * 2
+    }
+
+    /// Its window.
+    fn period(&self) -> Span {
+        self.window.get()
+    }
+
+    /// "limit per window".
+    fn policy(&self) -> (u64, u64) {
+        (self.limit.get(), self.window.get().as_secs_ceil().max(1))
+    }
+
+    /// Each instance counts its share of the limit.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        SlidingWindow { limit: share(self.limit, instances), ..*self }.into()
     }
 }
 
