@@ -144,7 +144,7 @@ pub fn check_fallback(
 ) -> Result<(), Invalid> {
     let fallback = fallback_algorithm(&limit.algorithm, instances);
     let n = instances.get();
-    super::limits::check_exact(&fallback).map_err(|e| {
+    fallback.check_exact().map_err(|e| {
         (at("rate"), format!("with `redis.on_error: local` and `instances: {n}` the local fallback: {e}"))
     })?;
     let max = crate::limit::max_cost(&fallback);

@@ -52,6 +52,7 @@ pub(crate) mod expect {
     }
 }
 
+use std::fmt;
 use std::num::NonZeroU64;
 
 use super::{Calendar, Decision, NonZeroSpan, Span, Timestamp};
@@ -92,6 +93,13 @@ pub enum State {
 /// its [`Algorithm`] variant); every item is required, so a new algorithm that leaves one out
 /// does not compile.
 pub trait Rule: Sized + Into<Algorithm> {
+    /// The config's name for it (`algorithm: token_bucket`).
+    const NAME: &'static str;
+    /// Its entry in [`Kind`].
+    const KIND: Kind;
+    /// The limit fields it reads besides `rate` (`burst`, `max_delay`, …): the config refuses
+    /// such a field on an algorithm that does not list it.
+    const FIELDS: &'static [&'static str];
     /// Its decisions may be a [`Decision::Delay`] (a wait the gate sleeps; replay counts them).
     const DELAYS: bool;
     /// It may be a plan limit's, whose parameters change with the client's tier under one key.
@@ -101,6 +109,17 @@ pub trait Rule: Sized + Into<Algorithm> {
 
     /// Its per-key state ([`State`] holds it through [`Slot`]).
     type State: Slot;
+
+    /// Its parameters from what a limit's config writes, checked (with [`Rule::check_exact`]),
+    /// or the field to blame and why.
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit>;
+    /// Checks that it computes exactly in u64 µs (the local store): the spans it adds to `now`
+    /// stay below [`EXACT_SPAN`], or every request would silently be admitted.
+    fn check_exact(&self) -> Result<(), String>;
+    /// Checks that its Redis script computes exactly in Lua's doubles: every intermediate
+    /// stays below [`LUA_EXACT`], and spans added to `now` below [`LUA_SPAN`]
+    /// (see [`lua_too_big`] for the message).
+    fn check_script(&self) -> Result<(), String>;
 
     /// One decision (see the module docs of each algorithm for the exact math).
     fn decide(&self, st: &mut Self::State, now: Timestamp, cost: u64) -> Decision;
@@ -127,6 +146,72 @@ pub trait Rule: Sized + Into<Algorithm> {
     /// share: rates and limits divided by `instances` (see [`share`]), so that they all
     /// falling back together admit about what Redis would have.
     fn fallback(&self, instances: NonZeroU64) -> Algorithm;
+}
+
+/// The field of a limit to blame (`rate`, `burst`, …) and a sentence for the user.
+pub type Unfit = (&'static str, String);
+
+/// What a limit's config writes, for an algorithm to build its parameters from: the rate
+/// (`quantity` per `period`) and the fields only some algorithms read ([`Rule::FIELDS`]; the
+/// config has refused them on the others already).
+pub struct Written<'a> {
+    /// The rate as written, for messages.
+    pub rate: &'a dyn fmt::Display,
+    pub quantity: u64,
+    /// The rate's period, in µs.
+    pub period: u64,
+    pub burst: Option<u64>,
+    pub warmup: Option<Span>,
+    pub max_delay: Option<Span>,
+    /// Calendar windows in a zone (the config checked the rate is per hour, day or month).
+    pub calendar: Option<Calendar>,
+}
+
+impl Written<'_> {
+    /// Time per unit: the period over the quantity, rounded down to whole µs, at least 1 µs.
+    pub fn interval(&self) -> Result<NonZeroSpan, Unfit> {
+        NonZeroSpan::from_micros(self.period.checked_div(self.quantity).unwrap_or(0))
+            .ok_or_else(|| ("rate", format!("{} is faster than one per microsecond; use a lower rate", self.rate)))
+    }
+
+    /// A window: the calendar's longest, or the period.
+    pub fn window(&self) -> Result<NonZeroSpan, Unfit> {
+        match &self.calendar {
+            Some(c) => Ok(c.longest()),
+            None => NonZeroSpan::from_micros(self.period)
+                .ok_or_else(|| ("rate", "the window must be at least 1us".to_owned())),
+        }
+    }
+
+    /// The quantity, as a window's limit.
+    pub fn limit(&self) -> Result<NonZeroU64, Unfit> {
+        NonZeroU64::new(self.quantity).ok_or_else(|| ("rate", "the limit must be at least 1".to_owned()))
+    }
+}
+
+/// The algorithms add spans to `now` in u64 µs and saturate rather than overflow; a limit
+/// whose spans could saturate would silently admit everything. Spans must stay below this,
+/// which leaves `now` (µs since 1970) room until the year 146,000.
+pub const EXACT_SPAN: u128 = 1 << 63;
+
+/// Every value a Redis script computes with must stay below this: Lua numbers are IEEE doubles.
+pub const LUA_EXACT: u64 = 1 << 53;
+
+/// Durations a script adds to `now` must stay below this, leaving room for `now` (µs since
+/// the epoch stays below 2^52 until the year 2112).
+pub const LUA_SPAN: u128 = 1 << 52;
+
+/// `a × b`, exact.
+pub fn product(a: u64, b: u64) -> u128 {
+    u128::from(a) * u128::from(b)
+}
+
+/// The refusal of [`Rule::check_script`]: `what` bound is exceeded.
+pub fn lua_too_big(what: &str) -> Result<(), String> {
+    Err(format!(
+        "with `store: redis` {what} (Redis scripts compute in doubles, exact only below 2^53); \
+         use smaller parameters or `store: local`"
+    ))
 }
 
 /// `n / instances`, at least 1: one instance's share of a count.
@@ -214,7 +299,94 @@ macro_rules! with_rule {
     };
 }
 
+/// `kinds! { Variant => rule type, … }`: [`Kind`], the algorithms as the config names them,
+/// each listed once.
+macro_rules! kinds {
+    ($($kind:ident => $rule:ty,)+) => {
+        /// An algorithm without its parameters: the config's `algorithm:` value.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Kind {
+            $($kind,)+
+        }
+
+        impl Kind {
+            /// Every algorithm, in the order the config's messages list them.
+            pub const ALL: &'static [Kind] = &[$(Kind::$kind,)+];
+
+            /// The config's name ([`Rule::NAME`]).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => <$rule as Rule>::NAME,)+
+                }
+            }
+
+            /// The limit fields it reads besides `rate` ([`Rule::FIELDS`]).
+            pub const fn fields(self) -> &'static [&'static str] {
+                match self {
+                    $(Kind::$kind => <$rule as Rule>::FIELDS,)+
+                }
+            }
+
+            /// Its parameters from a limit's config ([`Rule::build`]).
+            ///
+            /// # Errors
+            /// The field to blame and why.
+            pub fn build(self, w: &Written<'_>) -> Result<Algorithm, Unfit> {
+                match self {
+                    $(Kind::$kind => <$rule as Rule>::build(w),)+
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    TokenBucket => gcra::TokenBucket,
+    LeakyBucket => leaky::LeakyBucket,
+    FixedWindow => fixed::FixedWindow<'static>,
+    SlidingWindow => sliding::SlidingWindow,
+    SlidingLog => log::SlidingLog,
+}
+
+impl Kind {
+    /// The names of the algorithms that read `field`, for "`field` applies to … only".
+    pub fn reading(field: &str) -> String {
+        let names: Vec<&str> = Kind::ALL.iter().filter(|k| k.fields().contains(&field)).map(|k| k.name()).collect();
+        names.join(" or ")
+    }
+}
+
 impl Algorithm {
+    /// Which algorithm this is.
+    pub fn kind(&self) -> Kind {
+        fn of<R: Rule>(_: &R) -> Kind {
+            R::KIND
+        }
+        with_rule!(self, r => of(&r))
+    }
+
+    /// The config's name: `token_bucket`, `leaky_bucket`, …
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// Checks that it computes exactly in u64 µs ([`Rule::check_exact`]).
+    ///
+    /// # Errors
+    /// A sentence naming the bound exceeded.
+    pub fn check_exact(&self) -> Result<(), String> {
+        with_rule!(self, r => r.check_exact())
+    }
+
+    /// Checks that its Redis script computes exactly in doubles ([`Rule::check_script`]).
+    ///
+    /// # Errors
+    /// A sentence naming the bound exceeded.
+    pub fn check_script(&self) -> Result<(), String> {
+        with_rule!(self, r => r.check_script())
+    }
+
     /// Largest cost this algorithm can ever admit at once (config validation: cost <= this).
     pub fn max_cost(&self) -> u64 {
         with_rule!(self, r => r.max_cost())
@@ -395,6 +567,32 @@ pub(crate) fn never(reset: Span) -> Decision {
 mod tests {
     use super::*;
     use crate::limit::algo::expect::{at, nz, nzs, us};
+
+    /// What `rate: 10/s` with no other field writes.
+    fn plain() -> Written<'static> {
+        Written {
+            rate: &"10/s",
+            quantity: 10,
+            period: 1_000_000,
+            burst: None,
+            warmup: None,
+            max_delay: None,
+            calendar: None,
+        }
+    }
+
+    #[test]
+    fn every_kind_is_named_as_the_config_reads_it_and_builds_its_own_algorithm() {
+        for &k in Kind::ALL {
+            let read: Kind = serde_yaml::from_str(k.name()).expect("a name the config reads");
+            assert_eq!(read, k);
+            let alg = k.build(&plain()).expect("10/s builds");
+            assert_eq!(alg.kind(), k, "{alg:?}");
+            assert_eq!(alg.name(), k.name());
+        }
+        let names: std::collections::HashSet<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), Kind::ALL.len());
+    }
 
     #[test]
     fn state_stays_small() {

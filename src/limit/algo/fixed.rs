@@ -29,7 +29,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{never, share, Rule, MAX_DEBT};
+use super::{lua_too_big, never, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN, MAX_DEBT};
 use crate::limit::{Algorithm, Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::FixedWindow`]: `W`, `L` and the calendar.
@@ -55,11 +55,36 @@ impl From<FixedWindow<'_>> for Algorithm {
 }
 
 impl Rule for FixedWindow<'_> {
+    const NAME: &'static str = "fixed_window";
+    const KIND: Kind = Kind::FixedWindow;
+    const FIELDS: &'static [&'static str] = &["calendar"];
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = false;
 
     type State = Window;
+
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = FixedWindow { window: w.window()?, limit: w.limit()?, calendar: w.calendar.as_ref() };
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `start + 2·window` (the roll's next window).
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
+            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+        }
+        Ok(())
+    }
+
+    /// `W < 2^52` and `L < 2^52`.
+    fn check_script(&self) -> Result<(), String> {
+        if u128::from(self.window.as_micros()) >= LUA_SPAN || u128::from(self.limit.get()) >= LUA_SPAN {
+            return lua_too_big("window and limit must stay below 2^52");
+        }
+        Ok(())
+    }
 
     fn decide(&self, st: &mut Window, now: Timestamp, cost: u64) -> Decision {
         decide(self.bounds(), self.limit.get(), st, now, cost)

@@ -39,7 +39,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{debt_cap, never, share, Rule};
+use super::{debt_cap, lua_too_big, never, product, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::TokenBucket`]: `T`, `B` and `W` above.
@@ -59,11 +59,50 @@ impl From<TokenBucket> for Algorithm {
 }
 
 impl Rule for TokenBucket {
+    const NAME: &'static str = "token_bucket";
+    const KIND: Kind = Kind::TokenBucket;
+    const FIELDS: &'static [&'static str] = &["burst", "warmup"];
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = true;
 
     type State = Gcra;
+
+    /// `burst` defaults to the rate's quantity; a burst too long to compute is the burst's
+    /// fault when it is written, else the rate's.
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let interval = w.interval()?;
+        let burst = NonZeroU64::new(w.burst.unwrap_or(w.quantity))
+            .ok_or_else(|| ("burst", "burst must be at least 1".to_owned()))?;
+        let r = TokenBucket { interval, burst, warmup: w.warmup.unwrap_or(Span::ZERO) };
+        r.check_exact().map_err(|e| (if w.burst.is_some() { "burst" } else { "rate" }, e))?;
+        Ok(r.into())
+    }
+
+    /// `tat` up to `now + 3·burst·interval` (a cold warm-up charge is 3·interval per unit; a
+    /// cost is at most the burst) plus `warmup`; every other product is taken in u128.
+    fn check_exact(&self) -> Result<(), String> {
+        let (t, b, w) = (self.interval.as_micros(), self.burst.get(), self.warmup.as_micros());
+        if product(b, t).saturating_mul(3).saturating_add(u128::from(w)) >= EXACT_SPAN {
+            return Err(format!(
+                "burst {b} × {t} µs per token is too long to compute exactly (3 × burst × interval plus \
+                 warmup must stay below 2^63 µs, about 97,000 years of refill); lower the burst or raise the rate"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `3·B·T + W < 2^52` and `3·T·W < 2^53`.
+    fn check_script(&self) -> Result<(), String> {
+        let (t, b, w) = (self.interval.as_micros(), self.burst.get(), self.warmup.as_micros());
+        if 3 * product(b, t) + u128::from(w) >= LUA_SPAN {
+            return lua_too_big("burst × interval (×3) plus warmup must stay below 2^52 µs");
+        }
+        if 3 * product(t, w) >= u128::from(super::LUA_EXACT) {
+            return lua_too_big("3 × interval × warmup must stay below 2^53 µs²; use a shorter warmup");
+        }
+        Ok(())
+    }
 
     fn decide(&self, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {
         decide(self.interval, self.burst.get(), self.warmup, st, now, cost)

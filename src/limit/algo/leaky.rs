@@ -22,7 +22,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{debt_cap, never, Rule};
+use super::{debt_cap, lua_too_big, never, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::LeakyBucket`]: `T` and `D` above.
@@ -41,11 +41,38 @@ impl From<LeakyBucket> for Algorithm {
 }
 
 impl Rule for LeakyBucket {
+    const NAME: &'static str = "leaky_bucket";
+    const KIND: Kind = Kind::LeakyBucket;
+    const FIELDS: &'static [&'static str] = &["max_delay"];
     const DELAYS: bool = true;
     const PLANS: bool = false;
     const LEASES: bool = false;
 
     type State = Meter;
+
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = LeakyBucket { interval: w.interval()?, max_delay: w.max_delay.unwrap_or(Span::ZERO) };
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `tat` up to `now + 2·max_delay + interval`.
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.max_delay.as_micros()) + u128::from(self.interval.as_micros()) >= EXACT_SPAN {
+            return Err("max_delay is too long to compute exactly (2 × max_delay plus the interval must stay \
+                        below 2^63 µs)"
+                .to_owned());
+        }
+        Ok(())
+    }
+
+    /// `2·D + T < 2^52`.
+    fn check_script(&self) -> Result<(), String> {
+        if 2 * u128::from(self.max_delay.as_micros()) + u128::from(self.interval.as_micros()) >= LUA_SPAN {
+            return lua_too_big("max_delay must stay below 2^51 µs");
+        }
+        Ok(())
+    }
 
     fn decide(&self, st: &mut Meter, now: Timestamp, cost: u64) -> Decision {
         decide(self.interval, self.max_delay, st, now, cost)

@@ -28,7 +28,7 @@
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
 
-use super::{never, share, Rule};
+use super::{lua_too_big, never, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingLog`]: `W` and `L` above.
@@ -47,11 +47,46 @@ impl From<SlidingLog> for Algorithm {
 }
 
 impl Rule for SlidingLog {
+    const NAME: &'static str = "sliding_log";
+    const KIND: Kind = Kind::SlidingLog;
+    const FIELDS: &'static [&'static str] = &[];
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = false;
 
     type State = Log;
+
+    /// One entry per admitted request: at most 100,000 a window.
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = SlidingLog { window: w.window()?, limit: w.limit()? };
+        if w.quantity > 100_000 {
+            return Err((
+                "rate",
+                format!(
+                    "sliding_log keeps one entry per admitted request: {} per window is too many; use sliding_window",
+                    w.quantity
+                ),
+            ));
+        }
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `start + 2·window` (the roll's next window).
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
+            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+        }
+        Ok(())
+    }
+
+    /// `W < 2^52` and `L < 2^52`.
+    fn check_script(&self) -> Result<(), String> {
+        if u128::from(self.window.as_micros()) >= LUA_SPAN || u128::from(self.limit.get()) >= LUA_SPAN {
+            return lua_too_big("window and limit must stay below 2^52");
+        }
+        Ok(())
+    }
 
     fn decide(&self, st: &mut Log, now: Timestamp, cost: u64) -> Decision {
         decide(self.window, self.limit.get(), st, now, cost)

@@ -39,7 +39,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{never, share, Rule};
+use super::{lua_too_big, never, product, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_EXACT};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingWindow`]: `W` and `L` above.
@@ -58,11 +58,38 @@ impl From<SlidingWindow> for Algorithm {
 }
 
 impl Rule for SlidingWindow {
+    const NAME: &'static str = "sliding_window";
+    const KIND: Kind = Kind::SlidingWindow;
+    const FIELDS: &'static [&'static str] = &[];
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = false;
 
     type State = Counter;
+
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = SlidingWindow { window: w.window()?, limit: w.limit()? };
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `start + 2·window` (the roll's next window).
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
+            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+        }
+        Ok(())
+    }
+
+    /// `3·L·W < 2^53` (a 1-day window allows L ≤ 34,700, 1 hour L ≤ 834,000).
+    fn check_script(&self) -> Result<(), String> {
+        if 3 * product(self.limit.get(), self.window.as_micros()) >= u128::from(LUA_EXACT) {
+            return lua_too_big(
+                "3 × limit × window (in µs) must stay below 2^53; use a shorter window or a smaller limit",
+            );
+        }
+        Ok(())
+    }
 
     fn decide(&self, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
         decide(self.window, self.limit.get(), st, now, cost)

@@ -162,61 +162,16 @@ pub fn decode(reply: &[i64]) -> Option<(Decision, u64)> {
     Some((d, granted))
 }
 
-/// Every value a script computes with must stay below this: Lua numbers are IEEE doubles.
-pub const LUA_EXACT: u64 = 1 << 53;
-
-/// Durations added to `now` must stay below this, leaving room for `now` (µs since the epoch
-/// stays below 2^52 until the year 2112).
-const SPAN: u128 = 1 << 52;
+pub use crate::limit::algo::LUA_EXACT;
 
 /// Checks that `alg` runs exactly in Lua (all intermediates < 2^53); config validation calls
-/// this for every `store: redis` limit.
-///
-/// The bounds (T interval, B burst, W warm-up or window, D max_delay, L limit, all in µs/units):
-/// token bucket `3·B·T + W < 2^52` and `3·T·W < 2^53`; leaky bucket `2·D + T < 2^52`; sliding
-/// window `3·L·W < 2^53` (a 1-day window allows L ≤ 34,700, 1 hour L ≤ 834,000); fixed window
-/// and sliding log `W < 2^52`.
+/// this for every `store: redis` limit. Each algorithm states its bounds
+/// ([`crate::limit::algo::Rule::check_script`]).
 ///
 /// # Errors
 /// A sentence for the user naming the bound that is exceeded.
 pub fn check_precision(alg: &Algorithm) -> Result<(), String> {
-    let m = |a: u64, b: u64| u128::from(a) * u128::from(b);
-    let exact = u128::from(LUA_EXACT);
-    let too_big = |what: &str| {
-        Err(format!(
-            "with `store: redis` {what} (Redis scripts compute in doubles, exact only below 2^53); \
-             use smaller parameters or `store: local`"
-        ))
-    };
-    match alg {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            let (t, b, w) = (interval.as_micros(), burst.get(), warmup.as_micros());
-            if 3 * m(b, t) + u128::from(w) >= SPAN {
-                return too_big("burst × interval (×3) plus warmup must stay below 2^52 µs");
-            }
-            if 3 * m(t, w) >= exact {
-                return too_big("3 × interval × warmup must stay below 2^53 µs²; use a shorter warmup");
-            }
-        }
-        Algorithm::LeakyBucket { interval, max_delay } => {
-            if 2 * u128::from(max_delay.as_micros()) + u128::from(interval.as_micros()) >= SPAN {
-                return too_big("max_delay must stay below 2^51 µs");
-            }
-        }
-        Algorithm::SlidingWindow { window, limit } => {
-            if 3 * m(limit.get(), window.as_micros()) >= exact {
-                return too_big(
-                    "3 × limit × window (in µs) must stay below 2^53; use a shorter window or a smaller limit",
-                );
-            }
-        }
-        Algorithm::FixedWindow { window, limit, .. } | Algorithm::SlidingLog { window, limit } => {
-            if u128::from(window.as_micros()) >= SPAN || u128::from(limit.get()) >= SPAN {
-                return too_big("window and limit must stay below 2^52");
-            }
-        }
-    }
-    Ok(())
+    alg.check_script()
 }
 
 #[cfg(test)]
