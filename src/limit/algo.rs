@@ -106,6 +106,11 @@ pub trait Rule: Sized + Into<Algorithm> {
     const PLANS: bool;
     /// The Redis store may lease units of it to spend locally (`lease: N`).
     const LEASES: bool;
+    /// Its Redis script: a Lua port of the same math, in the `.lua` file beside its own
+    /// (`include_str!`); the store prepends its prelude. The script's opening comment says
+    /// its `ARGV`: op, cost, then what [`Rule::script_args`] passes, then the deadline and
+    /// the tests' optional `now`.
+    const SCRIPT: &'static str;
 
     /// Its per-key state ([`State`] holds it through [`Slot`]).
     type State: Slot;
@@ -120,6 +125,9 @@ pub trait Rule: Sized + Into<Algorithm> {
     /// stays below [`LUA_EXACT`], and spans added to `now` below [`LUA_SPAN`]
     /// (see [`lua_too_big`] for the message).
     fn check_script(&self) -> Result<(), String>;
+    /// Passes its script's arguments after op and cost, in `ARGV` order: its parameters (spans
+    /// in µs, counts in units), and what `call` adds that it reads.
+    fn script_args(&self, call: &Call, arg: &mut impl FnMut(u64));
 
     /// One decision (see the module docs of each algorithm for the exact math).
     fn decide(&self, st: &mut Self::State, now: Timestamp, cost: u64) -> Decision;
@@ -146,6 +154,17 @@ pub trait Rule: Sized + Into<Algorithm> {
     /// share: rates and limits divided by `instances` (see [`share`]), so that they all
     /// falling back together admit about what Redis would have.
     fn fallback(&self, instances: NonZeroU64) -> Algorithm;
+}
+
+/// What one script call adds to an algorithm's parameters (each algorithm passes what it reads).
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    /// Units to lease (the store's `l` op; 0 otherwise).
+    pub lease: u64,
+    /// The store decides a plan limit's tier (the state records the parameters it was charged at).
+    pub plan: bool,
+    /// This instance's clock (a calendar window's boundaries around it).
+    pub local: Timestamp,
 }
 
 /// The field of a limit to blame (`rate`, `burst`, …) and a sentence for the user.
@@ -328,6 +347,13 @@ macro_rules! kinds {
                 }
             }
 
+            /// Its Redis script, without the store's prelude ([`Rule::SCRIPT`]).
+            pub const fn script(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => <$rule as Rule>::SCRIPT,)+
+                }
+            }
+
             /// Its parameters from a limit's config ([`Rule::build`]).
             ///
             /// # Errors
@@ -369,6 +395,16 @@ impl Algorithm {
     /// The config's name: `token_bucket`, `leaky_bucket`, …
     pub fn name(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// Its Redis script, without the store's prelude.
+    pub fn script(&self) -> &'static str {
+        self.kind().script()
+    }
+
+    /// Passes its script's arguments after op and cost ([`Rule::script_args`]).
+    pub fn script_args(&self, call: &Call, arg: &mut impl FnMut(u64)) {
+        with_rule!(self, r => r.script_args(call, arg));
     }
 
     /// Checks that it computes exactly in u64 µs ([`Rule::check_exact`]).

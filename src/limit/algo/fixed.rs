@@ -29,7 +29,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{lua_too_big, never, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN, MAX_DEBT};
+use super::{lua_too_big, never, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN, MAX_DEBT};
 use crate::limit::{Algorithm, Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::FixedWindow`]: `W`, `L` and the calendar.
@@ -61,6 +61,7 @@ impl Rule for FixedWindow<'_> {
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("fixed_window.lua");
 
     type State = Window;
 
@@ -84,6 +85,24 @@ impl Rule for FixedWindow<'_> {
             return lua_too_big("window and limit must stay below 2^52");
         }
         Ok(())
+    }
+
+    /// `W`, `L`, then `b0 <= local < b1 <= b2`: with a calendar, its window around this
+    /// instance's clock and the next (the script picks the one holding Redis' time; clocks
+    /// apart by more than a window are not expected); zeros for windows aligned to the epoch.
+    fn script_args(&self, call: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.window.as_micros());
+        arg(self.limit.get());
+        let (b0, b1, b2) = match self.calendar {
+            Some(c) => {
+                let (b0, b1) = c.window(call.local);
+                (b0.as_micros(), b1.as_micros(), c.window(b1).1.as_micros())
+            }
+            None => (0, 0, 0),
+        };
+        arg(b0);
+        arg(b1);
+        arg(b2);
     }
 
     fn decide(&self, st: &mut Window, now: Timestamp, cost: u64) -> Decision {

@@ -39,7 +39,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{debt_cap, lua_too_big, never, product, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
+use super::{debt_cap, lua_too_big, never, product, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::TokenBucket`]: `T`, `B` and `W` above.
@@ -65,6 +65,7 @@ impl Rule for TokenBucket {
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = true;
+    const SCRIPT: &'static str = include_str!("token_bucket.lua");
 
     type State = Gcra;
 
@@ -102,6 +103,15 @@ impl Rule for TokenBucket {
             return lua_too_big("3 × interval × warmup must stay below 2^53 µs²; use a shorter warmup");
         }
         Ok(())
+    }
+
+    /// `T`, `B`, `W`, the lease size, and `1` for a plan limit (its state records `per`).
+    fn script_args(&self, call: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.interval.as_micros());
+        arg(self.burst.get());
+        arg(self.warmup.as_micros());
+        arg(call.lease);
+        arg(u64::from(call.plan));
     }
 
     fn decide(&self, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {

@@ -22,7 +22,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{debt_cap, lua_too_big, never, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
+use super::{debt_cap, lua_too_big, never, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::LeakyBucket`]: `T` and `D` above.
@@ -47,6 +47,7 @@ impl Rule for LeakyBucket {
     const DELAYS: bool = true;
     const PLANS: bool = false;
     const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("leaky_bucket.lua");
 
     type State = Meter;
 
@@ -72,6 +73,12 @@ impl Rule for LeakyBucket {
             return lua_too_big("max_delay must stay below 2^51 µs");
         }
         Ok(())
+    }
+
+    /// `T`, `D`.
+    fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.interval.as_micros());
+        arg(self.max_delay.as_micros());
     }
 
     fn decide(&self, st: &mut Meter, now: Timestamp, cost: u64) -> Decision {

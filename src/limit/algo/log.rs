@@ -28,7 +28,7 @@
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
 
-use super::{lua_too_big, never, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
+use super::{lua_too_big, never, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingLog`]: `W` and `L` above.
@@ -53,6 +53,7 @@ impl Rule for SlidingLog {
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("sliding_log.lua");
 
     type State = Log;
 
@@ -86,6 +87,12 @@ impl Rule for SlidingLog {
             return lua_too_big("window and limit must stay below 2^52");
         }
         Ok(())
+    }
+
+    /// `W`, `L`.
+    fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.window.as_micros());
+        arg(self.limit.get());
     }
 
     fn decide(&self, st: &mut Log, now: Timestamp, cost: u64) -> Decision {

@@ -39,7 +39,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{lua_too_big, never, product, share, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_EXACT};
+use super::{lua_too_big, never, product, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_EXACT};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingWindow`]: `W` and `L` above.
@@ -64,6 +64,7 @@ impl Rule for SlidingWindow {
     const DELAYS: bool = false;
     const PLANS: bool = true;
     const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("sliding_window.lua");
 
     type State = Counter;
 
@@ -89,6 +90,12 @@ impl Rule for SlidingWindow {
             );
         }
         Ok(())
+    }
+
+    /// `W`, `L`.
+    fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.window.as_micros());
+        arg(self.limit.get());
     }
 
     fn decide(&self, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
