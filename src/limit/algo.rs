@@ -129,6 +129,26 @@ pub trait Rule: Sized + Into<Algorithm> {
     /// in µs, counts in units), and what `call` adds that it reads.
     fn script_args(&self, call: &Call, arg: &mut impl FnMut(u64));
 
+    /// The state after `n` requests of `cost` at one instant (0) from the initial one, written
+    /// in closed form (a burst may be 10^18 long; see [`Rule::overrun`]).
+    fn after_burst(&self, n: u64, cost: u64) -> Self::State;
+    /// Its words in `tollgate explain`: what it admits for requests of `cost`, in `words`'
+    /// units, and what the request after a burst gets (from [`Rule::overrun`]).
+    fn describe(&self, cost: u64, words: &impl Words) -> String;
+    /// Its parameters as the admin listener's limit table shows them, by name.
+    fn params(&self) -> Vec<(&'static str, Param)>;
+
+    /// The decision on request `n + 1` of a burst: `n` requests of `cost` at one instant,
+    /// then one more, decided by the real algorithm on the state [`Rule::after_burst`] writes
+    /// down. At one instant every algorithm admits while the quota lasts and then denies
+    /// without changing its state, and each admission adds the same amount, so `k` admissions
+    /// leave `k · cost` counted (a token bucket's `tat` moves by `cost · interval`, three
+    /// times that while warming up).
+    fn overrun(&self, n: u64, cost: u64) -> Decision {
+        let mut st = self.after_burst(n, cost);
+        self.decide(&mut st, Timestamp::ZERO, cost)
+    }
+
     /// One decision (see the module docs of each algorithm for the exact math).
     fn decide(&self, st: &mut Self::State, now: Timestamp, cost: u64) -> Decision;
     /// Undoes an admission of `cost` made at `now` (never gives back more than it took).
@@ -154,6 +174,27 @@ pub trait Rule: Sized + Into<Algorithm> {
     /// share: rates and limits divided by `instances` (see [`share`]), so that they all
     /// falling back together admit about what Redis would have.
     fn fallback(&self, instances: NonZeroU64) -> Algorithm;
+}
+
+/// How `tollgate explain` writes what an algorithm says of itself ([`Rule::describe`]): the
+/// algorithm chooses the sentence, explain the units.
+pub trait Words {
+    /// A duration in human units (`1.5s`).
+    fn span(&self, d: Span) -> String;
+    /// Requests a second at one every `interval`.
+    fn per_second(&self, interval: NonZeroSpan) -> String;
+    /// What a request's cost adds to a sentence: nothing for 1, else ` (each request costs 3)`.
+    fn costs(&self, cost: u64) -> String;
+    /// What a request with this decision gets: `gets 429 with Retry-After: 2`, `waits 100ms`.
+    fn decision(&self, d: Decision) -> String;
+}
+
+/// One parameter of an algorithm, for the admin listener's limit table ([`Rule::params`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Param {
+    Span(Span),
+    Count(u64),
+    Calendar(Option<Calendar>),
 }
 
 /// What one script call adds to an algorithm's parameters (each algorithm passes what it reads).
@@ -397,6 +438,21 @@ impl Algorithm {
         self.kind().name()
     }
 
+    /// Its words in `tollgate explain` for requests of `cost` ([`Rule::describe`]).
+    pub fn describe(&self, cost: u64, words: &impl Words) -> String {
+        with_rule!(self, r => r.describe(cost, words))
+    }
+
+    /// Its parameters, by name, for the admin listener's limit table ([`Rule::params`]).
+    pub fn params(&self) -> Vec<(&'static str, Param)> {
+        with_rule!(self, r => r.params())
+    }
+
+    /// The decision on request `n + 1` of a burst of `n` requests of `cost` ([`Rule::overrun`]).
+    pub fn overrun(&self, n: u64, cost: u64) -> Decision {
+        with_rule!(self, r => r.overrun(n, cost))
+    }
+
     /// Its Redis script, without the store's prelude.
     pub fn script(&self) -> &'static str {
         self.kind().script()
@@ -628,6 +684,38 @@ mod tests {
         }
         let names: std::collections::HashSet<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(names.len(), Kind::ALL.len());
+    }
+
+    /// The request-by-request simulation [`Rule::after_burst`] replaces.
+    fn simulated(alg: &Algorithm, n: u64, cost: u64) -> Decision {
+        let mut state: Option<State> = None;
+        for _ in 0..n {
+            state = decide(alg, state.as_ref(), Timestamp::ZERO, cost).1;
+        }
+        decide(alg, state.as_ref(), Timestamp::ZERO, cost).0
+    }
+
+    #[test]
+    fn closed_form_decides_as_the_simulation_does() {
+        let mut algs = Vec::new();
+        for (a, b) in [(1, 1), (3, 7), (10, 20), (333_333, 5), (7, 100)] {
+            for warmup in [0, 1, 5_000_000].map(Span::from_micros) {
+                algs.push(Algorithm::TokenBucket { interval: nzs(a), burst: nz(b), warmup });
+            }
+            for max_delay in [0, a, 3 * a + 1, 50 * a].map(Span::from_micros) {
+                algs.push(Algorithm::LeakyBucket { interval: nzs(a), max_delay });
+            }
+            algs.push(Algorithm::FixedWindow { window: nzs(a * 1000), limit: nz(b), calendar: None });
+            algs.push(Algorithm::SlidingWindow { window: nzs(a * 1000), limit: nz(b) });
+            algs.push(Algorithm::SlidingLog { window: nzs(a * 1000), limit: nz(b) });
+        }
+        for alg in &algs {
+            for cost in 1..=max_cost(alg).min(8) {
+                for n in 0..40 {
+                    assert_eq!(alg.overrun(n, cost), simulated(alg, n, cost), "{alg:?} n={n} cost={cost}");
+                }
+            }
+        }
     }
 
     #[test]

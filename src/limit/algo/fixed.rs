@@ -29,7 +29,9 @@
 
 use std::num::NonZeroU64;
 
-use super::{lua_too_big, never, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN, MAX_DEBT};
+use super::{
+    lua_too_big, never, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN, MAX_DEBT,
+};
 use crate::limit::{Algorithm, Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::FixedWindow`]: `W`, `L` and the calendar.
@@ -103,6 +105,40 @@ impl Rule for FixedWindow<'_> {
         arg(b0);
         arg(b1);
         arg(b2);
+    }
+
+    /// The window at 0 counts the `k` that fit.
+    fn after_burst(&self, n: u64, cost: u64) -> Window {
+        let k = n.min(self.limit.get() / cost);
+        let (start, end) = self.bounds().at(Timestamp::ZERO);
+        Window { start, end, count: k * cost }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let n = self.limit.get();
+        let next = (n / cost).saturating_add(1);
+        let gets = words.decision(self.overrun(n / cost, cost));
+        match self.calendar {
+            Some(cal) => format!(
+                "{n} per calendar {cal}{} (windows start at its boundaries; months and DST days differ in length); request {next} {gets}; across a boundary up to {} can pass in a moment",
+                words.costs(cost),
+                n.saturating_mul(2)
+            ),
+            None => format!(
+                "{n} per {} window aligned to the clock{}; request {next} {gets}; across a window boundary up to {} can pass in a moment",
+                words.span(self.window.get()),
+                words.costs(cost),
+                n.saturating_mul(2)
+            ),
+        }
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("window", Param::Span(self.window.get())),
+            ("limit", Param::Count(self.limit.get())),
+            ("calendar", Param::Calendar(self.calendar.cloned())),
+        ]
     }
 
     fn decide(&self, st: &mut Window, now: Timestamp, cost: u64) -> Decision {

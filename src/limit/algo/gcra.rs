@@ -39,7 +39,9 @@
 
 use std::num::NonZeroU64;
 
-use super::{debt_cap, lua_too_big, never, product, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
+use super::{
+    debt_cap, lua_too_big, never, product, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN,
+};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::TokenBucket`]: `T`, `B` and `W` above.
@@ -112,6 +114,43 @@ impl Rule for TokenBucket {
         arg(self.warmup.as_micros());
         arg(call.lease);
         arg(u64::from(call.plan));
+    }
+
+    /// The burst admits `k` of them (`c·(3k + 1) <= B` warming up: a unit is charged `3T`
+    /// but checked at `T`), each moving `tat` by its charge.
+    fn after_burst(&self, n: u64, cost: u64) -> Gcra {
+        let (t, fits) = (self.interval.get(), self.burst.get() / cost);
+        let (charge, admitted) = if self.warmup.is_zero() { (t, fits) } else { (t * 3, fits.div_ceil(3)) };
+        let k = n.min(admitted);
+        Gcra { tat: Timestamp::ZERO + charge * k.saturating_mul(cost), start: Timestamp::ZERO, per: Span::ZERO }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let b = self.burst.get();
+        let fits = b / cost;
+        let mut s = format!(
+            "bursts of {b}{}, then {} requests/s (one every {}); request {} of a burst {}",
+            words.costs(cost),
+            words.per_second(self.interval),
+            words.span(self.interval.get()),
+            fits.saturating_add(1),
+            words.decision(self.overrun(fits, cost))
+        );
+        if !self.warmup.is_zero() {
+            s.push_str(&format!(
+                "; after idling (bucket full again) it starts at a third of that rate and burst and ramps up over {}",
+                words.span(self.warmup)
+            ));
+        }
+        s
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("interval", Param::Span(self.interval.get())),
+            ("burst", Param::Count(self.burst.get())),
+            ("warmup", Param::Span(self.warmup)),
+        ]
     }
 
     fn decide(&self, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {

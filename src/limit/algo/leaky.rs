@@ -22,7 +22,7 @@
 
 use std::num::NonZeroU64;
 
-use super::{debt_cap, lua_too_big, never, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
+use super::{debt_cap, lua_too_big, never, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::LeakyBucket`]: `T` and `D` above.
@@ -79,6 +79,42 @@ impl Rule for LeakyBucket {
     fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
         arg(self.interval.as_micros());
         arg(self.max_delay.as_micros());
+    }
+
+    /// Request `k + 1` waits `k · cost · T`, admitted while that is at most `max_delay`.
+    fn after_burst(&self, n: u64, cost: u64) -> Meter {
+        // A cost is at least 1, so a step is at least the interval.
+        let step = NonZeroSpan::new(self.interval.get() * cost).unwrap_or(self.interval);
+        let k = n.min(self.max_delay / step + 1);
+        Meter { tat: Timestamp::ZERO + step.get() * k }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let t = self.interval;
+        if self.max_delay.is_zero() {
+            format!(
+                "a strict meter of one request every {} ({} requests/s){}: a request sooner than that {}",
+                words.span(t.get()),
+                words.per_second(t),
+                words.costs(cost),
+                words.decision(self.overrun(1, cost))
+            )
+        } else {
+            let queue = (self.max_delay / t).saturating_add(1);
+            format!(
+                "smoothed to one request every {} ({} requests/s){}: up to {queue} waiting requests are delayed (at most {}), request {} {}",
+                words.span(t.get()),
+                words.per_second(t),
+                words.costs(cost),
+                words.span(self.max_delay),
+                (queue / cost).saturating_add(1),
+                words.decision(self.overrun(queue / cost, cost))
+            )
+        }
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("interval", Param::Span(self.interval.get())), ("max_delay", Param::Span(self.max_delay))]
     }
 
     fn decide(&self, st: &mut Meter, now: Timestamp, cost: u64) -> Decision {

@@ -28,7 +28,7 @@
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
 
-use super::{lua_too_big, never, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_SPAN};
+use super::{lua_too_big, never, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingLog`]: `W` and `L` above.
@@ -93,6 +93,30 @@ impl Rule for SlidingLog {
     fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
         arg(self.window.as_micros());
         arg(self.limit.get());
+    }
+
+    /// One entry at 0 holds the `k` that fit.
+    fn after_burst(&self, n: u64, cost: u64) -> Log {
+        let k = n.min(self.limit.get() / cost);
+        if k == 0 {
+            return Log::default();
+        }
+        Log { entries: [(Timestamp::ZERO, k * cost)].into(), sum: k * cost }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let n = self.limit.get();
+        format!(
+            "exactly {n} in any {} (sliding log){}; request {} of a burst {}",
+            words.span(self.window.get()),
+            words.costs(cost),
+            (n / cost).saturating_add(1),
+            words.decision(self.overrun(n / cost, cost))
+        )
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("window", Param::Span(self.window.get())), ("limit", Param::Count(self.limit.get()))]
     }
 
     fn decide(&self, st: &mut Log, now: Timestamp, cost: u64) -> Decision {

@@ -39,7 +39,9 @@
 
 use std::num::NonZeroU64;
 
-use super::{lua_too_big, never, product, share, Call, Kind, Rule, Unfit, Written, EXACT_SPAN, LUA_EXACT};
+use super::{
+    lua_too_big, never, product, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_EXACT,
+};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingWindow`]: `W` and `L` above.
@@ -96,6 +98,27 @@ impl Rule for SlidingWindow {
     fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
         arg(self.window.as_micros());
         arg(self.limit.get());
+    }
+
+    /// The current window counts the `k` that fit.
+    fn after_burst(&self, n: u64, cost: u64) -> Counter {
+        let k = n.min(self.limit.get() / cost);
+        Counter { start: Timestamp::ZERO, prev: 0, cur: k * cost }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let n = self.limit.get();
+        format!(
+            "about {n} in any {} (sliding window counter){}; request {} of a burst {}",
+            words.span(self.window.get()),
+            words.costs(cost),
+            (n / cost).saturating_add(1),
+            words.decision(self.overrun(n / cost, cost))
+        )
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("window", Param::Span(self.window.get())), ("limit", Param::Count(self.limit.get()))]
     }
 
     fn decide(&self, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
