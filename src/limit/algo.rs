@@ -6,6 +6,12 @@
 //!
 //! Each submodule opens with the exact state, formulas and rounding, written for the author of
 //! the Redis Lua port, which must reproduce them bit for bit.
+//!
+//! Each algorithm is one [`Rule`] in its own file, with its Lua script beside it: its math and
+//! every fact the rest of tollgate asks of it (its config name and fields, the longest wait,
+//! its period, RateLimit-Policy numbers, Redis fallback share, script arguments, explain
+//! words, admin parameters). [`Algorithm`]'s methods reach them through one exhaustive match,
+//! [`with_rule!`]; ARCHITECTURE.md's "Adding a limit algorithm" lists what a new one touches.
 
 pub mod fixed;
 pub mod gcra;
@@ -715,6 +721,58 @@ mod tests {
                     assert_eq!(alg.overrun(n, cost), simulated(alg, n, cost), "{alg:?} n={n} cost={cost}");
                 }
             }
+        }
+    }
+
+    /// ARCHITECTURE.md's "Adding a limit algorithm" names files that exist (`<name>`: each
+    /// algorithm's config name) and every item a [`Rule`] must give, so it cannot fall behind
+    /// the trait.
+    #[test]
+    fn the_recipe_for_a_new_algorithm_names_existing_files_and_every_rule_item() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+        let recipe = text.split("### Adding a limit algorithm").nth(1).expect("the recipe");
+        let recipe = recipe.split("\n## ").next().unwrap_or(recipe);
+        let quoted: Vec<&str> = recipe.split('`').skip(1).step_by(2).collect();
+        let files: Vec<&str> = quoted
+            .iter()
+            .copied()
+            .filter(|q| {
+                q.starts_with("src/") || q.starts_with("tests/") || q.starts_with("docs/") || q.starts_with("fuzz/")
+            })
+            .collect();
+        assert!(files.len() >= 10, "{files:?}");
+        for f in files {
+            if f.contains("<name>") {
+                for k in Kind::ALL {
+                    let path = f.replace("<name>", k.name());
+                    assert!(root.join(&path).is_file(), "{path} (from {f})");
+                }
+            } else if f.contains("<module>") {
+                let dir = root.join(f).parent().map(std::path::Path::to_path_buf).expect("a folder");
+                assert!(dir.is_dir(), "{f}");
+            } else {
+                assert!(root.join(f).is_file(), "{f}");
+            }
+        }
+        // Every item the trait requires (a declaration without a body), by name.
+        let source = std::fs::read_to_string(root.join("src/limit/algo.rs")).expect("algo.rs");
+        let start = source.find("pub trait Rule").expect("the trait");
+        let body = &source[start..start + source[start..].find("\n}\n").expect("its end")];
+        let mut required = Vec::new();
+        for line in body.lines().map(str::trim).filter(|l| l.ends_with(';')) {
+            let name = ["const ", "type ", "fn "].iter().find_map(|k| line.strip_prefix(k));
+            if let Some(rest) = name {
+                let end = rest.find([':', '(', '<', ' ']).unwrap_or(rest.len());
+                required.push(&rest[..end]);
+            }
+        }
+        assert!(required.len() >= 20, "{required:?}");
+        for item in required {
+            assert!(quoted.contains(&item), "the recipe does not name `{item}`");
+        }
+        for mac in ["with_rule!", "kinds!", "slot!(Variant => State)"] {
+            assert!(recipe.contains(mac), "{mac}");
         }
     }
 
