@@ -155,6 +155,19 @@ impl Proxy {
                         // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
                         // `OnUpgrade` in the request's (usually empty) extensions.
                         let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
+                        // *Forwarding*: the route's steps that see the request as it goes (a mirror).
+                        if lane.steps.forwards() {
+                            let mut f = step::Forwarding {
+                                parts: &parts,
+                                body: &mut body,
+                                strip,
+                                down: &down,
+                                key,
+                                upgrade,
+                                notes: log.notes(),
+                            };
+                            lane.steps.forwarding(&mut f, &mut seen);
+                        }
                         match log.trace.as_mut() {
                             // The upstream's parent is the exchange's client span.
                             Some(span) => Proxy::trace_upstream(span, this.config.upstream(route), &mut parts, strip),
