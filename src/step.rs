@@ -114,10 +114,12 @@ pub(crate) struct Forwarding<'a> {
     pub strip: usize,
     /// What the forwarded request says of its client.
     pub down: &'a crate::forward::Downstream<'a>,
-    /// A group's hash key for this request.
-    pub key: u64,
+    /// A group's hash key for this request (`balance: hash`; 0 for other upstreams).
+    pub hash: &'a dyn Fn(&crate::forward::Backend) -> u64,
     /// An upgrade or an HTTP/2 CONNECT: a tunnel may follow.
     pub upgrade: bool,
+    /// The upstream it goes to (an index of the config's upstreams: a split's chosen side).
+    pub upstream: usize,
     pub notes: Notes<'a>,
 }
 

@@ -34,7 +34,8 @@ pub struct RawMirror {
 /// A validated `mirror`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mirror {
-    /// Index into [`super::Config::upstreams`]: an HTTP upstream, never the route's own.
+    /// Index into [`super::Config::upstreams`]: an HTTP upstream, never the route's one
+    /// upstream (it may be a side of its split: the requests sent there are not copied).
     pub upstream: usize,
     /// The share of forwarded requests copied, in [0, 1].
     pub sample: f64,
@@ -51,15 +52,15 @@ pub struct Mirror {
 impl RawMirror {
     /// `at(field)` is the path of a field under `routes[i].mirror`; `upstream(name)` finds an
     /// HTTP upstream's index (`Err`: the message for a name that is none); `primary`: the
-    /// route's upstreams (its one, or its split's sides).
+    /// route's one upstream (`None` for a split).
     pub fn validate(
         self,
         at: &dyn Fn(&[&str]) -> Vec<Seg>,
         upstream: &dyn Fn(&str) -> Result<usize, String>,
-        primary: &[usize],
+        primary: Option<usize>,
     ) -> Result<Mirror, Invalid> {
         let idx = upstream(&self.upstream).map_err(|e| (at(&["upstream"]), e))?;
-        if primary.contains(&idx) {
+        if primary == Some(idx) {
             return Err((
                 at(&["upstream"]),
                 format!("`{}` is the route's own upstream: each request would reach it twice", self.upstream),

@@ -687,9 +687,8 @@ impl Config {
                         )),
                         Some(i) => Ok(i),
                     };
-                    let primary: Vec<usize> =
-                        split.as_ref().map_or_else(|| vec![upstream], |s| s.sides.iter().map(|s| s.upstream).collect());
-                    Some(std::sync::Arc::new(raw.validate(&at_mirror, &find, &primary)?))
+                    let primary = split.is_none().then_some(upstream);
+                    Some(std::sync::Arc::new(raw.validate(&at_mirror, &find, primary)?))
                 }
             };
             let compression = match route.compression {

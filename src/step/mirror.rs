@@ -51,6 +51,8 @@ const ONE: HeaderValue = HeaderValue::from_static("1");
 
 pub(crate) struct Mirror {
     backend: Arc<Backend>,
+    /// Its index among the config's upstreams: a split that sends a request there is not copied.
+    index: usize,
     upstream: Arc<str>,
     route: Arc<str>,
     sample: f64,
@@ -95,6 +97,7 @@ impl Builtin for Mirror {
         let backend = b.backends.get(m.upstream)?.clone();
         Some(Mirror {
             backend,
+            index: m.upstream,
             upstream: Arc::from(b.config.upstreams.get(m.upstream).map_or("?", |u| u.name.as_str())),
             route: Arc::from(b.route.name.as_str()),
             sample: m.sample,
@@ -111,20 +114,22 @@ impl Builtin for Mirror {
     fn describe(route: &Route, config: &Config) -> Option<String> {
         let m = route.mirror.as_deref()?;
         let share = if m.sample >= 1.0 {
-            "each request".to_owned()
+            "every request".to_owned()
         } else {
-            format!("{} % of requests (drawn at random)", (m.sample * 1000.0).round() / 10.0)
+            format!("{} % (drawn at random) of the requests", (m.sample * 1000.0).round() / 10.0)
         };
         let body = match m.max_body {
             n if n % (1 << 20) == 0 && n > 0 => format!("{} MiB", n >> 20),
             n if n % (1 << 10) == 0 && n > 0 => format!("{} KiB", n >> 10),
             n => format!("{n} bytes"),
         };
+        let name = config.upstreams.get(m.upstream).map_or("?", |u| u.name.as_str());
+        let split = route.split.as_ref().is_some_and(|s| s.sides.iter().any(|side| side.upstream == m.upstream));
         Some(format!(
-            "mirror: a copy of {share} the limits admit goes to `{}` (same method, path after the route's rewrite, \
-             fields and body up to {body}; marked `{}: 1`), at most {} at once, fire-and-forget: the client never \
-             waits for it nor sees its answer; its answers are counted{}",
-            config.upstreams.get(m.upstream).map_or("?", |u| u.name.as_str()),
+            "mirror: copies {share} the limits admit to `{name}`{} (same method, path after the route's rewrite, \
+             fields, and bodies up to {body}; marked `{}: 1`), at most {} at once, fire-and-forget: the client \
+             never waits for a copy nor sees its answer; the answers are counted{}",
+            if split { " (but those the split sends there)" } else { "" },
             m.header,
             m.max_in_flight,
             if m.compare { " and their status compared with the client's" } else { "" },
@@ -134,7 +139,8 @@ impl Builtin for Mirror {
     const FORWARDS: bool = true;
 
     fn forwarding(&self, f: &mut Forwarding<'_>, seen: &mut Seen) {
-        if self.sample < 1.0 && fastrand::f64() >= self.sample {
+        // A split sent it to the mirror's upstream: it is there already.
+        if f.upstream == self.index || (self.sample < 1.0 && fastrand::f64() >= self.sample) {
             return;
         }
         if f.upgrade || f.parts.method == http::Method::CONNECT {
@@ -156,6 +162,8 @@ impl Builtin for Mirror {
         };
         let body = if client.is_end_stream() {
             *f.body = Some(client);
+            // Sent now: its body is known (none).
+            self.counts.sent.inc();
             Copied::Now(Vec::new())
         } else if client.size_hint().lower() > self.max_body {
             *f.body = Some(client);
@@ -176,7 +184,7 @@ impl Builtin for Mirror {
             head: head_of(f.parts, &self.header),
             strip: f.strip,
             down: Owned::of(f.down, self.rules.as_ref()),
-            key: f.key,
+            key: (f.hash)(&self.backend),
         };
         f.notes.add("mirror", "copied");
         let task = Task {
@@ -287,7 +295,10 @@ impl Task {
         let chunks = match body {
             Copied::Now(chunks) => chunks,
             Copied::Later(rx) => match rx.await {
-                Ok(Ok(chunks)) => chunks,
+                Ok(Ok(chunks)) => {
+                    counts.sent.inc();
+                    chunks
+                }
                 Ok(Err(reason)) => {
                     counts.dropped[reason].inc();
                     return;
@@ -299,7 +310,6 @@ impl Task {
                 }
             },
         };
-        counts.sent.inc();
         let Copy { mut head, strip, down, key } = copy;
         let len: usize = chunks.iter().map(Bytes::len).sum();
         if len > 0 || head.headers.contains_key(CONTENT_LENGTH) {

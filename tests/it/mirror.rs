@@ -402,6 +402,38 @@ routes:
     assert_eq!(marked, 10, "the marker field is the route's own");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_split_a_request_sent_to_the_mirrors_side_is_not_copied() {
+    let (stable, _) = recording(200, "stable", Duration::ZERO).await;
+    let (next, next_log) = recording(200, "mirror", Duration::ZERO).await;
+    let yaml = format!(
+        "upstreams:
+  stable: {{ url: \"http://{}\" }}
+  next: {{ url: \"http://{}\" }}
+routes:
+  - name: api
+    split:
+      upstreams: [{{ name: stable, weight: 100 }}, {{ name: next, weight: 0 }}]
+      override: {{ header: x-canary, values: {{ always: next }} }}
+    mirror: {{ upstream: next }}
+",
+        stable.addr, next.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let c = client();
+    for i in 0..10 {
+        assert_eq!(send(&c, get(&tg.url("/copied"), i)).await.1, "stable");
+        let req = Request::get(tg.url("/tester")).header("x-canary", "always").body(full("")).unwrap();
+        assert_eq!(send(&c, req).await.1, "mirror");
+    }
+    until("the copies answered", || answered(&tg, "api", "2xx") == 10).await;
+    let log = next_log.lock().unwrap().clone();
+    let copies = log.iter().filter(|s| s.headers.contains_key("x-tollgate-mirror")).count();
+    let testers = log.iter().filter(|s| s.target == "/tester").count();
+    assert_eq!((copies, testers, log.len()), (10, 10, 20), "testers' requests reach `next` once, uncopied");
+    assert_eq!(mirrored(&tg, "api", "sent"), 10);
+}
+
 #[test]
 fn a_mirror_is_an_http_upstream_other_than_the_routes_own() {
     let load = |mirror: &str| {
@@ -445,7 +477,13 @@ routes:
     let config = tollgate::config::Config::from_yaml(std::path::Path::new("m.yaml"), yaml).unwrap();
     let text = tollgate::explain::explain(&config);
     let line = text.lines().find(|l| l.contains("mirror:")).unwrap_or_else(|| panic!("{text}"));
-    for words in ["10 % of requests", "`b`", "x-tollgate-mirror: 1", "at most 50 at once", "never waits"] {
+    for words in [
+        "copies 10 % (drawn at random) of the requests",
+        "`b`",
+        "x-tollgate-mirror: 1",
+        "at most 50 at once",
+        "never waits",
+    ] {
         assert!(line.contains(words), "no `{words}` in: {line}");
     }
 }
