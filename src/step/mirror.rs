@@ -7,11 +7,12 @@
 //! `request_headers` rules, the body, and the marker field (`x-tollgate-mirror: 1`).
 //!
 //! The body is copied as it passes to the primary, never held back: each chunk the primary's
-//! upstream reads is kept (a reference to the same bytes, no copy) until the body has ended,
-//! then the copy leaves with it. A body over `max_body` (known from its `Content-Length`, or
-//! once it grows past it) stops being kept, and its copy is dropped: a copy with a cut body
-//! would be another request. So the primary's body streams at its own pace, and a copy
-//! holds at most `max_body` bytes.
+//! upstream reads is copied into the copy's own buffer (not kept by reference: a chunk shares
+//! its allocation with the connection's read buffer, which would stay alive with it) until the
+//! body has ended, then the copy leaves with it. A body over `max_body` (known from its
+//! `Content-Length`, or once it grows past it) stops being kept, and its copy is dropped: a
+//! copy with a cut body would be another request. So the primary's body streams at its own
+//! pace, and a copy holds at most `max_body` bytes.
 //!
 //! Invariants: at most `max_in_flight` copies are on their way at once per route (from the
 //! moment one is decided until the mirror's answer has been read or has failed); over it, a
@@ -172,10 +173,10 @@ impl Builtin for Mirror {
             return;
         } else {
             let (tx, rx) = oneshot::channel();
-            *f.body = Some(Inbound::boxed(Tee {
-                inner: client,
-                copy: Some(Copying { chunks: Vec::new(), len: 0, max: self.max_body, done: tx }),
-            }));
+            // Room for the whole body when its length is known (at most `max_body`: checked above).
+            let room = client.size_hint().exact().map_or(0, |n| usize::try_from(n).unwrap_or(0));
+            let copy = Copying { buf: bytes::BytesMut::with_capacity(room), max: self.max_body, done: tx };
+            *f.body = Some(Inbound::boxed(Tee { inner: client, copy: Some(copy) }));
             Copied::Later(rx)
         };
         let meeting = self.compare.then(|| Meeting(Arc::new(AtomicU32::new(0))));
@@ -386,8 +387,7 @@ struct Tee {
 }
 
 struct Copying {
-    chunks: Vec<Bytes>,
-    len: u64,
+    buf: bytes::BytesMut,
     max: u64,
     /// The whole body, or why the copy is given up (an index of `MIRROR_DROPPED`); dropped
     /// unsent when the client's body is (not read to its end).
@@ -403,7 +403,7 @@ impl Tee {
 
     fn finish(&mut self) {
         if let Some(c) = self.copy.take() {
-            let _ = c.done.send(Ok(c.chunks));
+            let _ = c.done.send(Ok(vec![c.buf.freeze()]));
         }
     }
 }
@@ -420,11 +420,10 @@ impl HttpBody for Tee {
             Some(Ok(frame)) => match frame.data_ref() {
                 Some(data) => {
                     if let Some(c) = this.copy.as_mut() {
-                        c.len += data.len() as u64;
-                        if c.len > c.max {
+                        if (c.buf.len() + data.len()) as u64 > c.max {
                             this.give_up(TOO_LARGE);
                         } else {
-                            c.chunks.push(data.clone());
+                            c.buf.extend_from_slice(data);
                         }
                     }
                     // hyper stops polling once the body says it has ended.
@@ -495,7 +494,7 @@ mod tests {
 
     fn tee(inner: Inbound, max: u64) -> (Tee, oneshot::Receiver<Result<Vec<Bytes>, usize>>) {
         let (done, rx) = oneshot::channel();
-        (Tee { inner, copy: Some(Copying { chunks: Vec::new(), len: 0, max, done }) }, rx)
+        (Tee { inner, copy: Some(Copying { buf: bytes::BytesMut::new(), max, done }) }, rx)
     }
 
     #[tokio::test]
