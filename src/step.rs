@@ -14,7 +14,7 @@
 //! What a step learns of the request for its answer side is kept in [`Seen`], inline in the
 //! request's future (nothing is allocated per request for it). Built-in steps are an enum,
 //! dispatched statically; a route without steps has an empty slice and pays one length check
-//! per side. Steps of programs that embed tollgate are registered by name ([`register`]) and
+//! per side (one flag for the forwarding side). Steps of programs that embed tollgate are registered by name ([`register`]) and
 //! listed under a route's `extensions:`; they cost a virtual call on the routes that use them.
 //!
 //! - *forwarding*, in the declared order, once the request is about to go upstream (after the
