@@ -177,6 +177,35 @@ routes:
     until("no copy in flight", || metric(&tg, "tollgate_mirror_in_flight{route=\"api\"}") == 0.0).await;
 }
 
+/// An HTTP/2 client's body (no `Content-Length`, in DATA frames) is copied as an HTTP/1.1
+/// one's is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_clients_body_is_copied_too() {
+    let (primary, primary_log) = recording(200, "primary", Duration::ZERO).await;
+    let (mirror, mirror_log) = recording(200, "mirror", Duration::ZERO).await;
+    let yaml = format!(
+        "upstreams:
+  primary: {{ url: \"http://{}\" }}
+  shadow: {{ url: \"http://{}\" }}
+routes:
+  - {{ name: api, upstream: primary, mirror: {{ upstream: shadow }} }}
+",
+        primary.addr, mirror.addr
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let mut h2 = crate::support::h2(tg.addr).await;
+    let req = Request::post(format!("http://{}/h2?x=1", tg.addr)).body(streamed(10, 1000)).unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "primary");
+    until("the copy answered", || mirror_log.lock().unwrap().len() == 1).await;
+    let (original, copy) = (primary_log.lock().unwrap()[0].clone(), mirror_log.lock().unwrap()[0].clone());
+    assert_eq!((copy.method.as_str(), copy.target.as_str()), ("POST", "/h2?x=1"));
+    assert_eq!(copy.body.len(), 10 * 1000);
+    assert_eq!(copy.body, original.body);
+    assert_eq!(copy.headers["content-length"], "10000", "a copy's body leaves whole, with its length");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_max_body_streams_whole_to_the_primary_and_its_copy_is_dropped() {
     let (primary, primary_log) = recording(200, "primary", Duration::ZERO).await;
