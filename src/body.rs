@@ -18,6 +18,7 @@
 pub mod h2;
 pub mod h3;
 pub mod unread;
+pub mod watch;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -76,6 +76,8 @@ struct Lane {
     upstream: String,
     /// `split:`: which upstream takes each request (`None`: the route's one upstream).
     split: Option<Box<forward::split::Chooser>>,
+    /// `message_limits:`: the checks on each stream's messages (gRPC, WebSocket).
+    messages: Option<Arc<crate::gate::messages::Messages>>,
 }
 
 pub struct Proxy {
@@ -200,6 +202,33 @@ impl Proxy {
                     })
                 };
                 let mut gate = Gate::new(r, &metrics, &mut store_for);
+                let messages = r.message_limits.as_ref().map(|m| {
+                    let kept = |l: &LimitConfig| {
+                        let lane =
+                            previous?.lanes.get(previous?.config.routes.iter().position(|p| p.name == r.name)?)?;
+                        let same = lane.messages.as_ref()?.limits().find(|k| k.config == *l)?.store.clone();
+                        match &*same {
+                            Store::Redis(s) if redis.as_ref().is_some_and(|c| Arc::ptr_eq(c, s.client())) => Some(same),
+                            Store::Local(_) if l.store == StoreKind::Local || redis.is_none() => Some(same),
+                            _ => None,
+                        }
+                    };
+                    let mut store_for = |l: &LimitConfig| {
+                        kept(l).unwrap_or_else(|| match (&redis, l.store) {
+                            // Its own Redis keys: `tollgate:{<route>/messages/<limit>:…}`.
+                            (Some(client), StoreKind::Redis) => redis_store(client, &format!("{}/messages", r.name), l),
+                            _ => Limit::local_store(l),
+                        })
+                    };
+                    Arc::new(crate::gate::messages::Messages::new(
+                        r,
+                        m,
+                        &metrics,
+                        clock.clone(),
+                        config.log.access,
+                        &mut store_for,
+                    ))
+                });
                 if let Some(d) = &directory {
                     gate.set_directory(d.clone(), r.ratelimit_headers);
                 }
@@ -235,6 +264,7 @@ impl Proxy {
                     }),
                     upstream: upstream.name.clone(),
                     split: r.split.as_deref().map(|s| Box::new(forward::split::Chooser::new(s, &r.name, &metrics))),
+                    messages,
                 }
             })
             .collect();

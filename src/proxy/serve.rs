@@ -162,6 +162,9 @@ impl Proxy {
                             None if this.tracer.is_some() => crate::trace::unsampled(&mut parts.headers),
                             None => {}
                         }
+                        if let Some(messages) = &lane.messages {
+                            this.watch_stream(messages, route, &mut parts, &target, &ctx, upgrade);
+                        }
                         let Some(req) = body.take().map(|body| Request::from_parts(parts, body)) else {
                             let e = Error::Internal("the request body was taken before it was forwarded");
                             break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own);
@@ -533,6 +536,30 @@ impl Proxy {
 }
 
 impl Proxy {
+    /// A route with message limits: the request's stream gets its meter (its keys read now,
+    /// from the request that opens it): a WebSocket upgrade takes it to its tunnel.
+    #[cold]
+    #[inline(never)]
+    fn watch_stream(
+        &self,
+        messages: &Arc<crate::gate::messages::Messages>,
+        route: &Route,
+        parts: &mut Parts,
+        target: &Target,
+        ctx: &Ctx<'_>,
+        upgrade: bool,
+    ) {
+        use crate::gate::messages::Protocol;
+        if !upgrade {
+            return;
+        }
+        let meter = {
+            let key = self.key_ctx(route, parts, target, ctx.peer);
+            messages.meter(&key, Protocol::WebSocket, ctx.request_id())
+        };
+        parts.extensions.insert(forward::tunnel::Watched(Arc::new(meter)));
+    }
+
     /// The tunnel slot of an upgrade the route tunnels (`upgrades:`) to a backend that can:
     /// taken first, it goes with the tunnel, or back on any other answer.
     fn tunnel_slot<B>(

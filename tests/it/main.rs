@@ -34,6 +34,7 @@ mod listener;
 mod live_reload;
 mod local_ca;
 mod memory;
+mod messages;
 mod operate;
 mod products;
 mod proxy_protocol;

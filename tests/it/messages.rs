@@ -1,0 +1,163 @@
+//! Message limits (`message_limits:`) with real clients: Python's `websockets` through
+//! tollgate to a real WebSocket upstream (the tunnel tests' echo server), sending faster than
+//! the limit allows.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::{proxy_yaml, Tollgate, Upstream};
+use crate::tunnel::ws_upstream;
+
+/// Python with `modules`, or `None` (the test says it was skipped).
+fn python_with(modules: &str) -> bool {
+    let has = std::process::Command::new("python3").args(["-c", &format!("import {modules}")]).output();
+    has.is_ok_and(|o| o.status.success())
+}
+
+fn script(name: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/messages").join(name)
+}
+
+fn metric(tg: &Tollgate, line_start: &str) -> Option<f64> {
+    let text = tg.shared.load().metrics().encode(None);
+    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn ws_yaml(up: &Upstream, message_limits: &str) -> String {
+    proxy_yaml(up.addr, "", &format!("  - name: ws\n    upstream: up\n    message_limits:\n{message_limits}"))
+}
+
+/// Runs the Python client: `count` messages of `size` bytes to `tg`'s `/chat`.
+async fn ws_client(tg: &Tollgate, count: u32, size: usize) -> serde_json::Value {
+    let url = format!("ws://{}/chat", tg.addr);
+    let run = tokio::process::Command::new("python3")
+        .arg(script("ws_client.py"))
+        .args([url, count.to_string(), size.to_string()])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run).await.expect("the client hung").unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+macro_rules! needs_python {
+    ($modules:expr, $test:expr) => {
+        if !python_with($modules) {
+            eprintln!("SKIPPED {}: python3 with {} is not installed (scripts/test.sh installs it)", $test, $modules);
+            return;
+        }
+    };
+}
+
+#[tokio::test]
+async fn a_websocket_client_over_its_message_limit_is_closed_with_1008_naming_the_limit() {
+    needs_python!("websockets", "a_websocket_client_over_its_message_limit_is_closed_with_1008_naming_the_limit");
+    let up = ws_upstream(Arc::default()).await;
+    // A window of a minute: the sixth message of the test is always over it.
+    let tg = Tollgate::start(&ws_yaml(
+        &up,
+        "      limits: [ { name: chat, algorithm: fixed_window, rate: 5/m, key: client_ip } ]\n",
+    ))
+    .await;
+    let got = ws_client(&tg, 20, 100).await;
+    assert_eq!(got["close_code"], 1008, "{got}");
+    let reason = got["close_reason"].as_str().unwrap();
+    assert!(reason.contains("`chat`"), "{reason}");
+    // Five admitted; their echoes may still be on their way when the stream is closed.
+    assert!(got["echoed"].as_u64().unwrap() <= 5, "{got}");
+    let m = |result: &str| {
+        metric(
+            &tg,
+            &format!("tollgate_stream_messages_total{{route=\"ws\",protocol=\"websocket\",result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(m("passed"), Some(5.0));
+    assert_eq!(m("refused"), Some(1.0));
+    // The limit's own decisions, as a request limit's are counted.
+    assert_eq!(
+        metric(&tg, "tollgate_limiter_decisions_total{route=\"ws\",limit=\"chat\",result=\"throttled\"}"),
+        Some(1.0)
+    );
+    // The next connection of the same client is still over the window: closed at its first.
+    let again = ws_client(&tg, 3, 10).await;
+    assert_eq!((again["close_code"].as_u64(), again["echoed"].as_u64()), (Some(1008), Some(0)), "{again}");
+}
+
+#[tokio::test]
+async fn with_action_delay_a_fast_websocket_client_is_slowed_not_closed() {
+    needs_python!("websockets", "with_action_delay_a_fast_websocket_client_is_slowed_not_closed");
+    let up = ws_upstream(Arc::default()).await;
+    // 20 a second, one at once: ten messages take at least 9 × 50 ms however fast they come.
+    let tg = Tollgate::start(&ws_yaml(
+        &up,
+        "      limits: [ { name: pace, algorithm: token_bucket, rate: 20/s, burst: 1, action: delay, max_delay: 5s } ]\n",
+    ))
+    .await;
+    let got = ws_client(&tg, 10, 1000).await;
+    assert_eq!(got["close_code"], serde_json::Value::Null, "{got}");
+    assert_eq!(got["echoed"], 10, "{got}");
+    let seconds = got["seconds"].as_f64().unwrap();
+    assert!(seconds >= 0.45, "ten messages at 20/s went through in {seconds} s");
+    let delayed = metric(&tg, "tollgate_stream_messages_total{route=\"ws\",protocol=\"websocket\",result=\"delayed\"}");
+    assert!(delayed.unwrap_or(0.0) >= 1.0, "{delayed:?}");
+}
+
+#[tokio::test]
+async fn a_websocket_message_over_max_message_size_is_refused_with_1009() {
+    needs_python!("websockets", "a_websocket_message_over_max_message_size_is_refused_with_1009");
+    let up = ws_upstream(Arc::default()).await;
+    let tg = Tollgate::start(&ws_yaml(
+        &up,
+        "      max_message_size: 1MiB\n      limits: [ { name: chat, algorithm: token_bucket, rate: 100/s } ]\n",
+    ))
+    .await;
+    // 10 MB in one message: refused at its header, never read.
+    let got = ws_client(&tg, 1, 10 << 20).await;
+    assert_eq!(got["close_code"], 1009, "{got}");
+    assert!(got["close_reason"].as_str().unwrap().contains("max_message_size"), "{got}");
+    let too_large =
+        metric(&tg, "tollgate_stream_messages_total{route=\"ws\",protocol=\"websocket\",result=\"too_large\"}");
+    assert_eq!(too_large, Some(1.0));
+    let up_bytes = metric(&tg, "tollgate_tunnel_bytes_total{route=\"ws\",direction=\"up\"}").unwrap();
+    assert!(up_bytes < f64::from(1u32 << 20), "{up_bytes} bytes of the refused message reached the upstream");
+}
+
+#[tokio::test]
+async fn messages_under_the_limit_pass_fragmented_and_interleaved_with_control_frames() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+    use tokio_tungstenite::tungstenite::Message;
+    let up = ws_upstream(Arc::default()).await;
+    let tg =
+        Tollgate::start(&ws_yaml(&up, "      limits: [ { name: chat, algorithm: fixed_window, rate: 3/m } ]\n")).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/chat", tg.addr)).await.unwrap();
+    // One message in three frames, a ping between them: one message counted.
+    let frame = |opcode, fin, data: &[u8]| {
+        let header = FrameHeader { is_final: fin, opcode, ..FrameHeader::default() };
+        Message::Frame(Frame::from_payload(header, data.to_vec().into()))
+    };
+    ws.send(frame(OpCode::Data(Data::Text), false, b"he")).await.unwrap();
+    ws.send(Message::Ping(b"p".to_vec().into())).await.unwrap();
+    ws.send(frame(OpCode::Data(Data::Continue), false, b"ll")).await.unwrap();
+    ws.send(frame(OpCode::Data(Data::Continue), true, b"o")).await.unwrap();
+    let mut got = Vec::new();
+    while got.is_empty() {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap() {
+            Message::Text(t) => got.push(t.to_string()),
+            Message::Pong(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, ["hello"]);
+    for _ in 0..2 {
+        ws.send(Message::text("x")).await.unwrap();
+        assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("x"));
+    }
+    ws.send(Message::text("over")).await.unwrap();
+    match ws.next().await {
+        Some(Ok(Message::Close(Some(c)))) => assert_eq!(u16::from(c.code), 1008),
+        other => panic!("expected a close 1008, got {other:?}"),
+    }
+}
