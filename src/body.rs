@@ -15,6 +15,7 @@
 //! An HTTP/2 upstream's response body also drives what is left of the request body
 //! ([`h2::Pump`]): one future per request on both sides, no task.
 
+pub mod grpc;
 pub mod h2;
 pub mod h3;
 pub mod unread;
@@ -523,6 +524,9 @@ pub enum ClientBodyError {
     Incomplete,
     #[error("the client sent no body data for longer than `server.body_read_timeout`")]
     Timeout,
+    /// A route's message limit ended the call (see [`grpc`]): not a fault of the body.
+    #[error("a message limit ended the stream")]
+    Refused,
 }
 
 impl ClientBodyError {
@@ -548,6 +552,8 @@ impl ClientBodyError {
 pub enum Inbound {
     Hyper(Incoming),
     H3(Box<h3::Recv>),
+    /// A body another part of this room checks as it passes (a gRPC call's messages).
+    Boxed(Pin<Box<dyn HttpBody<Data = Bytes, Error = ClientBodyError> + Send>>),
 }
 
 impl From<Incoming> for Inbound {
@@ -567,6 +573,7 @@ impl HttpBody for Inbound {
         match self.get_mut() {
             Inbound::Hyper(b) => Pin::new(b).poll_frame(cx).map(|p| p.map(|r| r.map_err(|e| ClientBodyError::of(&e)))),
             Inbound::H3(b) => b.poll_frame(cx),
+            Inbound::Boxed(b) => b.as_mut().poll_frame(cx),
         }
     }
 
@@ -575,6 +582,7 @@ impl HttpBody for Inbound {
         match self {
             Inbound::Hyper(b) => b.is_end_stream(),
             Inbound::H3(b) => b.is_end_stream(),
+            Inbound::Boxed(b) => b.is_end_stream(),
         }
     }
 
@@ -583,6 +591,7 @@ impl HttpBody for Inbound {
         match self {
             Inbound::Hyper(b) => b.size_hint(),
             Inbound::H3(b) => b.size_hint(),
+            Inbound::Boxed(b) => b.size_hint(),
         }
     }
 }

@@ -360,6 +360,7 @@ pub(super) async fn run(
         Poll::Pending
     })
     .await;
+    let refused = ended.is_ok();
     let end = match ended {
         Err(end) => end,
         Ok((refused_up, refusal)) => {
@@ -394,6 +395,16 @@ pub(super) async fn run(
         let _ = upstream.shutdown().await;
     })
     .await;
+    if refused {
+        // A lingering close: what the client sent after the refused message is read and
+        // dropped until it closes too (bounded), so that its unread bytes do not turn our
+        // close into a reset that could take the close frame with it.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let mut sink = [0u8; 4096];
+            while matches!(tokio::io::AsyncReadExt::read(&mut client, &mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
     watch.ended(end);
     end
 }

@@ -6,7 +6,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate::limit::{ManualClock, Timestamp};
+
 use crate::support::{proxy_yaml, Tollgate, Upstream};
+
+/// A proxy whose limits read a clock that stands still: a window of the test never ends
+/// under it, however slow the machine.
+async fn still(yaml: &str) -> Tollgate {
+    Tollgate::start_with_clock(yaml, ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000))).await
+}
 use crate::tunnel::ws_upstream;
 
 /// Python with `modules`, or `None` (the test says it was skipped).
@@ -55,11 +63,9 @@ async fn a_websocket_client_over_its_message_limit_is_closed_with_1008_naming_th
     needs_python!("websockets", "a_websocket_client_over_its_message_limit_is_closed_with_1008_naming_the_limit");
     let up = ws_upstream(Arc::default()).await;
     // A window of a minute: the sixth message of the test is always over it.
-    let tg = Tollgate::start(&ws_yaml(
-        &up,
-        "      limits: [ { name: chat, algorithm: fixed_window, rate: 5/m, key: client_ip } ]\n",
-    ))
-    .await;
+    let tg =
+        still(&ws_yaml(&up, "      limits: [ { name: chat, algorithm: fixed_window, rate: 5/m, key: client_ip } ]\n"))
+            .await;
     let got = ws_client(&tg, 20, 100).await;
     assert_eq!(got["close_code"], 1008, "{got}");
     let reason = got["close_reason"].as_str().unwrap();
@@ -160,4 +166,135 @@ async fn messages_under_the_limit_pass_fragmented_and_interleaved_with_control_f
         Some(Ok(Message::Close(Some(c)))) => assert_eq!(u16::from(c.code), 1008),
         other => panic!("expected a close 1008, got {other:?}"),
     }
+}
+
+/// The Python gRPC service (`grpc_peer.py serve`), an h2c upstream; killed when dropped.
+struct GrpcUpstream {
+    port: u16,
+    _child: tokio::process::Child,
+}
+
+impl GrpcUpstream {
+    async fn start() -> GrpcUpstream {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new("python3")
+            .arg(script("grpc_peer.py"))
+            .arg("serve")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap().unwrap();
+        let port = line.expect("the service's port").trim().parse().unwrap();
+        GrpcUpstream { port, _child: child }
+    }
+}
+
+fn grpc_yaml(up: &GrpcUpstream, message_limits: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  g: {{ url: 'http://127.0.0.1:{}', protocol: h2c }}\nroutes:\n  - name: rpc\n    \
+         upstream: g\n    message_limits:\n{message_limits}",
+        up.port
+    )
+}
+
+/// Runs the Python gRPC client: `mode` (`upload`, `download`, `echo`) with `count` messages of
+/// `size` bytes, through `tg`.
+async fn grpc_client(tg: &Tollgate, mode: &str, count: u32, size: usize) -> serde_json::Value {
+    let run = tokio::process::Command::new("python3")
+        .arg(script("grpc_peer.py"))
+        .args([mode.to_owned(), tg.addr.to_string(), count.to_string(), size.to_string()])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run).await.expect("the client hung").unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn grpc_metric(tg: &Tollgate, result: &str) -> Option<f64> {
+    metric(tg, &format!("tollgate_stream_messages_total{{route=\"rpc\",protocol=\"grpc\",result=\"{result}\"}}"))
+}
+
+/// A call over its limit: `RESOURCE_EXHAUSTED`, the limit named, a pushback in milliseconds
+/// no longer than the window.
+fn assert_exhausted(got: &serde_json::Value, limit: &str) {
+    assert_eq!(got["code"], "RESOURCE_EXHAUSTED", "{got}");
+    assert!(got["details"].as_str().unwrap().contains(&format!("`{limit}`")), "{got}");
+    let pushback: u64 = got["trailers"]["grpc-retry-pushback-ms"].as_str().expect("a pushback").parse().unwrap();
+    assert!((1..=60_000).contains(&pushback), "{got}");
+}
+
+#[tokio::test]
+async fn a_client_streaming_call_over_its_message_limit_ends_with_resource_exhausted_and_pushback() {
+    needs_python!("grpc", "a_client_streaming_call_over_its_message_limit_ends_with_resource_exhausted_and_pushback");
+    let up = GrpcUpstream::start().await;
+    let tg = still(&grpc_yaml(
+        &up,
+        "      limits: [ { name: uploads, algorithm: fixed_window, rate: 5/m, key: [client_ip, path] } ]\n",
+    ))
+    .await;
+    let got = grpc_client(&tg, "upload", 20, 100).await;
+    assert_exhausted(&got, "uploads");
+    assert_eq!(grpc_metric(&tg, "passed"), Some(5.0));
+    assert_eq!(grpc_metric(&tg, "refused"), Some(1.0));
+    // A call within the limit (on a proxy of its own) goes through whole.
+    let tg2 = still(&grpc_yaml(
+        &up,
+        "      limits: [ { name: uploads, algorithm: fixed_window, rate: 5/m, key: [client_ip, path] } ]\n",
+    ))
+    .await;
+    let got = grpc_client(&tg2, "upload", 5, 100).await;
+    assert_eq!((got["code"].as_str(), got["answer"].as_str()), (Some("OK"), Some("5")), "{got}");
+}
+
+#[tokio::test]
+async fn server_streaming_and_bidi_calls_are_counted_each_way_they_are_asked() {
+    needs_python!("grpc", "server_streaming_and_bidi_calls_are_counted_each_way_they_are_asked");
+    let up = GrpcUpstream::start().await;
+    let tg = still(&grpc_yaml(
+        &up,
+        "      limits: [ { name: replies, algorithm: fixed_window, rate: 5/m, direction: upstream } ]\n",
+    ))
+    .await;
+    let got = grpc_client(&tg, "download", 20, 0).await;
+    assert_exhausted(&got, "replies");
+    assert_eq!(got["received"], 5, "{got}");
+    let tg = still(&grpc_yaml(&up, "      limits: [ { name: talk, algorithm: fixed_window, rate: 5/m } ]\n")).await;
+    let got = grpc_client(&tg, "echo", 20, 10).await;
+    assert_exhausted(&got, "talk");
+    assert!(got["received"].as_u64().unwrap() <= 5, "{got}");
+}
+
+#[tokio::test]
+async fn a_10_mb_grpc_message_over_max_message_size_is_refused_without_a_pushback() {
+    needs_python!("grpc", "a_10_mb_grpc_message_over_max_message_size_is_refused_without_a_pushback");
+    let up = GrpcUpstream::start().await;
+    let tg = Tollgate::start(&grpc_yaml(
+        &up,
+        "      max_message_size: 1MiB\n      limits: [ { name: uploads, algorithm: token_bucket, rate: 100/s } ]\n",
+    ))
+    .await;
+    let got = grpc_client(&tg, "upload", 1, 10 << 20).await;
+    assert_eq!(got["code"], "RESOURCE_EXHAUSTED", "{got}");
+    assert!(got["details"].as_str().unwrap().contains("max_message_size"), "{got}");
+    assert!(got["trailers"].get("grpc-retry-pushback-ms").is_none(), "waiting does not help: {got}");
+    assert_eq!(grpc_metric(&tg, "too_large"), Some(1.0));
+}
+
+#[tokio::test]
+async fn with_action_delay_a_fast_grpc_client_is_slowed_and_its_call_succeeds() {
+    needs_python!("grpc", "with_action_delay_a_fast_grpc_client_is_slowed_and_its_call_succeeds");
+    let up = GrpcUpstream::start().await;
+    let tg = Tollgate::start(&grpc_yaml(
+        &up,
+        "      limits: [ { name: pace, algorithm: token_bucket, rate: 20/s, burst: 1, action: delay, max_delay: 5s } ]\n",
+    ))
+    .await;
+    let started = std::time::Instant::now();
+    let got = grpc_client(&tg, "upload", 10, 100).await;
+    assert_eq!((got["code"].as_str(), got["answer"].as_str()), (Some("OK"), Some("10")), "{got}");
+    // Ten messages at 20 a second, one at once: at least 9 × 50 ms, however fast they came.
+    assert!(started.elapsed() >= Duration::from_millis(450), "{:?}", started.elapsed());
+    assert!(grpc_metric(&tg, "delayed").unwrap_or(0.0) >= 1.0);
 }

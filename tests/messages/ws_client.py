@@ -19,6 +19,12 @@ import websockets
 async def main(url, count, size):
     out = {"sent": 0, "echoed": 0, "close_code": None, "close_reason": None, "seconds": None}
     started = time.monotonic()
+
+    def closed(e):
+        if e.rcvd is not None:
+            out["close_code"] = e.rcvd.code
+            out["close_reason"] = e.rcvd.reason
+
     try:
         async with websockets.connect(url, max_size=None, ping_interval=None) as ws:
 
@@ -33,12 +39,20 @@ async def main(url, count, size):
                     await ws.recv()
                     out["echoed"] += 1
                 out["seconds"] = time.monotonic() - started
+            except websockets.ConnectionClosed as e:
+                closed(e)
             finally:
                 sender.cancel()
+                try:
+                    await sender
+                except BaseException:
+                    pass
     except websockets.ConnectionClosed as e:
-        if e.rcvd is not None:
-            out["close_code"] = e.rcvd.code
-            out["close_reason"] = e.rcvd.reason
+        closed(e)
+    except Exception:
+        # The library's own teardown after the server closed with a message half sent.
+        if out["close_code"] is None:
+            raise
     print(json.dumps(out))
 
 
