@@ -298,3 +298,33 @@ async fn with_action_delay_a_fast_grpc_client_is_slowed_and_its_call_succeeds() 
     assert!(started.elapsed() >= Duration::from_millis(450), "{:?}", started.elapsed());
     assert!(grpc_metric(&tg, "delayed").unwrap_or(0.0) >= 1.0);
 }
+
+#[tokio::test]
+async fn a_redis_message_limit_is_shared_by_two_instances() {
+    needs_python!("websockets", "a_redis_message_limit_is_shared_by_two_instances");
+    let node = crate::support::redis::RedisNode::start();
+    let up = ws_upstream(Arc::default()).await;
+    // Six messages, then one an hour: nothing refills during the test.
+    let yaml = format!(
+        "{}redis: {{ url: '{}' }}\n",
+        ws_yaml(
+            &up,
+            "      limits: [ { name: shared, algorithm: token_bucket, rate: 1/h, burst: 6, key: client_ip, store: redis } ]\n"
+        ),
+        node.url()
+    );
+    let (one, two) = (Tollgate::start(&yaml).await, Tollgate::start(&yaml).await);
+    let first = ws_client(&one, 4, 10).await;
+    assert_eq!((first["close_code"].as_u64(), first["echoed"].as_u64()), (None, Some(4)), "{first}");
+    // The other instance sees the four: two more pass, the third is over.
+    let second = ws_client(&two, 5, 10).await;
+    assert_eq!(second["close_code"], 1008, "{second}");
+    assert!(second["close_reason"].as_str().unwrap().contains("`shared`"), "{second}");
+    let passed = |tg: &Tollgate| {
+        metric(tg, "tollgate_stream_messages_total{route=\"ws\",protocol=\"websocket\",result=\"passed\"}")
+    };
+    assert_eq!((passed(&one), passed(&two)), (Some(4.0), Some(2.0)));
+    // Its state is under keys of its own, apart from the route's request limits.
+    let keys = node.tollgate_keys();
+    assert!(keys.iter().any(|(k, _)| k.starts_with("tollgate:{ws/messages/shared:")), "{keys:?}");
+}
