@@ -311,6 +311,8 @@ impl HttpForwarder {
                 "a 101 whose Sec-WebSocket-Accept does not answer the key",
             )));
         }
+        // Only a WebSocket's frames are followed: a tunnel to another protocol is a plain copy.
+        let watch = watch.filter(|_| extended || chosen.as_bytes().eq_ignore_ascii_case(b"websocket"));
         let upstream = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);

@@ -569,7 +569,11 @@ impl Proxy {
             messages.meter(&key, protocol, ctx.request_id())
         };
         if upgrade {
-            parts.extensions.insert(forward::tunnel::Watched(Arc::new(meter)));
+            // Only a WebSocket's frames are known: another protocol's tunnel stays a plain copy.
+            let ws = [http::HeaderValue::from_static("websocket")];
+            if forward::tunnel::wanted(&parts.headers, &parts.extensions, parts.version, &ws).is_some() {
+                parts.extensions.insert(forward::tunnel::Watched(Arc::new(meter)));
+            }
             return None;
         }
         let call = crate::body::grpc::Call::new(Arc::new(meter), crate::answer::grpc_refused);
