@@ -541,6 +541,26 @@ mod tests {
 mod reload_tests {
     use super::*;
 
+    /// A reload keeps an unchanged message limit's state (its store), as it keeps a request
+    /// limit's; a changed one starts afresh.
+    #[test]
+    fn a_reload_keeps_an_unchanged_message_limit_s_state() {
+        let yaml = |rate: &str| {
+            format!(
+                "listen: 127.0.0.1:1\nupstreams:\n  up: {{ respond: {{ status: 200 }} }}\nroutes:\n  - name: r\n    upstream: up\n    message_limits:\n      limits: [ {{ name: m, algorithm: fixed_window, rate: {rate} }} ]\n"
+            )
+        };
+        let load = |rate: &str| Config::from_yaml(std::path::Path::new("r.yaml"), &yaml(rate)).unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(crate::limit::SystemClock);
+        let metrics = Arc::new(Metrics::new());
+        let store = |p: &Proxy| p.lanes[0].messages.as_ref().unwrap().limits().next().unwrap().store.clone();
+        let before = Proxy::build(load("5/s"), clock.clone(), metrics.clone(), None);
+        let after = Proxy::build(load("5/s"), clock.clone(), metrics.clone(), Some(&before));
+        assert!(Arc::ptr_eq(&store(&before), &store(&after)));
+        let changed = Proxy::build(load("6/s"), clock, metrics, Some(&after));
+        assert!(!Arc::ptr_eq(&store(&after), &store(&changed)), "a changed limit starts afresh");
+    }
+
     /// `early_retry` changes what the gate remembers of denials, not the store's state: a
     /// reload that turns the penalty on keeps every client's bucket.
     #[test]
