@@ -217,12 +217,12 @@ fn grpc_metric(tg: &Tollgate, result: &str) -> Option<f64> {
 }
 
 /// A call over its limit: `RESOURCE_EXHAUSTED`, the limit named, a pushback in milliseconds
-/// no longer than the window.
-fn assert_exhausted(got: &serde_json::Value, limit: &str) {
+/// no longer than `max_ms` (the limit's period).
+fn assert_exhausted(got: &serde_json::Value, limit: &str, max_ms: u64) {
     assert_eq!(got["code"], "RESOURCE_EXHAUSTED", "{got}");
     assert!(got["details"].as_str().unwrap().contains(&format!("`{limit}`")), "{got}");
     let pushback: u64 = got["trailers"]["grpc-retry-pushback-ms"].as_str().expect("a pushback").parse().unwrap();
-    assert!((1..=60_000).contains(&pushback), "{got}");
+    assert!((1..=max_ms).contains(&pushback), "{got}");
 }
 
 #[tokio::test]
@@ -235,7 +235,7 @@ async fn a_client_streaming_call_over_its_message_limit_ends_with_resource_exhau
     ))
     .await;
     let got = grpc_client(&tg, "upload", 20, 100).await;
-    assert_exhausted(&got, "uploads");
+    assert_exhausted(&got, "uploads", 60_000);
     assert_eq!(grpc_metric(&tg, "passed"), Some(5.0));
     assert_eq!(grpc_metric(&tg, "refused"), Some(1.0));
     // A call within the limit (on a proxy of its own) goes through whole.
@@ -258,11 +258,11 @@ async fn server_streaming_and_bidi_calls_are_counted_each_way_they_are_asked() {
     ))
     .await;
     let got = grpc_client(&tg, "download", 20, 0).await;
-    assert_exhausted(&got, "replies");
+    assert_exhausted(&got, "replies", 60_000);
     assert_eq!(got["received"], 5, "{got}");
     let tg = still(&grpc_yaml(&up, "      limits: [ { name: talk, algorithm: fixed_window, rate: 5/m } ]\n")).await;
     let got = grpc_client(&tg, "echo", 20, 10).await;
-    assert_exhausted(&got, "talk");
+    assert_exhausted(&got, "talk", 60_000);
     assert!(got["received"].as_u64().unwrap() <= 5, "{got}");
 }
 
@@ -327,4 +327,25 @@ async fn a_redis_message_limit_is_shared_by_two_instances() {
     // Its state is under keys of its own, apart from the route's request limits.
     let keys = node.tollgate_keys();
     assert!(keys.iter().any(|(k, _)| k.starts_with("tollgate:{ws/messages/shared:")), "{keys:?}");
+}
+
+#[tokio::test]
+async fn a_redis_message_limit_on_grpc_calls_is_shared_by_two_instances() {
+    needs_python!("grpc", "a_redis_message_limit_on_grpc_calls_is_shared_by_two_instances");
+    let node = crate::support::redis::RedisNode::start();
+    let up = GrpcUpstream::start().await;
+    let yaml = format!(
+        "{}redis: {{ url: '{}' }}\n",
+        grpc_yaml(
+            &up,
+            "      limits: [ { name: shared, algorithm: token_bucket, rate: 1/h, burst: 6, key: client_ip, store: redis } ]\n"
+        ),
+        node.url()
+    );
+    let (one, two) = (Tollgate::start(&yaml).await, Tollgate::start(&yaml).await);
+    let first = grpc_client(&one, "upload", 4, 10).await;
+    assert_eq!((first["code"].as_str(), first["answer"].as_str()), (Some("OK"), Some("4")), "{first}");
+    let second = grpc_client(&two, "upload", 5, 10).await;
+    assert_exhausted(&second, "shared", 3_600_000);
+    assert_eq!(grpc_metric(&two, "passed"), Some(2.0));
 }
