@@ -39,10 +39,11 @@ if ! need pebble || ! need pebble-challtestsrv; then
 fi
 # Python modules of tests that use a client or decoder written elsewhere: aioquic for the
 # HTTP/3 test (tests/h3/aioquic_client.py), brotli and zstandard for the compression tests'
-# decoders (tests/it/compression.rs). A test whose module is missing says it was skipped.
+# decoders (tests/it/compression.rs), websockets and grpcio for the message-limit tests' clients
+# and gRPC upstream (tests/it/messages.rs). A test whose module is missing says it was skipped.
 py_missing=()
 if need python3; then
-  for m in aioquic:aioquic brotli:brotli zstandard:zstandard; do
+  for m in aioquic:aioquic brotli:brotli zstandard:zstandard websockets:websockets grpc:grpcio; do
     python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m#*:}")
   done
 fi

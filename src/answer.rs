@@ -732,6 +732,32 @@ const GRPC_STATUS: header::HeaderName = header::HeaderName::from_static("grpc-st
 const GRPC_MESSAGE: header::HeaderName = header::HeaderName::from_static("grpc-message");
 const GRPC_PUSHBACK: header::HeaderName = header::HeaderName::from_static("grpc-retry-pushback-ms");
 
+/// The trailers that end a gRPC call a message limit refused (see `body::grpc`):
+/// `RESOURCE_EXHAUSTED`, the reason, and `grpc-retry-pushback-ms` when waiting helps (gRFC A6:
+/// none means do not retry, as for a message over the size cap).
+pub fn grpc_refused(r: &crate::body::watch::Refusal) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(GRPC_STATUS, HeaderValue::from_static("8"));
+    if let Ok(v) = HeaderValue::try_from(grpc_message(&r.reason)) {
+        h.insert(GRPC_MESSAGE, v);
+    }
+    if !r.retry_after.is_zero() {
+        let ms = u64::try_from(r.retry_after.as_millis()).unwrap_or(u64::MAX).max(1);
+        h.insert(GRPC_PUSHBACK, HeaderValue::from(ms));
+    }
+    h
+}
+
+/// The Trailers-Only answer to a gRPC call a message limit refused before its upstream
+/// answered: HTTP 200 with [`grpc_refused`]'s fields.
+pub fn grpc_refused_answer(r: &crate::body::watch::Refusal) -> Response<Body> {
+    let mut resp = Response::new(Body::empty());
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.extend(grpc_refused(r));
+    resp
+}
+
 /// The gRPC status code of tollgate's answer to a call: throttled is `RESOURCE_EXHAUSTED`
 /// (8); over capacity, an unavailable limit store and a failed upstream are `UNAVAILABLE`
 /// (14), which clients may retry; an upstream that sent no head in time is

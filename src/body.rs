@@ -15,9 +15,11 @@
 //! An HTTP/2 upstream's response body also drives what is left of the request body
 //! ([`h2::Pump`]): one future per request on both sides, no task.
 
+pub mod grpc;
 pub mod h2;
 pub mod h3;
 pub mod unread;
+pub mod watch;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -522,6 +524,9 @@ pub enum ClientBodyError {
     Incomplete,
     #[error("the client sent no body data for longer than `server.body_read_timeout`")]
     Timeout,
+    /// A route's message limit ended the call (see [`grpc`]): not a fault of the body.
+    #[error("a message limit ended the stream")]
+    Refused,
 }
 
 impl ClientBodyError {

@@ -24,6 +24,7 @@ mod guard;
 mod limits;
 mod locate;
 pub mod managed;
+pub mod messages;
 pub mod mirror;
 mod otel;
 pub mod plans;
@@ -333,6 +334,8 @@ pub struct Route {
     pub strip_prefix: bool,
     /// Every limit must admit a request.
     pub limits: Vec<LimitConfig>,
+    /// `message_limits:`: limits counted per message of a stream (gRPC, WebSocket).
+    pub message_limits: Option<Arc<messages::MessageLimits>>,
     pub concurrency: Option<Concurrency>,
     /// Send `RateLimit-Policy` / `RateLimit` on answers of this route.
     pub ratelimit_headers: bool,

@@ -178,6 +178,57 @@ fn retry_note(d: Decision) -> String {
     }
 }
 
+/// A route's message limits in words: what is counted, each limit (its algorithm's words, told
+/// of messages), and what a stream over it gets.
+fn describe_messages(m: &crate::config::messages::MessageLimits) -> Vec<String> {
+    use crate::config::messages::{Action, Direction};
+    let mut lines = vec![format!(
+        "message limits, counted per message of a stream: a gRPC call's length-prefixed messages, a WebSocket's \
+         data messages (control frames pass uncounted); a message over {} ends its stream (gRPC RESOURCE_EXHAUSTED, \
+         WebSocket close 1009)",
+        bytes(m.max_message_size)
+    )];
+    // The request words of `describe`, told of messages; a refused message gets no 429.
+    let over = regex::Regex::new(r"gets 429 with Retry-After: (\d+)").ok();
+    for l in &m.limits {
+        let way = match l.direction {
+            Direction::Client => "from the client",
+            Direction::Upstream => "from the upstream",
+            Direction::Both => "both ways",
+        };
+        let cost = match l.bytes_per_unit {
+            Some(unit) => format!(" (a unit per started {} of a message)", bytes(unit.get())),
+            None => String::new(),
+        };
+        let mut words = describe(&l.limit).replace("requests", "messages").replace("request", "message");
+        if let Some(re) = &over {
+            words = re.replace_all(&words, "is over it (admitted again after ${1} s)").into_owned();
+        }
+        let then = match l.action {
+            Action::Close => "over it, the stream ends: a gRPC call with RESOURCE_EXHAUSTED and \
+                              grpc-retry-pushback-ms, a WebSocket with close 1008 naming the limit"
+                .to_owned(),
+            Action::Delay => format!(
+                "over it, a message is held back until the limit admits it, at most {}; one that would wait longer \
+                 ends the stream as over the limit",
+                Dur(l.max_delay)
+            ),
+        };
+        lines.push(format!("  messages {way}{cost}, {words}; {then}"));
+    }
+    lines
+}
+
+/// A byte count as the YAML would write it (`1MiB`, `64KiB`, `1000 bytes`).
+fn bytes(n: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if n != 0 && n % (1 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    format!("{n} bytes")
+}
+
 /// One line describing `limit`.
 pub fn describe(limit: &LimitConfig) -> String {
     let c = limit.cost;
@@ -433,7 +484,7 @@ pub fn explain(config: &Config) -> String {
         for line in gateway::describe(r) {
             let _ = writeln!(out, "  {line}");
         }
-        if r.limits.is_empty() && r.concurrency.is_none() {
+        if r.limits.is_empty() && r.concurrency.is_none() && r.message_limits.is_none() {
             let _ = writeln!(out, "  no limits");
         }
         for l in &r.limits {
@@ -452,6 +503,11 @@ pub fn explain(config: &Config) -> String {
                 _ => {
                     let _ = writeln!(out, "  {}", describe(l));
                 }
+            }
+        }
+        if let Some(m) = &r.message_limits {
+            for line in describe_messages(m) {
+                let _ = writeln!(out, "  {line}");
             }
         }
         if let Some(c) = &r.concurrency {
@@ -608,6 +664,23 @@ routes:
         );
         assert!(text.contains("compression: zstd 3, br 4, gzip 6 (by"), "{text}");
         assert!(text.contains("event streams flushed per event"), "{text}");
+    }
+
+    #[test]
+    fn message_limits_are_told_of_messages_and_of_what_a_stream_gets() {
+        let yaml = "upstreams: { d: { respond: {} } }\nroutes:\n  - upstream: d\n    message_limits:\n      max_message_size: 1MiB\n      limits:\n        - { name: chat, algorithm: fixed_window, rate: 5/s, key: client_ip }\n        - { name: pace, algorithm: token_bucket, rate: 20000/s, burst: 1024, action: delay, max_delay: 2s, direction: both, cost: { bytes: 1KiB } }\n";
+        let text = explain(&Config::from_yaml(Path::new("m.yaml"), yaml).unwrap());
+        assert!(text.contains("a message over 1MiB ends its stream"), "{text}");
+        assert!(text.contains("messages from the client, per client IP `chat`: 5 per 1s window"), "{text}");
+        assert!(text.contains("message 6 is over it (admitted again after 1 s)"), "{text}");
+        assert!(text.contains("RESOURCE_EXHAUSTED and grpc-retry-pushback-ms, a WebSocket with close 1008"), "{text}");
+        assert!(
+            text.contains("messages both ways (a unit per started 1KiB of a message), for the whole route `pace`"),
+            "{text}"
+        );
+        assert!(!text.contains("no limits"), "{text}");
+        assert!(text.contains("held back until the limit admits it, at most 2s"), "{text}");
+        assert!(!text.contains("429"), "{text}");
     }
 
     fn explained(limits: &str) -> String {

@@ -19,6 +19,7 @@ pub mod pool;
 pub mod rules;
 pub mod split;
 pub mod tunnel;
+pub mod websocket;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -296,6 +297,7 @@ impl HttpForwarder {
         // An HTTP/2 CONNECT's stream stays counted as open (the connection is not idle) for
         // as long as the tunnel it becomes.
         let stream = req.extensions_mut().remove::<crate::body::StreamHold>();
+        let watch = req.extensions_mut().remove::<tunnel::Watched>().map(|w| w.0);
         let mut req = self.prepare(req, strip, down)?;
         // Taken out of the request: the client's socket (or HTTP/2 stream), once hyper has
         // written our 101 (or 200).
@@ -339,6 +341,8 @@ impl HttpForwarder {
                 "a 101 whose Sec-WebSocket-Accept does not answer the key",
             )));
         }
+        // Only a WebSocket's frames are followed: a tunnel to another protocol is a plain copy.
+        let watch = watch.filter(|_| extended || chosen.as_bytes().eq_ignore_ascii_case(b"websocket"));
         let upstream = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
@@ -352,7 +356,7 @@ impl HttpForwarder {
         }
         headers::append_via(&mut parts.headers, parts.version);
         parts.version = Version::HTTP_11;
-        parts.extensions.insert(tunnel::Pending::new(client, upstream, (held, stream)));
+        parts.extensions.insert(tunnel::Pending::new(client, upstream, (held, stream), watch));
         // The connection's task ends by handing its socket to `upstream`.
         drop(conn);
         Ok(Response::from_parts(parts, Body::empty()))

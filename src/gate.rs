@@ -27,6 +27,7 @@ mod cap;
 mod early;
 mod headers;
 mod limit;
+pub mod messages;
 mod ticket;
 
 pub use cap::Slot;

@@ -195,6 +195,22 @@ struct StaleLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamMessageLabel {
+    route: Label,
+    protocol: &'static str,
+    result: &'static str,
+}
+
+/// A route's counts of stream messages under its message limits, for one protocol.
+#[derive(Clone, Default)]
+pub struct StreamMessageMetrics {
+    pub passed: Counter,
+    pub delayed: Counter,
+    pub refused: Counter,
+    pub too_large: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteDirection {
     route: Label,
     direction: &'static str,
@@ -305,6 +321,7 @@ pub struct Metrics {
     upstream_read_timeouts: Family<UpstreamLabel, Counter>,
     tunnels_open: Family<RouteLabel, Gauge>,
     tunnel_bytes: Family<RouteDirection, Counter>,
+    stream_messages: Family<StreamMessageLabel, Counter>,
     connections: ConnMetrics,
     servers: ServerFamilies,
     dns: DnsFamilies,
@@ -650,6 +667,13 @@ impl Metrics {
             "Bytes carried by tunnels, by route and direction (up: client to upstream)",
             tunnel_bytes.clone(),
         );
+        let stream_messages = Family::<StreamMessageLabel, Counter>::default();
+        registry.register(
+            "stream_messages",
+            "Messages of streams under a route's message limits, by route, protocol (grpc, websocket) and \
+             result (passed, delayed, refused: over a limit, too_large: over max_message_size)",
+            stream_messages.clone(),
+        );
         let timeouts = Family::<TimeoutKind, Counter>::default();
         let kind = |kind| timeouts.get_or_create(&TimeoutKind { kind }).clone();
         let connections = ConnMetrics {
@@ -825,6 +849,7 @@ impl Metrics {
             upstream_read_timeouts,
             tunnels_open,
             tunnel_bytes,
+            stream_messages,
             connections,
             throttles: Default::default(),
         }
@@ -862,6 +887,21 @@ impl Metrics {
     /// The gauge `tollgate_concurrency_limit{route}`.
     pub fn concurrency_limit(&self, route: &str) -> Gauge {
         self.concurrency_limit.get_or_create(&RouteLabel { route: Label::new(route) }).clone()
+    }
+
+    /// The counts of route `route`'s stream messages of `protocol` (`grpc`, `websocket`).
+    pub fn stream_messages(&self, route: &str, protocol: &'static str) -> StreamMessageMetrics {
+        let get = |result| {
+            self.stream_messages
+                .get_or_create(&StreamMessageLabel { route: Label::new(route), protocol, result })
+                .clone()
+        };
+        StreamMessageMetrics {
+            passed: get("passed"),
+            delayed: get("delayed"),
+            refused: get("refused"),
+            too_large: get("too_large"),
+        }
     }
 
     pub fn limit(&self, route: &str, limit: &str) -> LimitMetrics {

@@ -68,6 +68,8 @@ struct Lane {
     upstream: String,
     /// `split:`: which upstream takes each request (`None`: the route's one upstream).
     split: Option<Box<forward::split::Chooser>>,
+    /// `message_limits:`: the checks on each stream's messages (gRPC, WebSocket).
+    messages: Option<Arc<crate::gate::messages::Messages>>,
 }
 
 pub struct Proxy {
@@ -192,6 +194,33 @@ impl Proxy {
                     })
                 };
                 let mut gate = Gate::new(r, &metrics, &mut store_for);
+                let messages = r.message_limits.as_ref().map(|m| {
+                    let kept = |l: &LimitConfig| {
+                        let lane =
+                            previous?.lanes.get(previous?.config.routes.iter().position(|p| p.name == r.name)?)?;
+                        let same = lane.messages.as_ref()?.limits().find(|k| k.config == *l)?.store.clone();
+                        match &*same {
+                            Store::Redis(s) if redis.as_ref().is_some_and(|c| Arc::ptr_eq(c, s.client())) => Some(same),
+                            Store::Local(_) if l.store == StoreKind::Local || redis.is_none() => Some(same),
+                            _ => None,
+                        }
+                    };
+                    let mut store_for = |l: &LimitConfig| {
+                        kept(l).unwrap_or_else(|| match (&redis, l.store) {
+                            // Its own Redis keys: `tollgate:{<route>/messages/<limit>:…}`.
+                            (Some(client), StoreKind::Redis) => redis_store(client, &format!("{}/messages", r.name), l),
+                            _ => Limit::local_store(l),
+                        })
+                    };
+                    Arc::new(crate::gate::messages::Messages::new(
+                        r,
+                        m,
+                        &metrics,
+                        clock.clone(),
+                        config.log.access,
+                        &mut store_for,
+                    ))
+                });
                 if let Some(d) = &directory {
                     gate.set_directory(d.clone(), r.ratelimit_headers);
                 }
@@ -228,6 +257,7 @@ impl Proxy {
                     }),
                     upstream: upstream.name.clone(),
                     split: r.split.as_deref().map(|s| Box::new(forward::split::Chooser::new(s, &r.name, &metrics))),
+                    messages,
                 }
             })
             .collect();
@@ -504,6 +534,26 @@ mod tests {
 #[cfg(test)]
 mod reload_tests {
     use super::*;
+
+    /// A reload keeps an unchanged message limit's state (its store), as it keeps a request
+    /// limit's; a changed one starts afresh.
+    #[test]
+    fn a_reload_keeps_an_unchanged_message_limit_s_state() {
+        let yaml = |rate: &str| {
+            format!(
+                "listen: 127.0.0.1:1\nupstreams:\n  up: {{ respond: {{ status: 200 }} }}\nroutes:\n  - name: r\n    upstream: up\n    message_limits:\n      limits: [ {{ name: m, algorithm: fixed_window, rate: {rate} }} ]\n"
+            )
+        };
+        let load = |rate: &str| Config::from_yaml(std::path::Path::new("r.yaml"), &yaml(rate)).unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(crate::limit::SystemClock);
+        let metrics = Arc::new(Metrics::new());
+        let store = |p: &Proxy| p.lanes[0].messages.as_ref().unwrap().limits().next().unwrap().store.clone();
+        let before = Proxy::build(load("5/s"), clock.clone(), metrics.clone(), None);
+        let after = Proxy::build(load("5/s"), clock.clone(), metrics.clone(), Some(&before));
+        assert!(Arc::ptr_eq(&store(&before), &store(&after)));
+        let changed = Proxy::build(load("6/s"), clock, metrics, Some(&after));
+        assert!(!Arc::ptr_eq(&store(&after), &store(&changed)), "a changed limit starts afresh");
+    }
 
     /// `early_retry` changes what the gate remembers of denials, not the store's state: a
     /// reload that turns the penalty on keeps every client's bucket.

@@ -114,6 +114,7 @@ mod tests {
             upstream: 0,
             strip_prefix: false,
             limits: vec![],
+            message_limits: None,
             concurrency: None,
             ratelimit_headers: true,
             stale_on_limit: None,

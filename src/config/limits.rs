@@ -47,6 +47,122 @@ pub struct RawLimit {
     early_retry: RawEarlyRetry,
 }
 
+/// A limit of `message_limits:`: a request limit's fields, less those about requests (`plan`,
+/// a cost from the response, `early_retry`), with the way its messages go, what a stream
+/// over it gets, and a cost by bytes.
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RawMessageLimit {
+    name: Option<String>,
+    algorithm: Kind,
+    rate: Option<Rate>,
+    burst: Option<u64>,
+    max_delay: Option<Dur>,
+    warmup: Option<Dur>,
+    #[serde(default = "route_key")]
+    key: KeyList,
+    #[serde(default)]
+    store: StoreKind,
+    #[serde(default)]
+    cost: RawMessageCost,
+    #[serde(default)]
+    mode: Mode,
+    lease: Option<u64>,
+    max_keys: Option<usize>,
+    calendar: Option<String>,
+    #[serde(default)]
+    show_keys: bool,
+    #[serde(default)]
+    direction: super::messages::Direction,
+    #[serde(default)]
+    action: super::messages::Action,
+}
+
+/// A message's cost: `cost: 2` per message, or `cost: { bytes: 1KiB }`, a unit per started
+/// KiB of the message.
+#[derive(Clone)]
+enum RawMessageCost {
+    Fixed(u64),
+    Bytes(u64),
+}
+
+impl Default for RawMessageCost {
+    fn default() -> Self {
+        RawMessageCost::Fixed(1)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawMessageCost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ByBytes {
+            bytes: super::units::Size,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawMessageCost;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number, or { bytes: SIZE } (a unit per started SIZE of a message)")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawMessageCost, E> {
+                Ok(RawMessageCost::Fixed(v))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawMessageCost, A::Error> {
+                let b = ByBytes::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawMessageCost::Bytes(b.bytes.0))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What a message limit is, besides its limit: see [`RawMessageLimit::split`].
+pub(super) struct MessageFields {
+    pub direction: super::messages::Direction,
+    pub action: super::messages::Action,
+    /// `max_delay` as the bound of `action: delay` (the leaky bucket's own for that algorithm).
+    pub bound: Option<Duration>,
+    /// `cost: { bytes: N }`.
+    pub bytes_per_unit: Option<u64>,
+}
+
+impl RawMessageLimit {
+    /// The request limit it is checked as, and its message fields.
+    pub(super) fn split(self) -> (RawLimit, MessageFields) {
+        use super::messages::Action;
+        // The algorithm's own `max_delay` (the leaky bucket's), or only the bound of `delay`.
+        let leaky = self.algorithm.fields().contains(&"max_delay");
+        let bound = self.max_delay.map(|d| d.0);
+        // For another algorithm, `max_delay` bounds `action: delay` only: not its parameter.
+        let max_delay = if leaky || self.action != Action::Delay { self.max_delay } else { None };
+        let (cost, bytes_per_unit) = match self.cost {
+            RawMessageCost::Fixed(n) => (n, None),
+            RawMessageCost::Bytes(b) => (1, Some(b)),
+        };
+        let raw = RawLimit {
+            name: self.name,
+            algorithm: self.algorithm,
+            rate: self.rate,
+            burst: self.burst,
+            max_delay,
+            warmup: self.warmup,
+            key: self.key,
+            store: self.store,
+            cost: RawCost::Fixed(cost),
+            mode: self.mode,
+            lease: self.lease,
+            max_keys: self.max_keys,
+            calendar: self.calendar,
+            plan: false,
+            show_keys: self.show_keys,
+            early_retry: RawEarlyRetry::default(),
+        };
+        let bound = if leaky || self.action == Action::Delay { bound } else { None };
+        (raw, MessageFields { direction: self.direction, action: self.action, bound, bytes_per_unit })
+    }
+}
+
 /// `early_retry: { penalty: double }`; `{}` or `penalty: none` is the default, off.
 #[derive(Deserialize, Clone, Default)]
 #[serde(deny_unknown_fields)]

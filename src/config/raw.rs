@@ -422,6 +422,7 @@ struct Route {
     strip_prefix: bool,
     #[serde(default)]
     limits: Vec<RawLimit>,
+    message_limits: Option<super::messages::RawMessageLimits>,
     concurrency: Option<RawConcurrency>,
     #[serde(default = "yes")]
     ratelimit_headers: bool,
@@ -616,6 +617,28 @@ impl Config {
                 }
                 limits.push(limit);
             }
+            let message_limits = match route.message_limits {
+                None => None,
+                Some(m) => {
+                    let names: Vec<&str> = limits.iter().map(|l: &super::LimitConfig| l.name.as_str()).collect();
+                    let m = m.validate(i, &names)?;
+                    for (j, l) in m.limits.iter().enumerate() {
+                        let at_limit = |field: &str| {
+                            let mut p = at(&["message_limits", "limits"]);
+                            p.push(Seg::Index(j));
+                            p.push(key(field));
+                            p
+                        };
+                        if l.limit.store == super::StoreKind::Redis {
+                            super::redis::check_limit(&l.limit, redis.is_some(), &at_limit)?;
+                            if let Some(r) = on_error_local {
+                                super::redis::check_fallback(&l.limit, r.instances, &at_limit)?;
+                            }
+                        }
+                    }
+                    Some(std::sync::Arc::new(m))
+                }
+            };
             let concurrency = route.concurrency.map(|c| c.validate(at(&["concurrency"]))).transpose()?;
             let retry_after_spread = match route.retry_after_spread {
                 None => 0,
@@ -703,6 +726,15 @@ impl Config {
                 None => Vec::new(),
                 Some(map) => super::extension::validate(map, &at(&["extensions"]))?,
             };
+            for (j, l) in message_limits.iter().flat_map(|m| m.limits.iter()).enumerate() {
+                let identity = l.limit.key.parts().iter().find(|p| p.needs_identity());
+                if let (Some(part), None) = (identity, &auth) {
+                    let mut p = at(&["message_limits", "limits"]);
+                    p.push(Seg::Index(j));
+                    p.push(key("key"));
+                    return Err((p, format!("`{part}` keys on a verified identity, and this route has no `auth`")));
+                }
+            }
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -720,6 +752,7 @@ impl Config {
                 upstream,
                 strip_prefix: route.strip_prefix,
                 limits,
+                message_limits,
                 concurrency,
                 ratelimit_headers: route.ratelimit_headers,
                 stale_on_limit: route.on_limit.and_then(|f| f.stale).map(|s| s.max_age.0),

@@ -638,6 +638,7 @@ fn route(c: &Config, r: &Route) -> Value {
         ),
         ("strip_prefix", Value::Bool(r.strip_prefix)),
         ("limits", r.limits.iter().map(limit).collect()),
+        ("message_limits", opt(r.message_limits.as_deref(), message_limits)),
         ("concurrency", opt(r.concurrency.as_ref(), concurrency)),
         ("ratelimit_headers", Value::Bool(r.ratelimit_headers)),
         ("on_limit", stale(r.stale_on_limit)),
@@ -765,6 +766,32 @@ fn concurrency(k: &Concurrency) -> Value {
             }),
         ),
     ])
+}
+
+/// A route's message limits as the YAML writes them: each a limit, with its direction, its
+/// action (and the `max_delay` bounding `action: delay`) and its cost by bytes.
+fn message_limits(m: &super::messages::MessageLimits) -> Value {
+    let limits = m
+        .limits
+        .iter()
+        .map(|l| {
+            let mut v = limit(&l.limit);
+            if let Value::Object(o) = &mut v {
+                o.remove("plan");
+                o.remove("early_retry");
+                o.insert("direction".into(), Value::from(l.direction.as_str()));
+                o.insert("action".into(), Value::from(l.action.as_str()));
+                if l.action == super::messages::Action::Delay || o.contains_key("max_delay") {
+                    o.insert("max_delay".into(), dur(l.max_delay));
+                }
+                if let Some(unit) = l.bytes_per_unit {
+                    o.insert("cost".into(), json!({ "bytes": size(unit.get()) }));
+                }
+            }
+            v
+        })
+        .collect();
+    json!({ "max_message_size": size(m.max_message_size), "limits": Value::Array(limits) })
 }
 
 /// A limit as the YAML writes it, its algorithm's parameters in the YAML's own fields.
@@ -1068,6 +1095,24 @@ routes:
     upgrades: [websocket]
     tunnels: { idle_timeout: 10m, max: 100 }
     mirror: { upstream: group, sample: 10%, max_in_flight: 50, max_body: 1MiB, header: x-shadow, compare: false }
+    message_limits:
+      max_message_size: 1MiB
+      limits:
+        - name: per-stream
+          algorithm: token_bucket
+          rate: 10/s
+          burst: 20
+          warmup: 1s
+          key: [client_ip, path]
+          store: redis
+          cost: { bytes: 64KiB }
+          mode: shadow
+          lease: 2
+          show_keys: true
+          direction: both
+          action: delay
+          max_delay: 2s
+        - { name: msg-window, algorithm: fixed_window, rate: 100/d, calendar: utc, max_keys: 100, cost: 2, direction: upstream }
   - name: monthly
     match: { path: /exact }
     upstream: group

@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use crate::body::watch::Watch;
 use crate::metrics::TunnelMetrics;
 
 /// Bytes read from one side before they are written to the other.
@@ -151,12 +152,25 @@ struct Ends {
     client: OnUpgrade,
     upstream: OnUpgrade,
     held: Box<dyn std::any::Any + Send>,
+    watch: Option<Arc<dyn Watch>>,
 }
+
+/// A request's message checks, for the tunnel it may become: put in its extensions by the
+/// request path of a route with message limits, taken by the forwarder (see
+/// [`super::websocket`]).
+#[derive(Clone)]
+pub struct Watched(pub Arc<dyn Watch>);
 
 impl Pending {
     /// `held` (the route's tunnel slot) goes with the tunnel.
-    pub fn new<H: Send + 'static>(client: OnUpgrade, upstream: OnUpgrade, held: H) -> Pending {
-        Pending(Arc::new(Mutex::new(Some(Ends { client, upstream, held: Box::new(held) }))))
+    /// With `watch`, the tunnel follows the WebSocket frames and checks its messages.
+    pub fn new<H: Send + 'static>(
+        client: OnUpgrade,
+        upstream: OnUpgrade,
+        held: H,
+        watch: Option<Arc<dyn Watch>>,
+    ) -> Pending {
+        Pending(Arc::new(Mutex::new(Some(Ends { client, upstream, held: Box::new(held), watch }))))
     }
 
     /// Runs the tunnel on its own task once both sides have switched; what it holds (and
@@ -164,7 +178,7 @@ impl Pending {
     /// fails to switch.
     pub fn start<H: Send + 'static>(self, idle_timeout: Duration, metrics: TunnelMetrics, more: H) {
         let ends = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-        let Some(Ends { client, upstream, held }) = ends else { return };
+        let Some(Ends { client, upstream, held, watch }) = ends else { return };
         tokio::spawn(async move {
             let (client, upstream) = match tokio::try_join!(client, upstream) {
                 Ok(both) => both,
@@ -175,7 +189,10 @@ impl Pending {
                 }
             };
             metrics.open.inc();
-            let end = run(client, upstream, idle_timeout, &metrics).await;
+            let end = match watch {
+                None => run(client, upstream, idle_timeout, &metrics).await,
+                Some(watch) => super::websocket::run(client, upstream, idle_timeout, &metrics, watch).await,
+            };
             metrics.open.dec();
             tracing::debug!(end, "tunnel closed");
             drop((held, more));

@@ -189,6 +189,14 @@ impl Limit {
         }
     }
 
+    /// [`Limit::decide`] at `cost` (a message's, which may differ from the configured one).
+    pub(super) async fn decide_cost(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<Decision, StoreError> {
+        match &*self.store {
+            Store::Local(s) => Ok(s.decide(key, now, cost)),
+            Store::Redis(s) => Box::pin(s.decide(key, now, cost)).await,
+        }
+    }
+
     /// Gives back `cost` charged for `key` (in `tier`, for a plan limit).
     pub(super) async fn refund(&self, tier: Option<TierId>, key: KeyHash, now: Timestamp, cost: u64) {
         let (store, alg) = self.store_in(tier);

@@ -173,6 +173,11 @@ impl Proxy {
                             None if this.tracer.is_some() => crate::trace::unsampled(&mut parts.headers),
                             None => {}
                         }
+                        // A gRPC call on a route with message limits: its bodies are checked.
+                        let call = match &lane.messages {
+                            None => None,
+                            Some(m) => this.watch_stream(m, route, &mut parts, &target, &ctx, upgrade, &mut body),
+                        };
                         let Some(req) = body.take().map(|body| Request::from_parts(parts, body)) else {
                             let e = Error::Internal("the request body was taken before it was forwarded");
                             break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own);
@@ -192,6 +197,10 @@ impl Proxy {
                             }
                             Backend::Group(g) => Box::pin(g.forward(req, strip, &down, key)).await,
                             Backend::Respond(_) => Err(Error::Internal("a responder reached the forwarding step")),
+                        };
+                        let out = match &call {
+                            None => out,
+                            Some(call) => Proxy::watched(call, out),
                         };
                         lane.upstream_took(&mut log, out.as_ref().map_or(0, |r| r.status().as_u16()), sent.elapsed());
                         if let (Backend::Group(g), Some((server, tries))) = (backend, ctx.served.get()) {
@@ -576,6 +585,64 @@ impl Proxy {
 }
 
 impl Proxy {
+    /// A route with message limits: the request's stream gets its meter (its keys read now,
+    /// from the request that opens it): a WebSocket upgrade takes it to its tunnel.
+    /// A gRPC call gets its [`crate::body::grpc::Call`]: its request body is checked now,
+    /// its response once it comes ([`Proxy::watched`]).
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn watch_stream(
+        &self,
+        messages: &Arc<crate::gate::messages::Messages>,
+        route: &Route,
+        parts: &mut Parts,
+        target: &Target,
+        ctx: &Ctx<'_>,
+        upgrade: bool,
+        body: &mut Option<Inbound>,
+    ) -> Option<crate::body::grpc::Call> {
+        use crate::gate::messages::Protocol;
+        if !upgrade && !ctx.grpc {
+            return None;
+        }
+        let protocol = if upgrade { Protocol::WebSocket } else { Protocol::Grpc };
+        let meter = {
+            let key = self.key_ctx(route, parts, target, ctx.peer);
+            messages.meter(&key, protocol, ctx.request_id())
+        };
+        if upgrade {
+            // Only a WebSocket's frames are known: another protocol's tunnel stays a plain copy.
+            let ws = [http::HeaderValue::from_static("websocket")];
+            if forward::tunnel::wanted(&parts.headers, &parts.extensions, parts.version, &ws).is_some() {
+                parts.extensions.insert(forward::tunnel::Watched(Arc::new(meter)));
+            }
+            return None;
+        }
+        let call = crate::body::grpc::Call::new(Arc::new(meter), crate::answer::grpc_refused);
+        *body = body.take().map(|b| call.request(b));
+        Some(call)
+    }
+
+    /// A checked gRPC call's answer: the upstream's, its body checked (and ended with the
+    /// refusal's trailers if the call is refused); or, when the call was refused before the
+    /// upstream answered, the refusal as a Trailers-Only answer.
+    #[cold]
+    #[inline(never)]
+    fn watched(call: &crate::body::grpc::Call, out: Result<Response<Body>, Error>) -> Result<Response<Body>, Error> {
+        match (out, call.refusal()) {
+            (Ok(resp), _) => Ok(resp.map(|b| call.response(b))),
+            (Err(_), Some(r)) => {
+                call.ended(if r.too_large { ENDED_TOO_LARGE } else { ENDED_OVER });
+                Ok(crate::answer::grpc_refused_answer(&r))
+            }
+            (Err(e), None) => {
+                call.ended("the call failed");
+                Err(e)
+            }
+        }
+    }
+
     /// The tunnel slot of an upgrade the route tunnels (`upgrades:`) to a backend that can:
     /// taken first, it goes with the tunnel, or back on any other answer.
     fn tunnel_slot<B>(
@@ -651,6 +718,10 @@ impl Lane {
         self.metrics.throttles.record(crate::timer::now_ms(), limit, d.retry_after_secs, id);
     }
 }
+
+/// Why a checked stream ended, for its log line.
+pub(super) const ENDED_OVER: &str = "a message over a message limit";
+pub(super) const ENDED_TOO_LARGE: &str = "a message over max_message_size";
 
 /// What every phase of one request reads: who sent it and under which id.
 struct Ctx<'a> {

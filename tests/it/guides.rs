@@ -788,3 +788,31 @@ async fn the_browser_facing_api_guide() {
     let explain = "tollgate explain -c examples/browser-facing-api.yaml";
     has_lines(page, explain, &g.output_after(explain), &g.run(explain));
 }
+
+// Commands run blocking: the in-process upstream needs a thread of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limit_what_a_stream_sends_guide() {
+    let page = "docs/guides/limit-what-a-stream-sends.md";
+    let mut g = Guide::open(page);
+    let explain = "tollgate -c examples/limit-what-a-stream-sends.yaml explain";
+    has_lines(page, "explain", &g.output_after(explain), &g.run(explain));
+    if !std::process::Command::new("python3")
+        .args(["-c", "import websockets"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("SKIPPED the rest of the_limit_what_a_stream_sends_guide: python3 with websockets is not installed");
+        return;
+    }
+    // The page's echo service on port 3000: a WebSocket echo of the test's own.
+    let echo = crate::tunnel::ws_upstream(std::sync::Arc::default()).await;
+    let example = g.dir.path("examples/limit-what-a-stream-sends.yaml");
+    let text = std::fs::read_to_string(&example).unwrap().replace("127.0.0.1:3000", &echo.addr.to_string());
+    std::fs::write(&example, text).unwrap();
+    let addr = g.port(8080);
+    g.port(9901);
+    g.serve("tollgate -c examples/limit-what-a-stream-sends.yaml &", addr).await;
+    let line = "python3 examples/ws-send.py ws://localhost:8080/chat 20";
+    let out = g.run(line);
+    assert_eq!(vec![out.trim().to_owned()], g.shown(line), "{line}");
+}

@@ -34,6 +34,7 @@ mod listener;
 mod live_reload;
 mod local_ca;
 mod memory;
+mod messages;
 mod mirror;
 mod operate;
 mod products;

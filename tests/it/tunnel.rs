@@ -21,7 +21,7 @@ const SOON: Duration = Duration::from_secs(10);
 
 /// An upstream that answers WebSocket upgrades with an echo (and closes after echoing
 /// `bye`), and plain requests with `200 plain`; records each request's headers.
-async fn ws_upstream(seen: Arc<Mutex<Vec<HeaderMap>>>) -> Upstream {
+pub(crate) async fn ws_upstream(seen: Arc<Mutex<Vec<HeaderMap>>>) -> Upstream {
     Upstream::start(move |mut req| {
         let seen = seen.clone();
         async move {
