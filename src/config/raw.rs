@@ -683,6 +683,30 @@ impl Config {
                 None => Vec::new(),
                 Some(map) => super::extension::validate(map, &at(&["extensions"]))?,
             };
+            if let Some(f) = auth.as_ref().and_then(|a| a.failures.as_ref()) {
+                // The top-level `auth:` is every route's without one of its own.
+                let at_failures = |field: &str| {
+                    let mut p = if auth_own { at(&["auth"]) } else { vec![key("auth")] };
+                    p.extend([key("failures"), key(field)]);
+                    p
+                };
+                if f.store == super::StoreKind::Redis {
+                    super::redis::check_limit(f, redis.is_some(), &at_failures)?;
+                    if let Some(r) = on_error_local {
+                        super::redis::check_fallback(f, r.instances, &at_failures)?;
+                    }
+                }
+                if let Some(j) = limits.iter().position(|l| l.name == f.name) {
+                    return Err((
+                        limit_path(i, j, "name"),
+                        format!(
+                            "limit name `{}` is the name of this route's `auth.failures` limit; give one of them \
+                             another `name`",
+                            f.name
+                        ),
+                    ));
+                }
+            }
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
