@@ -745,6 +745,18 @@ impl Config {
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
         for (i, r) in routes.iter().enumerate() {
+            if let Some(f) = r.auth.as_ref().and_then(|a| a.failures.as_ref()) {
+                if !mtls && f.key.parts().contains(&crate::limit::KeyPart::TlsClient) {
+                    let mut p = if r.auth_own { vec![key("routes"), Seg::Index(i)] } else { Vec::new() };
+                    p.extend([key("auth"), key("failures"), key("key")]);
+                    return Err((
+                        p,
+                        "`tls_client` keys on client certificates, and no listener asks for them; give a TLS \
+                         listener `client_ca`"
+                            .to_owned(),
+                    ));
+                }
+            }
             for (j, l) in r.limits.iter().enumerate() {
                 if !mtls && l.key.parts().contains(&crate::limit::KeyPart::TlsClient) {
                     return Err((
