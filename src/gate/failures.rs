@@ -107,3 +107,117 @@ impl Failures<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Clock, ManualClock};
+
+    /// A gate whose route has no limits of its own and `failures: { LIMIT }`.
+    fn gate(failures: &str) -> Gate {
+        let yaml = format!(
+            "upstreams: {{ up: {{ respond: {{}} }} }}\nroutes:\n  - name: r\n    upstream: up\n    auth:\n      jwt: {{ jwks: 'https://id.example.com/jwks.json' }}\n      failures: {failures}\n"
+        );
+        let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), &yaml).unwrap();
+        Gate::new(&config.routes[0], &Metrics::new(), &mut |l| Limit::local_store(l))
+    }
+
+    /// Every algorithm, windows of 1 and 2 s, costs above 1, a leaky bucket that delays.
+    const LIMITS: [&str; 8] = [
+        "{ algorithm: sliding_window, rate: 2/s }",
+        "{ algorithm: sliding_window, rate: 4/2s, cost: 3 }",
+        "{ algorithm: fixed_window, rate: 3/s }",
+        "{ algorithm: sliding_log, rate: 2/s }",
+        "{ algorithm: token_bucket, rate: 2/s, burst: 3 }",
+        "{ algorithm: token_bucket, rate: 2/s, burst: 4, warmup: 3s, cost: 2 }",
+        "{ algorithm: leaky_bucket, rate: 2/s }",
+        "{ algorithm: leaky_bucket, rate: 2/s, max_delay: 1500ms, cost: 2 }",
+    ];
+
+    #[tokio::test]
+    async fn failing_without_pause_is_refused_within_the_limit_for_every_algorithm() {
+        for limit in LIMITS {
+            let g = gate(limit);
+            let f = g.failures().unwrap();
+            let parts = http::Request::new(()).into_parts().0;
+            let ctx = KeyCtx::test(&parts);
+            let now = Timestamp::from_micros(1_000_000_000_000);
+            let mut failed = 0;
+            while f.admits(&ctx, now).await.is_ok() {
+                f.failed(&ctx, now).await;
+                failed += 1;
+                assert!(failed <= 4, "{limit}: {failed} failures at one instant");
+            }
+            assert!(failed >= 1, "{limit}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_route_without_failures_has_none_and_the_admission_never_checks_one() {
+        let yaml = "upstreams: { up: { respond: {} } }\nroutes:\n  - name: r\n    upstream: up\n";
+        let config = crate::config::Config::from_yaml(std::path::Path::new("t.yaml"), yaml).unwrap();
+        assert!(Gate::new(&config.routes[0], &Metrics::new(), &mut |l| Limit::local_store(l)).failures().is_none());
+        // A route with only a failure limit: the admission has nothing to check.
+        let g = gate("{ algorithm: fixed_window, rate: 1/h }");
+        assert!(g.is_open() && g.policy().is_none());
+        assert_eq!(g.limits().len(), 1);
+        let f = g.failures().unwrap();
+        assert_eq!(f.policy(), (0, Some(HeaderValue::from_static(r#""auth-failures";q=1;w=3600"#))));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Clients arrive at random, and each admitted one fails or not at random. Reading the
+        /// limit never changes it (asked twice, the same answer; the next charge agrees with
+        /// it), successes charge nothing, and a client refused with Retry-After N is still
+        /// refused N − 1 s later, and let through at N.
+        #[test]
+        fn reading_is_exact_and_the_wait_told_is_honest(
+            which in 0..LIMITS.len(),
+            phase in 0u64..4_000_000,
+            steps in proptest::collection::vec((0u64..400_000, proptest::bool::ANY), 1..40),
+            latency in 0u64..5_000,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                let g = gate(LIMITS[which]);
+                let f = g.failures().unwrap();
+                let parts = http::Request::new(()).into_parts().0;
+                let ctx = KeyCtx::test(&parts);
+                let clock = ManualClock::new(Timestamp::from_micros(1_000_000_000_000 + phase));
+                let mut refused = None;
+                for (gap, fails) in steps {
+                    clock.advance(Span::from_micros(gap));
+                    let first = f.admits(&ctx, clock.now()).await;
+                    let again = f.admits(&ctx, clock.now()).await;
+                    assert_eq!(first.is_ok(), again.is_ok(), "{}: a read changed the state", LIMITS[which]);
+                    match first {
+                        Ok(()) if fails => {
+                            let charged = f.limit.metrics.allowed.get();
+                            f.failed(&ctx, clock.now()).await;
+                            assert_eq!(f.limit.metrics.allowed.get(), charged + 1, "{}: read yes, charge no", LIMITS[which]);
+                        }
+                        Ok(()) => {}
+                        Err(Error::Throttled(d)) => {
+                            // Read no, charge no (a refused client cannot fail; were it to, the
+                            // store would refuse the charge too).
+                            let charged = f.limit.metrics.allowed.get();
+                            f.failed(&ctx, clock.now()).await;
+                            assert_eq!(f.limit.metrics.allowed.get(), charged, "{}: read no, charge yes", LIMITS[which]);
+                            refused = Some((clock.now(), d.retry_after_secs));
+                            break;
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                let Some((at, secs)) = refused else { return };
+                assert!(secs >= 1);
+                clock.set(at + Span::from_secs(secs - 1));
+                assert!(f.admits(&ctx, clock.now()).await.is_err(), "{}: let through 1 s before Retry-After: {secs}", LIMITS[which]);
+                clock.set(at + Span::from_secs(secs) + Span::from_micros(latency));
+                assert!(f.admits(&ctx, clock.now()).await.is_ok(), "{}: refused after Retry-After: {secs}", LIMITS[which]);
+            });
+        }
+    }
+}
