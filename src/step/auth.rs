@@ -30,30 +30,45 @@ impl Builtin for Auth {
 
     const ANSWERS: bool = false;
 
-    /// Boxed: only routes with `auth` carry its future (as before the seam).
+    /// Boxed: only routes with `auth` carry its future (as before the seam); a route with
+    /// `failures` has a future of its own, so that one without pays nothing for it.
     fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, _: &mut Seen) -> Arrived<'a> {
         // Token times (`exp`, `nbf`) in whole seconds of the limits' clock.
         let now = i64::try_from(a.clock.now().as_micros() / 1_000_000).unwrap_or(i64::MAX);
-        Arrived::Later(Box::pin(async move {
-            // A client over its failure limit is refused before its credential is read.
-            if let Some(failures) = a.failures {
-                if let Err(e) = failures.admits(&key_ctx(a), a.clock.now()).await {
-                    return Flow::Refuse(e);
-                }
-            }
-            match self.0.check(a.parts, now).await {
-                Ok(id) => {
-                    a.parts.extensions.insert(id);
-                    Flow::Next
-                }
-                Err(e) => {
-                    if let Some(failures) = a.failures.filter(|_| crate::auth::is_failure(&e)) {
-                        failures.failed(&key_ctx(a), a.clock.now()).await;
+        match a.failures {
+            None => Arrived::Later(Box::pin(async move {
+                match self.0.check(a.parts, now).await {
+                    Ok(id) => {
+                        a.parts.extensions.insert(id);
+                        Flow::Next
                     }
-                    Flow::Refuse(e)
+                    Err(e) => Flow::Refuse(e),
                 }
+            })),
+            Some(failures) => Arrived::Later(Box::pin(self.guarded(a, failures, now))),
+        }
+    }
+}
+
+impl Auth {
+    /// The check behind the route's failure limit: a client over it is refused before its
+    /// credential is read, and a failed credential is charged to it.
+    async fn guarded(&self, a: &mut Arrival<'_>, failures: crate::gate::Failures<'_>, now: i64) -> Flow {
+        if let Err(e) = failures.admits(&key_ctx(a), a.clock.now()).await {
+            return Flow::Refuse(e);
+        }
+        match self.0.check(a.parts, now).await {
+            Ok(id) => {
+                a.parts.extensions.insert(id);
+                Flow::Next
             }
-        }))
+            Err(e) => {
+                if crate::auth::is_failure(&e) {
+                    failures.failed(&key_ctx(a), a.clock.now()).await;
+                }
+                Flow::Refuse(e)
+            }
+        }
     }
 }
 
