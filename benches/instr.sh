@@ -13,6 +13,11 @@
 #   TLS=1 benches/instr.sh target/dist/tollgate      # pass over TLS 1.3 (ECDSA P-256, HTTP/1.1)
 #   AUTH=es256 benches/instr.sh target/dist/tollgate  # pass with `auth:` (es256, rs256, eddsa, api_key),
 #                                                        # each request sending the bench's credential
+#   AUTH=es256 AUTH_BAD=1 benches/instr.sh target/dist/tollgate   # a bad credential: each request
+#                                                        # verified in full and refused (401)
+#   AUTH=es256 AUTH_BAD=1 AUTH_FAILURES=1/h benches/instr.sh target/dist/tollgate   # the same behind
+#                                                        # `auth.failures` (burst 1): every request
+#                                                        # but the first refused (429) before verification
 #   CONFIG=benches/responder.yaml benches/instr.sh target/dist/tollgate   # a config's first listener
 #                                                        # (here the built-in responder, no upstream)
 #
@@ -42,7 +47,7 @@ if [[ -n ${TLS:-} ]]; then
 fi
 auth_env=()
 if [[ -n ${AUTH:-} ]]; then
-  auth_env=(BENCH_AUTH="$AUTH" BENCH_AUTH_DIR="$work/auth")
+  auth_env=(BENCH_AUTH="$AUTH" BENCH_AUTH_DIR="$work/auth" BENCH_AUTH_BAD="${AUTH_BAD:-}" BENCH_AUTH_FAILURES="${AUTH_FAILURES:-}")
   if [[ $AUTH == rs256 ]]; then
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -outform DER -out "$work/rsa.der" 2>/dev/null
     auth_env+=(BENCH_AUTH_KEY="$work/rsa.der")

@@ -430,6 +430,7 @@ pub struct RouteAnswers {
     name: String,
     limits: Vec<String>,
     policy: Option<HeaderValue>,
+    alone: Option<(usize, HeaderValue)>,
     upstream: Option<(String, Duration)>,
     /// `Allow`: the methods the route takes (a 405, and `OPTIONS` at the last hop).
     allow: HeaderValue,
@@ -451,6 +452,9 @@ pub struct RouteFacts<'a> {
     pub limits: Vec<String>,
     /// `RateLimit-Policy`, when the route sends RateLimit headers.
     pub policy: Option<HeaderValue>,
+    /// A limit whose `429` carries a `RateLimit-Policy` of its own instead (by index): one
+    /// that the route's admitted answers do not report (the failure limit of its `auth`).
+    pub alone: Option<(usize, HeaderValue)>,
     /// Name and response timeout of an `http` upstream.
     pub upstream: Option<(&'a str, Duration)>,
     /// The methods the route takes (`None`: all but `TRACE`).
@@ -470,11 +474,16 @@ fn allow(methods: Option<&[http::Method]>) -> HeaderValue {
 impl RouteAnswers {
     /// Answers for `facts`' route (or, with `None`, for requests no route took).
     pub fn new(facts: Option<RouteFacts<'_>>, type_base: Arc<str>, metrics: &Metrics) -> RouteAnswers {
-        let (name, limits, policy, upstream, allow) = match facts {
-            Some(f) => {
-                (f.name.to_owned(), f.limits, f.policy, f.upstream.map(|(n, t)| (n.to_owned(), t)), allow(f.methods))
-            }
-            None => (String::new(), Vec::new(), None, None, ALLOW_ALL),
+        let (name, limits, policy, alone, upstream, allow) = match facts {
+            Some(f) => (
+                f.name.to_owned(),
+                f.limits,
+                f.policy,
+                f.alone,
+                f.upstream.map(|(n, t)| (n.to_owned(), t)),
+                allow(f.methods),
+            ),
+            None => (String::new(), Vec::new(), None, None, None, ALLOW_ALL),
         };
         let label = if name.is_empty() { "-" } else { name.as_str() };
         let counters = KINDS.each_ref().map(|kind| metrics.error(label, kind.source.as_str(), kind.label));
@@ -483,6 +492,7 @@ impl RouteAnswers {
             name,
             limits,
             policy,
+            alone,
             upstream,
             allow,
             type_base,
@@ -712,7 +722,11 @@ impl RouteAnswers {
         doc.number("retry-after", secs);
         let mut rendered =
             Rendered::new(StatusCode::TOO_MANY_REQUESTS, doc.finish(), Some(secs), self.id_field.as_ref());
-        if let Some(policy) = denied.policy.as_deref().or(self.policy.as_ref()) {
+        let alone = match (&self.alone, &denied.limits[..]) {
+            (Some((i, policy)), [(limit, _)]) if i == limit => Some(policy),
+            _ => None,
+        };
+        if let Some(policy) = denied.policy.as_deref().or(alone).or(self.policy.as_ref()) {
             let mut rl = String::with_capacity(48);
             for (i, wait) in &denied.limits {
                 ratelimit::item(&mut rl, self.limit_name(*i));

@@ -108,6 +108,17 @@ const MISSING: usize = 0;
 const UNKNOWN_KEY: usize = 1;
 const UNAVAILABLE: usize = 2;
 
+/// Whether `e` refused a credential the request presented (a failure a route's
+/// `auth.failures` counts): a bad one (401), or a token for another audience (403). A request
+/// without one, or a credential that could not be checked (503), is not a failure.
+pub fn is_failure(e: &Error) -> bool {
+    match e {
+        Error::Unauthenticated(c) => !std::ptr::eq(c.why, &WHYS[MISSING]),
+        Error::WrongAudience(_) => true,
+        _ => false,
+    }
+}
+
 /// The row of a token's refusal.
 fn token_row(r: Refusal) -> usize {
     WHYS.iter().position(|w| w.reason == r.label()).unwrap_or(MISSING)

@@ -32,6 +32,10 @@
 //!   verified against a key set file, or an API key from a keys file), made in `BENCH_AUTH_DIR`
 //!   (default: the temp dir) with the request's credential in `credential` there, as a
 //!   header line; `rs256` signs with the RSA key in `BENCH_AUTH_KEY` (DER, PKCS#8 or #1).
+//!   `BENCH_AUTH_BAD=1`: that credential is a bad one (a signature that does not verify, an
+//!   unknown key), so every request is verified and refused (401); `BENCH_AUTH_FAILURES=RATE`
+//!   (e.g. `1/h`): the route's `auth` has `failures:` at that rate, burst 1, by client IP, so
+//!   with a bad credential every request after the first is refused (429) before verification.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -182,7 +186,13 @@ pub fn run_from_env() -> anyhow::Result<()> {
             None => None,
             Some(kind) => {
                 let dir = env("BENCH_AUTH_DIR").map_or_else(std::env::temp_dir, Into::into);
-                Some(auth::prepare(&kind, &dir, env("BENCH_AUTH_KEY").as_deref())?)
+                let (key, failures) = (env("BENCH_AUTH_KEY"), env("BENCH_AUTH_FAILURES"));
+                let options = auth::Options {
+                    rsa_key: key.as_deref(),
+                    bad: env("BENCH_AUTH_BAD").is_some_and(|v| v != "0"),
+                    failures: failures.as_deref(),
+                };
+                Some(auth::prepare(&kind, &dir, &options)?)
             }
         },
     };

@@ -25,12 +25,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 mod adaptive;
 mod cap;
 mod early;
+mod failures;
 mod headers;
 mod limit;
 pub mod messages;
 mod ticket;
 
 pub use cap::Slot;
+pub use failures::Failures;
 pub use limit::Limit;
 pub use ticket::{Admission, Note};
 
@@ -52,7 +54,11 @@ const MICROS_PER_SEC: u64 = 1_000_000;
 /// A route's limits and concurrency cap.
 pub struct Gate {
     route: String,
+    /// The route's limits, then the failure limit of its `auth` (if any), which the admission
+    /// does not check (see [`failures`]).
     limits: Vec<Limit>,
+    /// How many of `limits` the admission checks: the route's own.
+    checked: usize,
     cap: Option<Cap>,
     policy: Option<HeaderValue>,
     /// `retry_after_spread`: a denial's waits get `next % (spread + 1)` extra seconds.
@@ -100,12 +106,19 @@ impl Gate {
                 limit
             })
             .collect();
+        let checked = limits.len();
+        let mut limits = limits;
+        if let Some(l) = route.auth.as_ref().and_then(|a| a.failures.as_ref()) {
+            limits.push(Limit::new(l.clone(), store_for(l), metrics.limit(&route.name, &l.name)));
+        }
         let settles = limits.iter().any(|l| l.config.response_cost.is_some());
-        let enforced = limits.iter().filter(|l| l.enforced()).map(|l| (l.config.name.as_str(), &l.config.algorithm));
+        let enforced =
+            limits[..checked].iter().filter(|l| l.enforced()).map(|l| (l.config.name.as_str(), &l.config.algorithm));
         let policy = if route.ratelimit_headers { ratelimit::policy(enforced) } else { None };
         Gate {
             route: route.name.clone(),
             limits,
+            checked,
             cap: route.concurrency.as_ref().map(|c| {
                 let gauge = metrics.concurrency_limit(&route.name);
                 match &c.adaptive {
@@ -139,7 +152,8 @@ impl Gate {
                 if !ratelimit_headers {
                     return None;
                 }
-                let enforced = self.limits.iter().filter(|l| l.enforced()).filter_map(|l| match &l.tiers {
+                let checked = &self.limits[..self.checked];
+                let enforced = checked.iter().filter(|l| l.enforced()).filter_map(|l| match &l.tiers {
                     None => Some((l.config.name.as_str(), &l.config.algorithm)),
                     Some(_) => l.in_tier(t).map(|tl| (l.config.name.as_str(), &tl.alg)),
                 });
@@ -172,6 +186,8 @@ impl Gate {
         }
     }
 
+    /// Every limit of the route, the failure limit of its `auth` last (the admin listener
+    /// shows it, the access log names it).
     pub fn limits(&self) -> &[Limit] {
         &self.limits
     }
@@ -183,7 +199,7 @@ impl Gate {
 
     /// True when the gate does nothing (no limits, no cap): the proxy skips it.
     pub fn is_open(&self) -> bool {
-        self.limits.is_empty() && self.cap.is_none()
+        self.checked == 0 && self.cap.is_none()
     }
 
     /// Whether the route has a concurrency cap (a traced request says what it did).
@@ -213,7 +229,7 @@ impl Gate {
         };
         let mut decided: SmallVec<[Decided; 4]> = SmallVec::new();
         let mut denied = false;
-        for (i, limit) in self.limits.iter().enumerate() {
+        for (i, limit) in self.limits[..self.checked].iter().enumerate() {
             if limit.tiers.is_some() && tier.is_some_and(|t| limit.in_tier(t).is_none()) {
                 // This tier is not limited by it.
                 continue;

@@ -227,8 +227,12 @@ impl Proxy {
                 let upstream = config.upstream(r);
                 let facts = RouteFacts {
                     name: &r.name,
-                    limits: r.limits.iter().map(|l| l.name.clone()).collect(),
+                    limits: gate.limits().iter().map(|l| l.config.name.clone()).collect(),
                     policy: gate.policy().cloned(),
+                    alone: gate.failures().filter(|_| r.ratelimit_headers).and_then(|f| match f.policy() {
+                        (i, Some(p)) => Some((i, p)),
+                        (_, None) => None,
+                    }),
                     upstream: match &upstream.kind {
                         UpstreamKind::Http(h) => Some((upstream.name.as_str(), h.timeout)),
                         UpstreamKind::Respond(_) => None,

@@ -176,9 +176,11 @@ impl Engine {
         }
     }
 
-    /// The route's limits, compiled.
+    /// The route's limits, compiled: its own, not the failure limit of its `auth` (a log
+    /// line does not say whether a credential failed, and the admission never checks it).
     pub(crate) fn limits(&self, route: usize) -> &[Limit] {
-        self.gates[route].limits()
+        let all = self.gates[route].limits();
+        &all[..self.routes[route].limits.len().min(all.len())]
     }
 
     pub(crate) fn route(&self, i: usize) -> &Route {

@@ -98,8 +98,12 @@ pub(crate) struct Arrival<'a> {
     pub request_id: Option<&'a crate::request_id::RequestId>,
     pub peer: IpAddr,
     pub trusted: &'a TrustedProxies,
+    /// The client certificate's identity on an mTLS connection (a limit key may read it).
+    pub tls_client: Option<&'a str>,
     /// The limits' clock (tests pass a manual one).
     pub clock: &'a dyn Clock,
+    /// The failure limit of the route's `auth` (`auth.failures`), the one limit a step asks.
+    pub failures: Option<crate::gate::Failures<'a>>,
     /// The access log line's `steps` field, when the log is on.
     pub notes: Notes<'a>,
 }

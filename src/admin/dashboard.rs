@@ -208,7 +208,9 @@ fn recent(proxy: &Proxy) -> Vec<Value> {
         .route_metrics()
         .flat_map(|(route, m)| {
             m.throttles.recent().into_iter().map(move |t| {
-                let limit = route.limits.get(usize::from(t.limit)).map(|l| l.name.as_str());
+                // The failure limit of the route's `auth` comes after its own.
+                let failures = route.auth.as_ref().and_then(|a| a.failures.as_ref());
+                let limit = route.limits.iter().chain(failures).nth(usize::from(t.limit)).map(|l| l.name.as_str());
                 let at = wall_now.saturating_sub(coarse_now.saturating_sub(t.at_ms));
                 let v = json!({
                     "route": route.name,

@@ -17,6 +17,7 @@ fn route(limits: &str) -> (Gate, RouteAnswers, Metrics) {
         name: &r.name,
         limits: r.limits.iter().map(|l| l.name.clone()).collect(),
         policy: gate.policy().cloned(),
+        alone: None,
         upstream: Some(("up", Duration::from_secs(2))),
         methods: None,
     };

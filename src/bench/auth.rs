@@ -11,11 +11,29 @@ use ring::signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair as _, RsaKeyPa
 
 type Sign = Box<dyn Fn(&[u8]) -> anyhow::Result<Vec<u8>>>;
 
+/// What the bench's route and client do with credentials besides the kind.
+#[derive(Default)]
+pub struct Options<'a> {
+    /// An RSA key (DER) for `rs256`.
+    pub rsa_key: Option<&'a str>,
+    /// The client's credential is a bad one: a token whose signature does not verify, or an
+    /// unknown API key (`BENCH_AUTH_BAD`): every request is verified, and refused.
+    pub bad: bool,
+    /// `auth.failures` at this rate, burst 1, by client IP (`BENCH_AUTH_FAILURES`): with a bad
+    /// credential, every request after the first is refused before verification.
+    pub failures: Option<&'a str>,
+}
+
 /// Writes the key set (or keys file) and `credential` into `dir`; the route's `auth:` lines.
 ///
 /// # Errors
 /// An unknown kind, a key that cannot be made or read, a file that cannot be written.
-pub fn prepare(kind: &str, dir: &Path, rsa_key: Option<&str>) -> anyhow::Result<String> {
+pub fn prepare(kind: &str, dir: &Path, o: &Options<'_>) -> anyhow::Result<String> {
+    let failures = match o.failures {
+        Some(rate) => format!(", failures: {{ algorithm: token_bucket, rate: {rate}, burst: 1 }}"),
+        None => String::new(),
+    };
+    let rsa_key = o.rsa_key;
     std::fs::create_dir_all(dir).context("BENCH_AUTH_DIR")?;
     let b64 = |b: &[u8]| URL_SAFE_NO_PAD.encode(b);
     let rng = SystemRandom::new();
@@ -24,8 +42,9 @@ pub fn prepare(kind: &str, dir: &Path, rsa_key: Option<&str>) -> anyhow::Result<
             let keys = dir.join("keys.txt");
             let line = format!("{} bench-consumer\n", crate::config::auth::hash_key(b"bench-key"));
             std::fs::write(&keys, line).context("writing the keys file")?;
-            std::fs::write(dir.join("credential"), "x-api-key: bench-key").context("writing the credential")?;
-            return Ok(format!("    auth: {{ api_key: {{ keys: {:?} }} }}\n", keys.display().to_string()));
+            let key = if o.bad { "not-a-bench-key" } else { "bench-key" };
+            std::fs::write(dir.join("credential"), format!("x-api-key: {key}")).context("writing the credential")?;
+            return Ok(format!("    auth: {{ api_key: {{ keys: {:?} }}{failures} }}\n", keys.display().to_string()));
         }
         "es256" => {
             let alg = &signature::ECDSA_P256_SHA256_FIXED_SIGNING;
@@ -69,11 +88,16 @@ pub fn prepare(kind: &str, dir: &Path, rsa_key: Option<&str>) -> anyhow::Result<
     let header = format!(r#"{{"alg":"{alg}","kid":"b","typ":"JWT"}}"#);
     let claims = format!(r#"{{"sub":"bench-consumer","aud":"bench","iss":"bench","exp":{exp}}}"#);
     let signed = format!("{}.{}", b64(header.as_bytes()), b64(claims.as_bytes()));
-    let token = format!("{signed}.{}", b64(&sign(signed.as_bytes())?));
+    let mut signature = sign(signed.as_bytes())?;
+    if o.bad {
+        // Same length and form, another value: verified in full, and refused.
+        signature[0] ^= 1;
+    }
+    let token = format!("{signed}.{}", b64(&signature));
     std::fs::write(dir.join("credential"), format!("authorization: Bearer {token}"))
         .context("writing the credential")?;
     Ok(format!(
-        "    auth: {{ jwt: {{ jwks: {:?}, issuers: [bench], audiences: [bench], algorithms: [{alg}] }} }}\n",
+        "    auth: {{ jwt: {{ jwks: {:?}, issuers: [bench], audiences: [bench], algorithms: [{alg}] }}{failures} }}\n",
         jwks.display().to_string()
     ))
 }
@@ -84,7 +108,14 @@ mod tests {
     fn bench_auth_configs_are_valid() {
         for kind in ["es256", "eddsa", "api_key"] {
             let dir = std::env::temp_dir().join(format!("tollgate-bench-auth-{}-{kind}", std::process::id()));
-            let auth = super::prepare(kind, &dir, None).unwrap();
+            let failures = super::Options { bad: true, failures: Some("1/h"), ..Default::default() };
+            for o in [super::Options::default(), failures] {
+                let auth = super::prepare(kind, &dir, &o).unwrap();
+                let store = super::super::BenchStore { auth: Some(auth), ..Default::default() };
+                let yaml = super::super::bench_yaml("127.0.0.1:18020", "127.0.0.1:18000", "10/s", 10, &store);
+                crate::config::Config::from_yaml(std::path::Path::new("b.yaml"), &yaml).unwrap();
+            }
+            let auth = super::prepare(kind, &dir, &super::Options::default()).unwrap();
             let store = super::super::BenchStore { auth: Some(auth), ..Default::default() };
             let yaml = super::super::bench_yaml("127.0.0.1:18020", "127.0.0.1:18000", "10/s", 10, &store);
             crate::config::Config::from_yaml(std::path::Path::new("b.yaml"), &yaml).unwrap();

@@ -17,6 +17,7 @@ use super::forms::{by_form, read_map, Forms};
 use super::units::Dur;
 use super::{key, Invalid, Seg};
 use crate::jwt::{Alg, Algs, KeySet, Rules};
+use crate::limit::KeyPart;
 
 /// A key set, secret or key file larger than this is refused (each is read whole).
 pub const MAX_AUTH_FILE_BYTES: u64 = 16 << 20;
@@ -40,7 +41,13 @@ pub struct AuthConfig {
     pub claims_to_headers: Vec<(String, HeaderName)>,
     /// The credential (its header, or its cookie) is removed from the forwarded request.
     pub strip_credentials: bool,
+    /// `failures:`: a limit on failed credentials per key (the client's IP by default), read
+    /// before each verification and charged after each failure (see `gate::failures`).
+    pub failures: Option<super::LimitConfig>,
 }
+
+/// The name of a failure limit that gives none: its metrics' and answers' `limit`.
+pub const FAILURES_NAME: &str = "auth-failures";
 
 #[derive(Debug, Clone)]
 pub enum Method {
@@ -149,6 +156,7 @@ pub struct RawAuth {
     claims_to_headers: BTreeMap<String, String>,
     #[serde(default)]
     strip_credentials: bool,
+    failures: Option<super::limits::RawLimit>,
 }
 
 #[derive(Deserialize)]
@@ -257,8 +265,60 @@ impl RawAuth {
             }
             claims_to_headers.push((claim, name));
         }
-        Ok(AuthConfig { method, optional: self.optional, claims_to_headers, strip_credentials: self.strip_credentials })
+        let from = match &method {
+            Method::Jwt(j) => &j.from,
+            Method::ApiKey(k) => &k.from,
+        };
+        let failures = self.failures.map(|raw| failures(raw, from, &|f| path(&["failures", f]))).transpose()?;
+        Ok(AuthConfig {
+            method,
+            optional: self.optional,
+            claims_to_headers,
+            strip_credentials: self.strip_credentials,
+            failures,
+        })
     }
+}
+
+/// `failures:`: a limit (the same fields as a route's) whose key reads nothing of the
+/// credential, since it is read before the credential is verified.
+fn failures(
+    mut raw: super::limits::RawLimit,
+    from: &Credential,
+    at: &dyn Fn(&str) -> Vec<Seg>,
+) -> Result<super::LimitConfig, Invalid> {
+    if let Some((field, why)) = raw.unlike_failures() {
+        return Err((at(field), format!("`{field}` does not apply to `failures`: {why}")));
+    }
+    raw.name.get_or_insert_with(|| FAILURES_NAME.to_owned());
+    raw.key.get_or_insert_with(|| super::limits::KeyList(vec!["client_ip".to_owned()]));
+    let limit = raw.validate(0, at)?;
+    if let Some(part) = limit.key.parts().iter().find(|p| p.needs_identity()) {
+        return Err((
+            at("key"),
+            format!(
+                "`{part}` is known only once a credential is verified, and failures are counted before that; key \
+                 failures on what the request shows without it (client_ip, header:NAME, tls_client...)"
+            ),
+        ));
+    }
+    let reads_credential = |p: &KeyPart| match (p, from) {
+        (KeyPart::Header(k), Credential::Header(c)) => k == c,
+        (KeyPart::Header(k), Credential::Cookie(_)) => k == http::header::COOKIE,
+        (KeyPart::Query(k), Credential::Query(c)) => k == c,
+        (KeyPart::Cookie(k), Credential::Cookie(c)) => k == c,
+        _ => false,
+    };
+    if let Some(part) = limit.key.parts().iter().find(|p| reads_credential(p)) {
+        return Err((
+            at("key"),
+            format!(
+                "`{part}` reads the credential itself, so each guess would be a key of its own; key failures on \
+                 who sends them (client_ip, tls_client...)"
+            ),
+        ));
+    }
+    Ok(limit)
 }
 
 impl RawJwt {

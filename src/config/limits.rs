@@ -23,8 +23,8 @@ pub struct RawLimit {
     pub(super) burst: Option<u64>,
     max_delay: Option<Dur>,
     warmup: Option<Dur>,
-    #[serde(default = "route_key")]
-    key: KeyList,
+    /// `None`: the default, `route` (a failure limit's is `client_ip`).
+    pub(super) key: Option<KeyList>,
     #[serde(default)]
     store: StoreKind,
     #[serde(default)]
@@ -147,7 +147,7 @@ impl RawMessageLimit {
             burst: self.burst,
             max_delay,
             warmup: self.warmup,
-            key: self.key,
+            key: Some(self.key),
             store: self.store,
             cost: RawCost::Fixed(cost),
             mode: self.mode,
@@ -183,6 +183,29 @@ enum Penalty {
 
 fn route_key() -> KeyList {
     KeyList(vec!["route".to_owned()])
+}
+
+impl RawLimit {
+    /// The parts of what a limit admits that a limit on failed credentials has no use for:
+    /// the field that sets one, if any (`cost.response_header`, `plan`, `lease`).
+    pub(super) fn unlike_failures(&self) -> Option<(&'static str, &'static str)> {
+        if matches!(self.cost, RawCost::Response(_)) {
+            return Some(("cost", "a failure has no response to read a cost from; give a number"));
+        }
+        if self.plan {
+            return Some(("plan", "a failure is counted before the client is known, so it has no plan tier"));
+        }
+        if self.early_retry.penalty == Penalty::Double {
+            return Some(("early_retry", "a client over its failure limit is refused before anything else is read"));
+        }
+        if self.lease.is_some() {
+            return Some((
+                "lease",
+                "a failure limit is read before each verification, which leased units would hide from other instances",
+            ));
+        }
+        None
+    }
 }
 
 /// `cost: 3`, or `cost: { estimate: 1, response_header: x-tokens-used }`.
@@ -564,11 +587,12 @@ impl RawLimit {
                 format!("cost {cost} can never be admitted: this limit admits at most {max} at once"),
             ));
         }
-        if self.key.0.is_empty() {
+        let key_list = self.key.unwrap_or_else(route_key);
+        if key_list.0.is_empty() {
             return Err((at("key"), "expected at least one key part".to_owned()));
         }
-        let mut parts = Vec::with_capacity(self.key.0.len());
-        for p in &self.key.0 {
+        let mut parts = Vec::with_capacity(key_list.0.len());
+        for p in &key_list.0 {
             parts.push(p.parse::<KeyPart>().map_err(|e| (at("key"), e.to_string()))?);
         }
         let key = KeySpec::new(parts).map_err(|e| (at("key"), e.to_string()))?;

@@ -735,6 +735,30 @@ impl Config {
                     return Err((p, format!("`{part}` keys on a verified identity, and this route has no `auth`")));
                 }
             }
+            if let Some(f) = auth.as_ref().and_then(|a| a.failures.as_ref()) {
+                // The top-level `auth:` is every route's without one of its own.
+                let at_failures = |field: &str| {
+                    let mut p = if auth_own { at(&["auth"]) } else { vec![key("auth")] };
+                    p.extend([key("failures"), key(field)]);
+                    p
+                };
+                if f.store == super::StoreKind::Redis {
+                    super::redis::check_limit(f, redis.is_some(), &at_failures)?;
+                    if let Some(r) = on_error_local {
+                        super::redis::check_fallback(f, r.instances, &at_failures)?;
+                    }
+                }
+                if let Some(j) = limits.iter().position(|l| l.name == f.name) {
+                    return Err((
+                        limit_path(i, j, "name"),
+                        format!(
+                            "limit name `{}` is the name of this route's `auth.failures` limit; give one of them \
+                             another `name`",
+                            f.name
+                        ),
+                    ));
+                }
+            }
             for (j, l) in limits.iter().enumerate() {
                 let identity = l.key.parts().iter().find(|p| p.needs_identity());
                 if let (Some(part), None) = (identity, &auth) {
@@ -775,6 +799,18 @@ impl Config {
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
         for (i, r) in routes.iter().enumerate() {
+            if let Some(f) = r.auth.as_ref().and_then(|a| a.failures.as_ref()) {
+                if !mtls && f.key.parts().contains(&crate::limit::KeyPart::TlsClient) {
+                    let mut p = if r.auth_own { vec![key("routes"), Seg::Index(i)] } else { Vec::new() };
+                    p.extend([key("auth"), key("failures"), key("key")]);
+                    return Err((
+                        p,
+                        "`tls_client` keys on client certificates, and no listener asks for them; give a TLS \
+                         listener `client_ca`"
+                            .to_owned(),
+                    ));
+                }
+            }
             for (j, l) in r.limits.iter().enumerate() {
                 if !mtls && l.key.parts().contains(&crate::limit::KeyPart::TlsClient) {
                     return Err((

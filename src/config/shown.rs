@@ -419,6 +419,7 @@ fn auth(a: &AuthConfig) -> Value {
         Value::Object(a.claims_to_headers.iter().map(|(c, h)| (c.clone(), Value::from(h.as_str()))).collect()),
     );
     out.insert("strip_credentials".into(), Value::Bool(a.strip_credentials));
+    out.insert("failures".into(), a.failures.as_ref().map_or(Value::Null, limit));
     Value::Object(out)
 }
 
@@ -1018,6 +1019,7 @@ auth:
   optional: true
   claims_to_headers: { sub: x-user }
   strip_credentials: true
+  failures: { algorithm: token_bucket, rate: 5/m, burst: 5, key: [client_ip, "header:user-agent"] }
 cors:
   origins: [https://app.example.com, "*.example.org", { regex: "^https://[a-z]+[.]example[.]net$" }]
   methods: [PUT, DELETE]
@@ -1210,11 +1212,15 @@ routes: [{ upstream: canned }]
         }
         for own in ["auth", "cors", "compression"] {
             match out.strip_prefix(&format!("routes.*.{own}")) {
-                Some(rest) if rest.is_empty() || rest.starts_with('.') => return format!("{own}{rest}"),
+                Some(rest) if rest.is_empty() || rest.starts_with('.') => out = format!("{own}{rest}"),
                 _ => {}
             }
         }
-        out
+        // A failure limit has a route limit's fields, shown as one is.
+        match out.strip_prefix("auth.failures") {
+            Some(rest) if rest.is_empty() || rest.starts_with('.') => format!("routes.*.limits.*{rest}"),
+            _ => out,
+        }
     }
 
     fn general_key(concrete: &str) -> String {

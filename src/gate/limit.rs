@@ -124,6 +124,17 @@ impl Limit {
         }
     }
 
+    /// Whether one more of this limit's cost for `key` would be admitted now, changing
+    /// nothing: the local store's state read under its shard's lock, or Redis' (a denial it
+    /// answered remembered until its Retry-After; see [`crate::limit::RedisStore::would_admit`]).
+    pub(super) async fn would_admit(&self, key: KeyHash, now: Timestamp) -> Result<Decision, StoreError> {
+        match &*self.store {
+            Store::Local(s) => Ok(s.peek(None, key, now, self.config.cost)),
+            // Boxed: only routes whose failure limit is kept in Redis carry its future.
+            Store::Redis(s) => Box::pin(s.would_admit(key, now, self.config.cost)).await,
+        }
+    }
+
     /// Resets `key` (an operator lets the client through at once): its state in the local
     /// store, or its Redis key (`DEL`) and what this instance remembers of it, for every tier;
     /// its count in the summary. Whether a state was there.

@@ -455,7 +455,9 @@ impl Proxy {
                 request_id: ctx.id.as_ref(),
                 peer: ctx.peer.addr.ip(),
                 trusted: &self.trusted,
+                tls_client: ctx.peer.tls_client(),
                 clock: &*self.clock,
+                failures: lane.gate.failures(),
                 notes: log.notes(),
             };
             lane.steps.arrive(&mut arrival, seen).await

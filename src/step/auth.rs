@@ -30,19 +30,58 @@ impl Builtin for Auth {
 
     const ANSWERS: bool = false;
 
-    /// Boxed: only routes with `auth` carry its future (as before the seam).
+    /// Boxed: only routes with `auth` carry its future (as before the seam); a route with
+    /// `failures` has a future of its own, so that one without pays nothing for it.
     fn arrive<'a>(&'a self, a: &'a mut Arrival<'_>, _: &mut Seen) -> Arrived<'a> {
         // Token times (`exp`, `nbf`) in whole seconds of the limits' clock.
         let now = i64::try_from(a.clock.now().as_micros() / 1_000_000).unwrap_or(i64::MAX);
-        Arrived::Later(Box::pin(async move {
-            match self.0.check(a.parts, now).await {
-                Ok(id) => {
-                    a.parts.extensions.insert(id);
-                    Flow::Next
+        match a.failures {
+            None => Arrived::Later(Box::pin(async move {
+                match self.0.check(a.parts, now).await {
+                    Ok(id) => {
+                        a.parts.extensions.insert(id);
+                        Flow::Next
+                    }
+                    Err(e) => Flow::Refuse(e),
                 }
-                Err(e) => Flow::Refuse(e),
+            })),
+            Some(failures) => Arrived::Later(Box::pin(self.guarded(a, failures, now))),
+        }
+    }
+}
+
+impl Auth {
+    /// The check behind the route's failure limit: a client over it is refused before its
+    /// credential is read, and a failed credential is charged to it.
+    async fn guarded(&self, a: &mut Arrival<'_>, failures: crate::gate::Failures<'_>, now: i64) -> Flow {
+        if let Err(e) = failures.admits(&key_ctx(a), a.clock.now()).await {
+            return Flow::Refuse(e);
+        }
+        match self.0.check(a.parts, now).await {
+            Ok(id) => {
+                a.parts.extensions.insert(id);
+                Flow::Next
             }
-        }))
+            Err(e) => {
+                if crate::auth::is_failure(&e) {
+                    failures.failed(&key_ctx(a), a.clock.now()).await;
+                }
+                Flow::Refuse(e)
+            }
+        }
+    }
+}
+
+/// What a failure limit's key reads of the request: what the route's limits read, less the
+/// identity (which a failure limit's key never names).
+fn key_ctx<'k>(a: &'k Arrival<'_>) -> crate::request_key::KeyCtx<'k> {
+    crate::request_key::KeyCtx {
+        route: a.route,
+        client_ip: a.trusted.client_ip(a.peer, &a.parts.headers),
+        path: a.target.path(a.parts),
+        parts: a.parts,
+        tls_client: a.tls_client,
+        known: None,
     }
 }
 
@@ -100,6 +139,23 @@ fn describe(a: &AuthConfig) -> String {
     }
     if a.strip_credentials {
         out.push_str("; the credential is not forwarded");
+    }
+    if let Some(f) = &a.failures {
+        let (q, w) = crate::ratelimit::policy_numbers(&f.algorithm);
+        let key: Vec<String> = f.key.parts().iter().map(ToString::to_string).collect();
+        let store = match f.store {
+            crate::config::StoreKind::Local => "in this instance",
+            crate::config::StoreKind::Redis => "shared through Redis",
+        };
+        let shadow = if f.mode == crate::config::Mode::Shadow { " (shadow: counted and logged only)" } else { "" };
+        let _ = write!(
+            out,
+            "; failed credentials limited by `{}`{shadow} ({}, {q} per {w}s by {}, {store}): a client over it gets \
+             429 before its credential is read, and its successes are not counted",
+            f.name,
+            crate::config::algorithm_name(&f.algorithm),
+            key.join(" + "),
+        );
     }
     out
 }

@@ -385,6 +385,44 @@ impl RedisStore {
             .ok_or_else(|| unavailable(Failure { kind: FailureKind::Reply, retry_in: Duration::ZERO, error: None }))
     }
 
+    /// Whether `cost` more for `key` would be admitted now, changing nothing, for a limit read
+    /// before the work it guards (a failure limit, see `gate::failures`): a denial remembered
+    /// from an earlier answer (no call), else [`RedisStore::peek`]'s one call that writes
+    /// nothing, whose denial is then remembered until its Retry-After (so a flood of a tripped
+    /// key costs a local lookup). Without an answer, `on_error` decides as for a decision:
+    /// admitted, the local fallback's peek, or the failure.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when Redis gives no answer and `on_error: deny`.
+    pub async fn would_admit(&self, key: KeyHash, now: Timestamp, cost: u64) -> Result<Decision, StoreError> {
+        if let Some(d) = self.remembered_denial(key, now, cost) {
+            return Ok(d);
+        }
+        match self.peek(key, now, cost).await {
+            Ok(d) => {
+                if let Decision::Deny { retry_after, reset } = d {
+                    self.denials.insert(key, now, now + retry_after, Denied { cost, reset_at: now + reset });
+                }
+                Ok(d)
+            }
+            Err(e) => {
+                self.client.metrics().fallback();
+                match self.client.config().on_error {
+                    OnError::Allow => Ok(Decision::Allow { remaining: 0, reset: Span::ZERO }),
+                    OnError::Local => Ok(self.fallback.peek(None, key, now, cost)),
+                    OnError::Deny => Err(match e {
+                        StoreError::Unavailable { kind, retry_after, message } => StoreError::Unavailable {
+                            kind,
+                            retry_after: retry_after.max(Duration::from_secs(1)),
+                            message,
+                        },
+                        other => other,
+                    }),
+                }
+            }
+        }
+    }
+
     /// Resets `key`: `DEL` of its Redis key (every instance sees a fresh state at its next
     /// call), and this instance forgets its remembered denial, its lease and its fallback
     /// state. Other instances may answer a denial they remember until its Retry-After.
