@@ -342,6 +342,15 @@ impl<'a> Depth<'a> {
                     while !self.blank_at(self.i) {
                         self.i += 1;
                     }
+                    // Properties that end their line belong to a node on the lines below (as
+                    // `? &a` then `- x`): it is open like a key without its value.
+                    let mut p = self.i;
+                    while self.peek(p).is_some_and(is_ws) {
+                        p += 1;
+                    }
+                    if matches!(self.peek(p), None | Some(b'\n' | b'\r' | b'#')) {
+                        after_key = true;
+                    }
                 }
                 b'*' => {
                     while !self.blank_at(self.i) {
@@ -732,7 +741,7 @@ mod tests {
     /// Undercounts the differential test below found (each was fixed).
     #[test]
     fn cases_found_by_the_differential_test() {
-        for text in ["? \n- ", "? \n- :: ", "&a b: [? : ]", ":: \n- \n- :: :["] {
+        for text in ["? \n- ", "? \n- :: ", "&a b: [? : ]", ":: \n- \n- :: :[", "? &a \n- :x:"] {
             let want = value_depth(&serde_yaml::from_str(text).unwrap());
             assert!(depth(text) >= want, "{text:?}: {} < {want}", depth(text));
         }
