@@ -418,3 +418,58 @@ async fn a_failing_upstream_gets_the_routes_stale_copy_found_by_the_routes_key()
     assert!(status_of(&h).contains("fwd-status=503; ttl=-"), "{}", status_of(&h));
     assert_eq!(count.load(Ordering::SeqCst), 2);
 }
+
+const TOKEN: &str = "s3cret-admin-token-0123456789";
+
+async fn delete(addr: std::net::SocketAddr, path: &str, auth: Option<&str>) -> (StatusCode, serde_json::Value) {
+    let mut send = h1(addr).await;
+    let mut req = Request::delete(path).header("host", "localhost");
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let resp = send.send_request(req.body(full("")).unwrap()).await.unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+}
+
+#[tokio::test]
+async fn the_admin_listener_purges_a_url_or_a_prefix_with_the_token_and_counts_the_store() {
+    let (up, count) = counting(&[("cache-control", "max-age=600")]).await;
+    let yaml = format!("admin: {{ addr: 127.0.0.1:0, token: {TOKEN} }}\n{}", cached_route(up.addr, "{}"));
+    let tg = Tollgate::start(&yaml).await;
+    let admin = tg.start_admin().await;
+    for path in ["/a/1?x=1", "/a/2", "/b"] {
+        get(tg.addr, path).await;
+        get(tg.addr, path).await;
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(delete(admin, "/cache/localhost/a/1?x=1", None).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(
+        delete(admin, "/cache/localhost/a/1?x=1", Some("Bearer wrong-token-0123456789")).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let (s, v) = delete(admin, "/cache/LOCALHOST/a/1?x=1", Some(&bearer)).await;
+    assert_eq!((s, v["purged"].as_u64()), (StatusCode::OK, Some(1)), "{v}");
+    assert_eq!(get(tg.addr, "/a/1?x=1").await.2, "/a/1 #4");
+    assert_eq!(get(tg.addr, "/a/2").await.2, "/a/2 #2", "another URL stays");
+    let (_, v) = delete(admin, "/cache/localhost/a/*", Some(&bearer)).await;
+    assert_eq!(v["purged"].as_u64(), Some(2), "{v}");
+    assert_eq!(get(tg.addr, "/a/2").await.2, "/a/2 #5");
+    assert_eq!(get(tg.addr, "/b").await.2, "/b #3");
+    assert_eq!(count.load(Ordering::SeqCst), 5);
+
+    let metrics = crate::support::get(admin, "/metrics").await.2;
+    let text = String::from_utf8_lossy(&metrics);
+    for line in [
+        "tollgate_steps_total{route=\"read\",step=\"cache\",result=\"hit\"} 5",
+        "tollgate_steps_total{route=\"read\",step=\"cache\",result=\"miss\"} 5",
+        "tollgate_cache_entries 2",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    assert!(text.contains("tollgate_cache_bytes "));
+    let stats: serde_json::Value = serde_json::from_slice(&crate::support::get(admin, "/cache").await.2).unwrap();
+    assert_eq!(stats["entries"], 2);
+}
