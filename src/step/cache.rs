@@ -135,6 +135,7 @@ impl Builtin for Cache {
         let head = parts.method == Method::HEAD;
         if let Some(entry) = &found.entry {
             if entry.fresh_for(&asked, now) {
+                a.notes.add("cache", "hit");
                 return self.hit(entry.clone(), "hit", parts, seen, now);
             }
             // Stale within stale-while-revalidate: served now, revalidated in the background
@@ -145,6 +146,7 @@ impl Builtin for Cache {
                     a.refresh.refresh(background(parts), flight);
                     self.counts.refreshed.inc();
                 }
+                a.notes.add("cache", "stale_while_revalidate");
                 return self.hit(entry.clone(), "hit; detail=stale-while-revalidate", parts, seen, now);
             }
         }
@@ -224,9 +226,6 @@ impl Builtin for Cache {
     fn answer(&self, seen: &mut StepSeen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
         let Some(s) = seen.cache.take() else { return };
         if !matches!(from, Answered::Upstream | Answered::Responder) {
-            if from == Answered::Stale && s.fwd.is_some() {
-                notes.add("cache", "hit");
-            }
             return;
         }
         let mut s = *s;
