@@ -31,6 +31,8 @@ struct Counts {
     hit: Counter,
     /// Served from a fresh copy after waiting for the same key's miss.
     coalesced: Counter,
+    /// Misses that began to wait for the same key's miss in flight.
+    waited: Counter,
     /// Forwarded: nothing stored for the request.
     miss: Counter,
     /// Forwarded to revalidate a stale copy.
@@ -95,6 +97,7 @@ impl Builtin for Cache {
             counts: Counts {
                 hit: count("hit"),
                 coalesced: count("coalesced"),
+                waited: count("waited"),
                 miss: count("miss"),
                 stale: count("stale"),
                 revalidated: count("revalidated"),
@@ -183,6 +186,7 @@ impl Builtin for Cache {
                 Arrived::Now(Flow::Next)
             }
             Joined::Wait(mut rx) => {
+                self.counts.waited.inc();
                 let woke = self.config.hits_spend_limits.then(|| Arc::new(OnceLock::new()));
                 s.woke = woke.clone();
                 seen.cache = Some(Box::new(s));
