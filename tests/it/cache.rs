@@ -480,3 +480,43 @@ async fn the_admin_listener_purges_a_url_or_a_prefix_with_the_token_and_counts_t
     let stats: serde_json::Value = serde_json::from_slice(&crate::support::get(admin, "/cache").await.2).unwrap();
     assert_eq!(stats["entries"], 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_whose_hits_spend_limits_are_served_once_the_limits_admit_them() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (seen, gate) = (count.clone(), release.clone());
+    let up = Upstream::start(move |_req| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let gate = gate.clone();
+        async move {
+            gate.notified().await;
+            Response::builder().header("cache-control", "max-age=60").body(full("metered")).unwrap()
+        }
+    })
+    .await;
+    let yaml = proxy_yaml(
+        up.addr,
+        "",
+        "  - name: read
+    upstream: up
+    cache: { hits_spend_limits: true, coalesce_wait: 60s }
+    limits: [{ name: hourly, algorithm: token_bucket, rate: 1/h, burst: 100, key: route }]
+",
+    );
+    let tg = Tollgate::start(&yaml).await;
+    let mut clients = Vec::new();
+    for _ in 0..10 {
+        let addr = tg.addr;
+        clients.push(tokio::spawn(async move { get(addr, "/m").await }));
+    }
+    let shared = tg.shared.clone();
+    until(|| shared.load().metrics().encode(None).contains("step=\"cache\",result=\"waited\"} 9")).await;
+    release.notify_one();
+    for c in clients {
+        let (s, h, b) = c.await.unwrap();
+        assert_eq!((s, &b[..]), (StatusCode::OK, &b"metered"[..]));
+        assert!(h.contains_key("ratelimit"), "each spent the limit");
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
