@@ -94,21 +94,10 @@ for l in $zstd_levels; do variants+=("zstd-$l /zs$l/ zstd tollgate"); done
 hz=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 declare -A ms ratio
-for payload in payload.json payload.html; do
-  size=$(stat -c %s "$work/www/$payload")
-  for v in "${variants[@]}"; do
-    read -r name prefix ae which <<<"$v"
-    hdr=(); [[ $ae != - ]] && hdr=(-H "Accept-Encoding: $ae")
-    for proxy in tollgate nginx; do
-      [[ $which == both || $which == "$proxy" ]] || continue
-      port=$tg; [[ $proxy == nginx ]] && port=$ngx
-      url="http://127.0.0.1:$port$prefix$payload"
-      got=$(curl -s "${hdr[@]}" -o "$work/body" -w '%{size_download}' "$url")
-      ratio[$payload,$name,$proxy]=$(awk -v a="$got" -v b="$size" 'BEGIN{printf "%.3f", a / b}')
-    done
-  done
-done
-for r in $(seq "$rounds"); do
+# Calls "$1" once per measured cell (payload, variant, proxy), with payload, size, name, hdr,
+# proxy and url set.
+each_cell() {
+  local v which port
   for payload in payload.json payload.html; do
     size=$(stat -c %s "$work/www/$payload")
     for v in "${variants[@]}"; do
@@ -117,23 +106,36 @@ for r in $(seq "$rounds"); do
       for proxy in tollgate nginx; do
         [[ $which == both || $which == "$proxy" ]] || continue
         port=$tg; [[ $proxy == nginx ]] && port=$ngx
-        pid=$(cat "$work/$([[ $proxy == nginx ]] && echo ngx || echo tollgate).pid")
-        # nginx's master forks the worker: the worker does the work.
-        [[ $proxy == nginx ]] && pid=$(pgrep -P "$pid" | head -1)
         url="http://127.0.0.1:$port$prefix$payload"
-        taskset -c 1 h2load --h1 -n 200 -c 8 "${hdr[@]}" "$url" >/dev/null
-        c0=$(cpu "$pid")
-        out=$(taskset -c 1 h2load --h1 -n "$n" -c 8 "${hdr[@]}" "$url")
-        c1=$(cpu "$pid")
-        ok=$(awk '/^requests:/{print $8}' <<<"$out")
-        [[ $ok == "$n" ]] || { echo "$proxy $name $payload: $ok of $n succeeded" >&2; exit 1; }
-        v_ms=$(awk -v t=$((c1 - c0)) -v hz="$hz" -v n="$n" -v s="$size" 'BEGIN{printf "%.2f", t * 1000 / hz / (n * s / 1e6)}')
-        ms[$payload,$name,$proxy]="${ms[$payload,$name,$proxy]:-} $v_ms"
-        printf 'round %d %-13s %-8s %-9s %7s ms/MB  ratio %s\n' "$r" "$payload" "$name" "$proxy" "$v_ms" \
-          "${ratio[$payload,$name,$proxy]}"
+        "$1"
       done
     done
   done
+}
+measure_ratio() {
+  local got
+  got=$(curl -s "${hdr[@]}" -o "$work/body" -w '%{size_download}' "$url")
+  ratio[$payload,$name,$proxy]=$(awk -v a="$got" -v b="$size" 'BEGIN{printf "%.3f", a / b}')
+}
+measure_cpu() {
+  local pid c0 c1 out ok v_ms
+  pid=$(cat "$work/$([[ $proxy == nginx ]] && echo ngx || echo tollgate).pid")
+  # nginx's master forks the worker: the worker does the work.
+  [[ $proxy == nginx ]] && pid=$(pgrep -P "$pid" | head -1)
+  taskset -c 1 h2load --h1 -n 200 -c 8 "${hdr[@]}" "$url" >/dev/null
+  c0=$(cpu "$pid")
+  out=$(taskset -c 1 h2load --h1 -n "$n" -c 8 "${hdr[@]}" "$url")
+  c1=$(cpu "$pid")
+  ok=$(awk '/^requests:/{print $8}' <<<"$out")
+  [[ $ok == "$n" ]] || { echo "$proxy $name $payload: $ok of $n succeeded" >&2; exit 1; }
+  v_ms=$(awk -v t=$((c1 - c0)) -v hz="$hz" -v n="$n" -v s="$size" 'BEGIN{printf "%.2f", t * 1000 / hz / (n * s / 1e6)}')
+  ms[$payload,$name,$proxy]="${ms[$payload,$name,$proxy]:-} $v_ms"
+  printf 'round %d %-13s %-8s %-9s %7s ms/MB  ratio %s\n' "$r" "$payload" "$name" "$proxy" "$v_ms" \
+    "${ratio[$payload,$name,$proxy]}"
+}
+each_cell measure_ratio
+for r in $(seq "$rounds"); do
+  each_cell measure_cpu
 done
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 echo

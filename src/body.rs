@@ -543,12 +543,19 @@ impl ClientBodyError {
 }
 
 /// A client's request body as it arrives: hyper's (HTTP/1.1, HTTP/2), or an HTTP/3 stream's,
-/// boxed so that the common case stays as small as hyper's own body.
+/// boxed so that the common case stays as small as hyper's own body; or one another room
+/// made (a body copied as it passes, a copy's own body), boxed by that room.
 pub enum Inbound {
     Hyper(Incoming),
     H3(Box<h3::Recv>),
-    /// No body: a request tollgate makes itself (a cache's background revalidation).
-    Empty,
+    Boxed(Pin<Box<dyn HttpBody<Data = Bytes, Error = ClientBodyError> + Send>>),
+}
+
+impl Inbound {
+    /// A body made by another room.
+    pub fn boxed(inner: impl HttpBody<Data = Bytes, Error = ClientBodyError> + Send + 'static) -> Inbound {
+        Inbound::Boxed(Box::pin(inner))
+    }
 }
 
 impl From<Incoming> for Inbound {
@@ -564,11 +571,11 @@ impl HttpBody for Inbound {
 
     #[inline]
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
-        // Both variants are `Unpin`.
+        // Every variant is `Unpin`.
         match self.get_mut() {
             Inbound::Hyper(b) => Pin::new(b).poll_frame(cx).map(|p| p.map(|r| r.map_err(|e| ClientBodyError::of(&e)))),
             Inbound::H3(b) => b.poll_frame(cx),
-            Inbound::Empty => Poll::Ready(None),
+            Inbound::Boxed(b) => b.as_mut().poll_frame(cx),
         }
     }
 
@@ -577,7 +584,7 @@ impl HttpBody for Inbound {
         match self {
             Inbound::Hyper(b) => b.is_end_stream(),
             Inbound::H3(b) => b.is_end_stream(),
-            Inbound::Empty => true,
+            Inbound::Boxed(b) => b.is_end_stream(),
         }
     }
 
@@ -586,7 +593,7 @@ impl HttpBody for Inbound {
         match self {
             Inbound::Hyper(b) => b.size_hint(),
             Inbound::H3(b) => b.size_hint(),
-            Inbound::Empty => SizeHint::with_exact(0),
+            Inbound::Boxed(b) => b.size_hint(),
         }
     }
 }

@@ -25,6 +25,7 @@ mod guard;
 mod limits;
 mod locate;
 pub mod managed;
+pub mod mirror;
 mod otel;
 pub mod plans;
 mod raw;
@@ -361,6 +362,8 @@ pub struct Route {
     pub auth_own: bool,
     /// `split:`: several upstreams by weight (`upstream` is then the first of them).
     pub split: Option<Arc<split::Split>>,
+    /// `mirror:`: a copy of each forwarded request (or of a share) sent to another upstream.
+    pub mirror: Option<Arc<mirror::Mirror>>,
     /// `compression:`, the route's own or the top-level default (`None`: answers pass as they are).
     pub compression: Option<Arc<compression::CompressionConfig>>,
     /// `cors:`, the route's own or the top-level default (`None`: no CORS fields).

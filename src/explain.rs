@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use crate::config::units::Dur;
 use crate::config::{CertSource, Config, LimitConfig, Mode, StoreKind};
-use crate::limit::algo::{fixed, gcra, leaky, log, sliding};
-use crate::limit::{self, Algorithm, Decision, KeyPart, NonZeroSpan, Span, State, Timestamp};
+use crate::limit::{self, Decision, KeyPart, NonZeroSpan, Span};
 use crate::ratelimit::retry_after_secs;
 
 fn dur(d: Span) -> String {
@@ -144,50 +143,29 @@ fn describe_group(
     out
 }
 
-/// The decision on request `n + 1` of a burst: `n` requests of `cost` at one instant, then one
-/// more. The state after the first `n` is written down in closed form (a burst may be 10^18
-/// long), then the real algorithm decides the last request. At one instant every algorithm
-/// admits while the quota lasts and then denies without changing its state, and each admission
-/// adds the same amount: `k` admissions leave `k · cost` counted (the token bucket's tat moves
-/// by `cost · interval`, three times that while warming up: see `limit::algo::gcra`).
-fn overrun(alg: &Algorithm, n: u64, cost: u64) -> Decision {
-    // The state after `k` admissions from the initial one at now = 0; `k` is what the quota allows.
-    let state = match alg {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            let (t, fits) = (interval.get(), burst.get() / cost);
-            // Warming up, unit i is charged 3T but checked at T: c·(3k + 1) <= B.
-            let (charge, admitted) = if warmup.is_zero() { (t, fits) } else { (t * 3, fits.div_ceil(3)) };
-            let k = n.min(admitted);
-            let tat = Timestamp::ZERO + charge * k.saturating_mul(cost);
-            State::TokenBucket(gcra::Gcra { tat, start: Timestamp::ZERO, per: Span::ZERO })
+/// The units `explain` writes an algorithm's words in ([`limit::algo::Rule::describe`]).
+struct Units;
+
+impl limit::algo::Words for Units {
+    fn span(&self, d: Span) -> String {
+        dur(d)
+    }
+
+    fn per_second(&self, interval: NonZeroSpan) -> String {
+        per_second(interval)
+    }
+
+    fn costs(&self, cost: u64) -> String {
+        if cost == 1 {
+            String::new()
+        } else {
+            format!(" (each request costs {cost})")
         }
-        Algorithm::LeakyBucket { interval, max_delay } => {
-            // Request k + 1 waits k · cost · T, admitted while that is at most max_delay.
-            // A cost is at least 1, so a step is at least the interval.
-            let step = NonZeroSpan::new(interval.get() * cost).unwrap_or(*interval);
-            let k = n.min(*max_delay / step + 1);
-            State::LeakyBucket(leaky::Meter { tat: Timestamp::ZERO + step.get() * k })
-        }
-        Algorithm::FixedWindow { limit, window, calendar } => {
-            let k = n.min(limit.get() / cost);
-            let (start, end) = fixed::Bounds { window: *window, calendar: calendar.as_ref() }.at(Timestamp::ZERO);
-            State::FixedWindow(fixed::Window { start, end, count: k * cost })
-        }
-        Algorithm::SlidingWindow { limit, .. } => {
-            let k = n.min(limit.get() / cost);
-            State::SlidingWindow(sliding::Counter { start: Timestamp::ZERO, prev: 0, cur: k * cost })
-        }
-        Algorithm::SlidingLog { limit, .. } => {
-            let k = n.min(limit.get() / cost);
-            let log = if k == 0 {
-                log::Log::default()
-            } else {
-                log::Log { entries: [(Timestamp::ZERO, k * cost)].into(), sum: k * cost }
-            };
-            State::SlidingLog(Box::new(log))
-        }
-    };
-    limit::decide(alg, Some(&state), Timestamp::ZERO, cost).0
+    }
+
+    fn decision(&self, d: Decision) -> String {
+        retry_note(d)
+    }
 }
 
 fn retry_note(d: Decision) -> String {
@@ -203,74 +181,7 @@ fn retry_note(d: Decision) -> String {
 /// One line describing `limit`.
 pub fn describe(limit: &LimitConfig) -> String {
     let c = limit.cost;
-    let per_request = if c == 1 { String::new() } else { format!(" (each request costs {c})") };
-    let body = match &limit.algorithm {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            let b = burst.get();
-            let fits = b / c;
-            let mut s = format!(
-                "bursts of {b}{per_request}, then {} requests/s (one every {}); request {} of a burst {}",
-                per_second(*interval),
-                dur(interval.get()),
-                fits.saturating_add(1),
-                retry_note(overrun(&limit.algorithm, fits, c))
-            );
-            if !warmup.is_zero() {
-                let _ = write!(
-                    s,
-                    "; after idling (bucket full again) it starts at a third of that rate and burst and ramps up over {}",
-                    dur(*warmup)
-                );
-            }
-            s
-        }
-        Algorithm::LeakyBucket { interval, max_delay } => {
-            let t = *interval;
-            if max_delay.is_zero() {
-                format!(
-                    "a strict meter of one request every {} ({} requests/s){per_request}: a request sooner than that {}",
-                    dur(t.get()),
-                    per_second(t),
-                    retry_note(overrun(&limit.algorithm, 1, c))
-                )
-            } else {
-                let queue = (*max_delay / t).saturating_add(1);
-                format!(
-                    "smoothed to one request every {} ({} requests/s){per_request}: up to {queue} waiting requests are delayed (at most {}), request {} {}",
-                    dur(t.get()),
-                    per_second(t),
-                    dur(*max_delay),
-                    (queue / c).saturating_add(1),
-                    retry_note(overrun(&limit.algorithm, queue / c, c))
-                )
-            }
-        }
-        Algorithm::FixedWindow { limit: n, calendar: Some(cal), .. } => format!(
-            "{n} per calendar {cal}{per_request} (windows start at its boundaries; months and DST days differ in length); request {} {}; across a boundary up to {} can pass in a moment",
-            (n.get() / c).saturating_add(1),
-            retry_note(overrun(&limit.algorithm, n.get() / c, c)),
-            n.get().saturating_mul(2)
-        ),
-        Algorithm::FixedWindow { window, limit: n, calendar: None } => format!(
-            "{n} per {} window aligned to the clock{per_request}; request {} {}; across a window boundary up to {} can pass in a moment",
-            dur(window.get()),
-            (n.get() / c).saturating_add(1),
-            retry_note(overrun(&limit.algorithm, n.get() / c, c)),
-            n.get().saturating_mul(2)
-        ),
-        Algorithm::SlidingWindow { window, limit: n } => format!(
-            "about {n} in any {} (sliding window counter){per_request}; request {} of a burst {}",
-            dur(window.get()),
-            (n.get() / c).saturating_add(1),
-            retry_note(overrun(&limit.algorithm, n.get() / c, c))
-        ),
-        Algorithm::SlidingLog { window, limit: n } => format!(
-            "exactly {n} in any {} (sliding log){per_request}; request {} of a burst {}",
-            dur(window.get()),
-            (n.get() / c).saturating_add(1),
-            retry_note(overrun(&limit.algorithm, n.get() / c, c))
-        ),
-    };
+    let body = limit.algorithm.describe(c, &Units);
     let mut line = format!("{} `{}`: {body}", who(limit), limit.name);
     if limit.store == StoreKind::Redis {
         line.push_str("; shared by all instances through Redis");
@@ -702,41 +613,6 @@ routes:
     fn explained(limits: &str) -> String {
         let yaml = format!("upstreams: {{ d: {{ respond: {{}} }} }}\nroutes:\n  - upstream: d\n    limits:\n{limits}");
         explain(&Config::from_yaml(Path::new("t.yaml"), &yaml).unwrap())
-    }
-
-    /// The request-by-request simulation the closed form replaces.
-    fn simulated(alg: &Algorithm, n: u64, cost: u64) -> Decision {
-        let mut state: Option<State> = None;
-        for _ in 0..n {
-            state = limit::decide(alg, state.as_ref(), Timestamp::ZERO, cost).1;
-        }
-        limit::decide(alg, state.as_ref(), Timestamp::ZERO, cost).0
-    }
-
-    #[test]
-    fn closed_form_decides_as_the_simulation_does() {
-        use std::num::NonZeroU64;
-        let nz = |n: u64| NonZeroU64::new(n).unwrap();
-        let nzs = |us: u64| NonZeroSpan::from_micros(us).unwrap();
-        let mut algs = Vec::new();
-        for (a, b) in [(1, 1), (3, 7), (10, 20), (333_333, 5), (7, 100)] {
-            for warmup in [0, 1, 5_000_000].map(Span::from_micros) {
-                algs.push(Algorithm::TokenBucket { interval: nzs(a), burst: nz(b), warmup });
-            }
-            for max_delay in [0, a, 3 * a + 1, 50 * a].map(Span::from_micros) {
-                algs.push(Algorithm::LeakyBucket { interval: nzs(a), max_delay });
-            }
-            algs.push(Algorithm::FixedWindow { window: nzs(a * 1000), limit: nz(b), calendar: None });
-            algs.push(Algorithm::SlidingWindow { window: nzs(a * 1000), limit: nz(b) });
-            algs.push(Algorithm::SlidingLog { window: nzs(a * 1000), limit: nz(b) });
-        }
-        for alg in &algs {
-            for cost in 1..=limit::max_cost(alg).min(8) {
-                for n in 0..40 {
-                    assert_eq!(overrun(alg, n, cost), simulated(alg, n, cost), "{alg:?} n={n} cost={cost}");
-                }
-            }
-        }
     }
 
     #[test]

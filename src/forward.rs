@@ -55,6 +55,36 @@ pub struct Downstream<'a> {
     pub served: &'a Served,
 }
 
+/// Where a route sends admitted requests: one of the config's upstreams, compiled.
+pub enum Backend {
+    Http(Box<HttpForwarder>),
+    /// `servers:`: a group with balancing, health and retries.
+    Group(Arc<group::Group>),
+    Respond(Respond),
+}
+
+impl Backend {
+    /// Forwards `req` as an ordinary request (never an upgrade) to an HTTP upstream, as the
+    /// request path does (see [`HttpForwarder::forward`]); `key`: a group's hash key.
+    ///
+    /// # Errors
+    /// As [`HttpForwarder::forward`]; the responder is no upstream to forward to.
+    pub async fn send(
+        &self,
+        req: Request<Inbound>,
+        strip: usize,
+        down: &Downstream<'_>,
+        key: u64,
+    ) -> Result<Response<Body>, Error> {
+        match self {
+            Backend::Http(fwd) if fwd.is_h2() => fwd.forward_h2(req, strip, down).await,
+            Backend::Http(fwd) => fwd.forward(req, strip, down).await,
+            Backend::Group(g) => g.forward(req, strip, down, key).await,
+            Backend::Respond(_) => Err(Error::Internal("a request was sent to the built-in responder")),
+        }
+    }
+}
+
 /// Which server of a group took a request, after how many tries (for the access log and the
 /// trace): written by the group as it goes, read once the exchange is over.
 #[derive(Debug, Default)]

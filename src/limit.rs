@@ -4,7 +4,8 @@
 //! on them saturates; a rejected request never consumes quota.
 //!
 //! # Layout
-//! - [`algo`]: the five algorithms ([`Algorithm`], [`State`], [`decide`], [`refund`]).
+//! - [`algo`]: the five algorithms ([`Algorithm`], [`State`], [`decide`], [`refund`]), each an
+//!   [`algo::Rule`] in its own file with its Lua script beside it.
 //! - [`calendar`]: [`Calendar`] windows (hour, day, month in a time zone) for fixed windows.
 //! - [`time`]: [`Timestamp`], [`Span`], [`NonZeroSpan`].
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].

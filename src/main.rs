@@ -613,6 +613,15 @@ fn summary(config: &Config) -> String {
             UpstreamKind::Respond(resp) => format!("{} (built-in responder, status {})", up.name, resp.status.as_u16()),
         };
         let _ = writeln!(out, "  {}. {}: {} {} [{}] -> {}", i + 1, r.name, host, path, methods, target);
+        if let Some(m) = r.mirror.as_deref() {
+            let share = if m.sample >= 1.0 {
+                "every request".to_owned()
+            } else {
+                format!("{} % of requests", (m.sample * 1000.0).round() / 10.0)
+            };
+            let name = config.upstreams.get(m.upstream).map_or("?", |u| u.name.as_str());
+            let _ = writeln!(out, "       mirror: {share} copied to {name}, at most {} at once", m.max_in_flight);
+        }
         for line in tollgate::explain::describe_gateway(r) {
             let _ = writeln!(out, "       {line}");
         }

@@ -127,6 +127,48 @@ struct ServerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MirrorLabel {
+    route: Label,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MirrorClass {
+    route: Label,
+    class: &'static str,
+}
+
+/// The families of `routes[].mirror`.
+#[derive(Clone, Default)]
+struct MirrorFamilies {
+    requests: Family<MirrorLabel, Counter>,
+    responses: Family<MirrorClass, Counter>,
+    seconds: Family<RouteLabel, Seconds>,
+    differences: Family<RouteLabel, Counter>,
+    in_flight: Family<RouteLabel, Gauge>,
+}
+
+/// The handles of one route's mirror.
+pub struct MirrorMetrics {
+    /// Copies sent, then dropped by [`MIRROR_DROPPED`]'s reasons.
+    pub sent: Counter,
+    pub dropped: [Counter; MIRROR_DROPPED.len()],
+    /// The mirror's answers by [`MIRROR_CLASSES`].
+    pub answered: [Counter; MIRROR_CLASSES.len()],
+    /// Time to the mirror's answer head (or its failure).
+    pub seconds: Seconds,
+    /// Copies whose status differs from the one the client got.
+    pub differences: Counter,
+    /// Copies on their way (their body awaited, or their answer).
+    pub in_flight: Gauge,
+}
+
+/// Why a copy was not sent (`result` of `tollgate_mirror_requests_total`, after `sent`).
+pub const MIRROR_DROPPED: [&str; 4] = ["in_flight", "body_too_large", "body_unfinished", "upgrade"];
+/// The mirror's answers by status class, then those that never came (`failed`).
+pub const MIRROR_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "failed"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SplitLabel {
     route: Label,
     upstream: Label,
@@ -270,6 +312,7 @@ pub struct Metrics {
     servers: ServerFamilies,
     dns: DnsFamilies,
     split: Family<SplitLabel, Counter>,
+    mirror: MirrorFamilies,
     /// Each route's last throttled requests, by route name: kept across reloads as the
     /// counters are.
     throttles: std::sync::Mutex<std::collections::HashMap<String, Arc<Throttles>>>,
@@ -716,6 +759,24 @@ impl Metrics {
             "Requests of a split route by the upstream chosen and how (weight, sticky, override)",
             split.clone(),
         );
+        let mirror = MirrorFamilies::default();
+        registry.register(
+            "mirror_requests",
+            "Copies of a mirrored route's requests: sent, or dropped and why (in_flight, body_too_large, body_unfinished, upgrade)",
+            mirror.requests.clone(),
+        );
+        registry.register(
+            "mirror_responses",
+            "The mirror's answers to the copies, by status class (failed: no answer)",
+            mirror.responses.clone(),
+        );
+        registry.register("mirror_response_seconds", "Time to the mirror's answer head", mirror.seconds.clone());
+        registry.register(
+            "mirror_differences",
+            "Copies whose status differs from the one the client got",
+            mirror.differences.clone(),
+        );
+        registry.register("mirror_in_flight", "Copies on their way to the mirror", mirror.in_flight.clone());
         let dns = DnsFamilies::default();
         registry.register(
             "upstream_dns_resolutions",
@@ -758,6 +819,7 @@ impl Metrics {
             servers,
             dns,
             split,
+            mirror,
             registry: registry.registry,
             families: registry.families,
             requests,
@@ -900,6 +962,22 @@ impl Metrics {
     /// The count of split route `route`'s requests sent to `upstream`, chosen `by`.
     pub fn split(&self, route: &str, upstream: &str, by: &'static str) -> Counter {
         self.split.get_or_create(&SplitLabel { route: Label::new(route), upstream: Label::new(upstream), by }).clone()
+    }
+
+    /// The handles of route `route`'s mirror.
+    pub fn mirror(&self, route: &str) -> MirrorMetrics {
+        let m = &self.mirror;
+        let requests = |result| m.requests.get_or_create(&MirrorLabel { route: Label::new(route), result }).clone();
+        let r = || RouteLabel { route: Label::new(route) };
+        MirrorMetrics {
+            sent: requests("sent"),
+            dropped: MIRROR_DROPPED.map(requests),
+            answered: MIRROR_CLASSES
+                .map(|class| m.responses.get_or_create(&MirrorClass { route: Label::new(route), class }).clone()),
+            seconds: m.seconds.get_or_create(&r()).clone(),
+            differences: m.differences.get_or_create(&r()).clone(),
+            in_flight: m.in_flight.get_or_create(&r()).clone(),
+        }
     }
 
     /// The handles of name `name` resolved for group `upstream`.

@@ -24,36 +24,16 @@ pub fn retry_after_capped(alg: &Algorithm, wait: Span) -> u64 {
 }
 
 /// The longest wait a penalised early retry is told (`early_retry: { penalty: double }`):
-/// the period `w` of [`policy_numbers`] (a window; the time a token bucket takes to refill
-/// fully), for a leaky bucket the time its queue takes to drain ([`longest_wait`]).
+/// the limit's period in whole seconds ([`Algorithm::period`]: a window; the time a token
+/// bucket takes to refill fully; the time a leaky bucket's queue takes to drain).
 pub fn penalty_cap_secs(alg: &Algorithm) -> u64 {
-    match alg {
-        Algorithm::LeakyBucket { .. } => retry_after_secs(longest_wait(alg)),
-        _ => policy_numbers(alg).1.max(1),
-    }
+    retry_after_secs(alg.period())
 }
 
-/// `q` and `w` of an algorithm's RateLimit-Policy item. A `Decision::Never` (a cost no wait
-/// makes fit) is answered with `w`.
+/// `q` and `w` of an algorithm's RateLimit-Policy item ([`Algorithm::policy`]). A
+/// `Decision::Never` (a cost no wait makes fit) is answered with `w`.
 pub fn policy_numbers(alg: &Algorithm) -> (u64, u64) {
-    match alg {
-        // A full bucket refills in burst × interval: "burst per that many seconds".
-        Algorithm::TokenBucket { interval, burst, .. } => {
-            (burst.get(), (interval.get() * burst.get()).as_secs_ceil().max(1))
-        }
-        // One per interval; the queue is not quota. Expressed per second when it can be.
-        Algorithm::LeakyBucket { interval, .. } => {
-            let per_sec = Span::from_secs(1) / *interval;
-            if per_sec >= 1 {
-                (per_sec, 1)
-            } else {
-                (1, interval.get().as_secs_ceil())
-            }
-        }
-        Algorithm::FixedWindow { window, limit, .. }
-        | Algorithm::SlidingWindow { window, limit }
-        | Algorithm::SlidingLog { window, limit } => (limit.get(), window.get().as_secs_ceil().max(1)),
-    }
+    alg.policy()
 }
 
 /// Appends one list member: the policy name as a structured-field String. Names are

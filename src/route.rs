@@ -128,6 +128,7 @@ mod tests {
             auth: None,
             auth_own: false,
             split: None,
+            mirror: None,
             compression: None,
             cors: None,
             extensions: Vec::new(),

@@ -14,10 +14,15 @@
 //! What a step learns of the request for its answer side is kept in [`Seen`], inline in the
 //! request's future (nothing is allocated per request for it). Built-in steps are an enum,
 //! dispatched statically; a route without steps has an empty slice and pays one length check
-//! per side. Steps of programs that embed tollgate are registered by name ([`register`]) and
+//! per side (one flag for the forwarding side). Steps of programs that embed tollgate are registered by name ([`register`]) and
 //! listed under a route's `extensions:`; they cost a virtual call on the routes that use them.
 //!
-//! Invariants: a step never forwards; the answer side runs once per answer; configs are data
+//! - *forwarding*, in the declared order, once the request is about to go upstream (after the
+//!   limits and the route's rewrite), on the routes whose steps have that side: a step sees the
+//!   request as forwarded and may wrap its body (the `mirror` copies it as it passes).
+//!
+//! Invariants: a step never forwards the request itself (a mirror sends copies, never the
+//! client's request); the answer side runs once per answer; configs are data
 //! (`config::cors`, `config::auth`...), compiled here at `Proxy::build`.
 
 mod auth;
@@ -26,6 +31,7 @@ mod compress;
 mod cors;
 mod extension;
 mod headers;
+mod mirror;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -37,7 +43,7 @@ use http::request::Parts;
 use http::{HeaderValue, Response};
 
 use crate::answer::Error;
-use crate::body::Body;
+use crate::body::{Body, Inbound};
 use crate::config::{Config, Route};
 use crate::limit::{Clock, RedisClient};
 use crate::metrics::Metrics;
@@ -112,6 +118,25 @@ pub(crate) trait Refresh: Send + Sync {
     fn refresh(&self, head: Parts, flight: crate::cache::Flight);
 }
 
+/// What a step's forwarding side reads: the request as it is about to go upstream.
+pub(crate) struct Forwarding<'a> {
+    /// The head after the route's rewrite; the forwarder still drops the first `strip` bytes of
+    /// its path, puts the upstream's base path before it and adds its fields.
+    pub parts: &'a Parts,
+    /// The client's body, not read yet: a step may wrap it.
+    pub body: &'a mut Option<Inbound>,
+    pub strip: usize,
+    /// What the forwarded request says of its client.
+    pub down: &'a crate::forward::Downstream<'a>,
+    /// A group's hash key for this request (`balance: hash`; 0 for other upstreams).
+    pub hash: &'a dyn Fn(&crate::forward::Backend) -> u64,
+    /// An upgrade or an HTTP/2 CONNECT: a tunnel may follow.
+    pub upgrade: bool,
+    /// The upstream it goes to (an index of the config's upstreams: a split's chosen side).
+    pub upstream: usize,
+    pub notes: Notes<'a>,
+}
+
 /// Where steps say what they did for the access log (`cors=origin_refused`); a no-op when the
 /// log is off.
 pub(crate) struct Notes<'a>(pub Option<&'a mut String>);
@@ -140,6 +165,8 @@ pub(crate) struct Seen {
     /// CORS: the `Access-Control-Allow-Origin` this request's answers carry (`None`: no
     /// CORS fields, for a request without `Origin` or from an origin not allowed).
     cors: Option<HeaderValue>,
+    /// `mirror` with `compare`: where the client's status meets the copy's.
+    mirror: Option<mirror::Meeting>,
     /// `cache`: what the request found and what its answer does to the store (boxed: only
     /// requests of a route with a cache have one).
     cache: Option<Box<cache::Seen>>,
@@ -148,6 +175,8 @@ pub(crate) struct Seen {
 /// What compiling a route's steps reads (at `Proxy::build`).
 pub(crate) struct Build<'a> {
     pub config: &'a Config,
+    /// The config's upstreams, compiled, in its order.
+    pub backends: &'a [Arc<crate::forward::Backend>],
     pub route: &'a Route,
     pub metrics: &'a Metrics,
     pub redis: Option<&'a Arc<RedisClient>>,
@@ -185,6 +214,14 @@ trait Builtin: Sized {
     fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
         let _ = (seen, resp, from, notes);
     }
+
+    /// Whether [`Builtin::forwarding`] does anything: a route whose steps all say no skips
+    /// that side.
+    const FORWARDS: bool = false;
+
+    fn forwarding(&self, f: &mut Forwarding<'_>, seen: &mut Seen) {
+        let _ = (f, seen);
+    }
 }
 
 /// The built-in steps, in the order their request side runs (the answer side runs in the
@@ -200,6 +237,18 @@ macro_rules! builtins {
             fn answers(&self) -> bool {
                 match self {
                     $(Kind::$variant(_) => <$ty as Builtin>::ANSWERS,)*
+                }
+            }
+
+            fn forwards(&self) -> bool {
+                match self {
+                    $(Kind::$variant(_) => <$ty as Builtin>::FORWARDS,)*
+                }
+            }
+
+            fn forwarding(&self, f: &mut Forwarding<'_>, seen: &mut Seen) {
+                match self {
+                    $(Kind::$variant(s) => s.forwarding(f, seen),)*
                 }
             }
 
@@ -248,21 +297,40 @@ builtins! {
     Auth(auth::Auth),
     /// `extensions`: the steps a program that embeds tollgate registered, in file order.
     Extensions(extension::Extensions),
+    /// `mirror`: a copy of the request as forwarded (its forwarding side), and the client's
+    /// status for the comparison (its answer side).
+    Mirror(mirror::Mirror),
     /// `cache`: last on the way in (a hit is served only to a request every other step let
     /// on: authenticated, CORS-checked), first on the way out (it stores the upstream's
     /// answer as sent, before any step changes or encodes it).
     Cache(cache::Cache),
 }
 
-/// A route's compiled steps (empty for most routes), and whether any has an answer side.
-pub(crate) struct Steps(Box<[Kind]>, bool);
+/// A route's compiled steps (empty for most routes), and whether any has an answer side, a
+/// forwarding side.
+pub(crate) struct Steps(Box<[Kind]>, bool, bool);
 
 impl Steps {
     pub(crate) fn new(b: &mut Build<'_>) -> Steps {
         let mut out = Vec::new();
         Kind::compile(b, &mut out);
         let answers = out.iter().any(Kind::answers);
-        Steps(out.into_boxed_slice(), answers)
+        let forwards = out.iter().any(Kind::forwards);
+        Steps(out.into_boxed_slice(), answers, forwards)
+    }
+
+    /// Whether the forwarding side does anything on this route.
+    #[inline(always)]
+    pub(crate) fn forwards(&self) -> bool {
+        self.2
+    }
+
+    /// The forwarding side, in order, on the request about to go upstream.
+    #[inline(never)]
+    pub(crate) fn forwarding(&self, f: &mut Forwarding<'_>, seen: &mut Seen) {
+        for step in self.0.iter() {
+            step.forwarding(f, seen);
+        }
     }
 
     #[inline(always)]

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::answer::AdminRefusal;
 use crate::body::Body;
 use crate::gate::Limit;
+use crate::limit::algo::Param;
 use crate::limit::sketch::Hitter;
 use crate::limit::{Algorithm, Decision, KeyHash, Span, Store, Timestamp};
 use crate::proxy::Proxy;
@@ -119,22 +120,17 @@ fn row(l: &Limit, now: Timestamp) -> Value {
     })
 }
 
-/// An algorithm's parameters, in the config's words.
+/// An algorithm's parameters, in the config's words (each algorithm names its own).
 fn params(alg: &Algorithm) -> Value {
-    match alg {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            json!({ "interval": dur(interval.get()), "burst": burst.get(), "warmup": dur(*warmup) })
-        }
-        Algorithm::LeakyBucket { interval, max_delay } => {
-            json!({ "interval": dur(interval.get()), "max_delay": dur(*max_delay) })
-        }
-        Algorithm::FixedWindow { window, limit, calendar } => {
-            json!({ "window": dur(window.get()), "limit": limit.get(), "calendar": calendar.as_ref().map(ToString::to_string) })
-        }
-        Algorithm::SlidingWindow { window, limit } | Algorithm::SlidingLog { window, limit } => {
-            json!({ "window": dur(window.get()), "limit": limit.get() })
-        }
-    }
+    let shown = alg.params().into_iter().map(|(name, p)| {
+        let v = match p {
+            Param::Span(s) => Value::from(dur(s)),
+            Param::Count(n) => Value::from(n),
+            Param::Calendar(c) => Value::from(c.map(|c| c.to_string())),
+        };
+        (name.to_owned(), v)
+    });
+    Value::Object(shown.collect())
 }
 
 /// The `n` keys `l` denied most recently, each with its state now.

@@ -11,13 +11,14 @@ use serde::Deserialize;
 use super::forms::{by_form, read_map, Forms};
 use super::units::{Dur, Rate};
 use super::{key, Invalid, Seg};
-use crate::limit::{self, Algorithm, Calendar, CalendarUnit, KeyPart, KeySpec, NonZeroSpan, Span};
+use crate::limit::algo::{Kind, Written};
+use crate::limit::{self, Algorithm, Calendar, CalendarUnit, KeyPart, KeySpec, Span};
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub(super) name: Option<String>,
-    algorithm: AlgorithmName,
+    algorithm: Kind,
     pub(super) rate: Option<Rate>,
     pub(super) burst: Option<u64>,
     max_delay: Option<Dur>,
@@ -105,16 +106,6 @@ impl<'de> Deserialize<'de> for RawCost {
 struct RawResponseCost {
     estimate: u64,
     response_header: String,
-}
-
-#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
-#[serde(rename_all = "snake_case")]
-enum AlgorithmName {
-    TokenBucket,
-    LeakyBucket,
-    FixedWindow,
-    SlidingWindow,
-    SlidingLog,
 }
 
 /// Where a limit keeps its state.
@@ -377,53 +368,6 @@ pub(super) fn check_name(name: &str) -> Result<(), String> {
     ))
 }
 
-/// The algorithms add spans to `now` in u64 µs and saturate rather than overflow; a limit
-/// whose spans could saturate would silently admit everything. Spans must stay below this,
-/// which leaves `now` (µs since 1970) room until the year 146,000.
-const EXACT_SPAN: u128 = 1 << 63;
-
-/// Checks that `alg` computes exactly in u64 µs (the local store; the Redis scripts have the
-/// stricter [`crate::limit::store::redis::check_precision`]). The largest spans the
-/// algorithms form (see `crate::limit::algo`): token bucket `tat` up to `now + 3·burst·interval`
-/// (a cold warm-up charge is 3·interval per unit; a cost is at most the burst) plus `warmup`;
-/// leaky bucket `now + 2·max_delay + interval`; sliding window `start + 2·window`; fixed
-/// window and log `start + window`. Every other product is taken in u128.
-///
-/// # Errors
-/// A sentence naming the bound exceeded.
-pub(crate) fn check_exact(alg: &Algorithm) -> Result<(), String> {
-    let m = |a: u64, b: u64| u128::from(a) * u128::from(b);
-    match alg {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            let span =
-                m(burst.get(), interval.as_micros()).saturating_mul(3).saturating_add(u128::from(warmup.as_micros()));
-            if span >= EXACT_SPAN {
-                return Err(format!(
-                    "burst {} × {} µs per token is too long to compute exactly (3 × burst × interval plus \
-                     warmup must stay below 2^63 µs, about 97,000 years of refill); lower the burst or raise the rate",
-                    burst.get(),
-                    interval.as_micros()
-                ));
-            }
-        }
-        Algorithm::LeakyBucket { interval, max_delay } => {
-            if 2 * u128::from(max_delay.as_micros()) + u128::from(interval.as_micros()) >= EXACT_SPAN {
-                return Err("max_delay is too long to compute exactly (2 × max_delay plus the interval must stay \
-                            below 2^63 µs)"
-                    .to_owned());
-            }
-        }
-        Algorithm::FixedWindow { window, .. }
-        | Algorithm::SlidingWindow { window, .. }
-        | Algorithm::SlidingLog { window, .. } => {
-            if 2 * u128::from(window.as_micros()) >= EXACT_SPAN {
-                return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
-            }
-        }
-    }
-    Ok(())
-}
-
 fn span(d: Dur) -> Span {
     Span::from_duration(d.0)
 }
@@ -431,23 +375,26 @@ fn span(d: Dur) -> Span {
 impl RawLimit {
     /// `at(field)` is the path of a field of this limit; `index` names unnamed limits.
     pub fn validate(self, index: usize, at: &dyn Fn(&str) -> Vec<Seg>) -> Result<LimitConfig, Invalid> {
-        use AlgorithmName as A;
         let rate = self.rate.ok_or_else(|| {
             (at("rate"), "`rate` is required (or `plan: true`, with the rate of each tier in `plans.tiers`)".to_owned())
         })?;
         let name = self.name.unwrap_or_else(|| format!("limit-{index}"));
         check_name(&name).map_err(|e| (at("name"), e))?;
-        let only = |field: &str, set: bool, algs: &[A], what: &str| -> Result<(), Invalid> {
-            if set && !algs.contains(&self.algorithm) {
-                return Err((at(field), format!("`{field}` applies to {what} only")));
+        // A field only some algorithms read ([`limit::algo::Rule::FIELDS`]) is refused on the others.
+        let kind = self.algorithm;
+        let only = |field: &str, set: bool| -> Result<(), Invalid> {
+            if set && !kind.fields().contains(&field) {
+                return Err((at(field), format!("`{field}` applies to {} only", Kind::reading(field))));
             }
             Ok(())
         };
-        only("burst", self.burst.is_some(), &[A::TokenBucket], "token_bucket")?;
-        only("warmup", self.warmup.is_some(), &[A::TokenBucket], "token_bucket")?;
-        only("max_delay", self.max_delay.is_some(), &[A::LeakyBucket], "leaky_bucket")?;
-        only("lease", self.lease.is_some() && self.store != StoreKind::Redis, &[], "limits with `store: redis`")?;
-        only("calendar", self.calendar.is_some(), &[A::FixedWindow], "fixed_window")?;
+        only("burst", self.burst.is_some())?;
+        only("warmup", self.warmup.is_some())?;
+        only("max_delay", self.max_delay.is_some())?;
+        if self.lease.is_some() && self.store != StoreKind::Redis {
+            return Err((at("lease"), "`lease` applies to limits with `store: redis` only".to_owned()));
+        }
+        only("calendar", self.calendar.is_some())?;
         let calendar = match &self.calendar {
             None => None,
             Some(zone) => {
@@ -469,49 +416,16 @@ impl RawLimit {
             }
         };
 
-        let period = rate.period_micros();
-        let per_unit = period / rate.quantity;
-        let algorithm = match self.algorithm {
-            A::TokenBucket | A::LeakyBucket => {
-                let interval = NonZeroSpan::from_micros(per_unit).ok_or_else(|| {
-                    (at("rate"), format!("{} is faster than one per microsecond; use a lower rate", rate))
-                })?;
-                if self.algorithm == A::TokenBucket {
-                    let burst = self.burst.unwrap_or(rate.quantity);
-                    let burst =
-                        NonZeroU64::new(burst).ok_or_else(|| (at("burst"), "burst must be at least 1".to_owned()))?;
-                    Algorithm::TokenBucket { interval, burst, warmup: self.warmup.map_or(Span::ZERO, span) }
-                } else {
-                    Algorithm::LeakyBucket { interval, max_delay: self.max_delay.map_or(Span::ZERO, span) }
-                }
-            }
-            A::FixedWindow | A::SlidingWindow | A::SlidingLog => {
-                let window = match &calendar {
-                    Some(c) => c.longest(),
-                    None => NonZeroSpan::from_micros(period)
-                        .ok_or_else(|| (at("rate"), "the window must be at least 1us".to_owned()))?,
-                };
-                let limit = NonZeroU64::new(rate.quantity)
-                    .ok_or_else(|| (at("rate"), "the limit must be at least 1".to_owned()))?;
-                match self.algorithm {
-                    A::FixedWindow => Algorithm::FixedWindow { window, limit, calendar },
-                    A::SlidingWindow => Algorithm::SlidingWindow { window, limit },
-                    _ => Algorithm::SlidingLog { window, limit },
-                }
-            }
+        let written = Written {
+            rate: &rate,
+            quantity: rate.quantity,
+            period: rate.period_micros(),
+            burst: self.burst,
+            warmup: self.warmup.map(span),
+            max_delay: self.max_delay.map(span),
+            calendar,
         };
-        if self.algorithm == A::SlidingLog && rate.quantity > 100_000 {
-            return Err((
-                at("rate"),
-                format!(
-                    "sliding_log keeps one entry per admitted request: {} per window is too many; use sliding_window",
-                    rate.quantity
-                ),
-            ));
-        }
-        check_exact(&algorithm).map_err(|e| {
-            (at(if self.burst.is_some() && self.algorithm == A::TokenBucket { "burst" } else { "rate" }), e)
-        })?;
+        let algorithm = kind.build(&written).map_err(|(field, e)| (at(field), e))?;
         let (cost, response_cost) = match self.cost {
             RawCost::Fixed(n) => (n, None),
             RawCost::Response(r) => {
@@ -574,11 +488,5 @@ pub(super) fn limit_path(route: usize, limit: usize, field: &str) -> Vec<Seg> {
 
 /// The config spelling of an algorithm: `token_bucket`, `leaky_bucket`, …
 pub fn algorithm_name(alg: &Algorithm) -> &'static str {
-    match alg {
-        Algorithm::TokenBucket { .. } => "token_bucket",
-        Algorithm::LeakyBucket { .. } => "leaky_bucket",
-        Algorithm::FixedWindow { .. } => "fixed_window",
-        Algorithm::SlidingWindow { .. } => "sliding_window",
-        Algorithm::SlidingLog { .. } => "sliding_log",
-    }
+    alg.name()
 }

@@ -200,7 +200,7 @@ impl Validated {
                 other => at(other),
             };
             let c = r.validate(index, &at_tier)?;
-            if matches!(c.algorithm, Algorithm::LeakyBucket { .. }) {
+            if !c.algorithm.plans() {
                 return Err((at("algorithm"), "a plan limit is a token_bucket or a window algorithm".to_owned()));
             }
             if c.lease.is_some() {

@@ -418,6 +418,7 @@ struct Route {
     matcher: Match,
     upstream: Option<String>,
     split: Option<super::split::RawSplit>,
+    mirror: Option<super::mirror::RawMirror>,
     #[serde(default)]
     strip_prefix: bool,
     #[serde(default)]
@@ -677,6 +678,25 @@ impl Config {
                 }
             };
             let upstream = split.as_ref().map_or(upstream, |s| s.sides[0].upstream);
+            let mirror = match route.mirror {
+                None => None,
+                Some(raw) => {
+                    let at_mirror = |f: &[&str]| {
+                        let mut p = at(&["mirror"]);
+                        p.extend(f.iter().map(|f| key(f)));
+                        p
+                    };
+                    let find = |name: &str| match upstreams.iter().position(|u| u.name == name) {
+                        None => Err(format!("unknown upstream `{name}`; expected one of: {}", known.join(", "))),
+                        Some(i) if matches!(upstreams[i].kind, super::UpstreamKind::Respond(_)) => Err(format!(
+                            "`{name}` is a built-in responder; a mirror is an HTTP upstream (`url:` or `servers:`)"
+                        )),
+                        Some(i) => Ok(i),
+                    };
+                    let primary = split.is_none().then_some(upstream);
+                    Some(std::sync::Arc::new(raw.validate(&at_mirror, &find, primary)?))
+                }
+            };
             let compression = match route.compression {
                 None => default_compression.clone(),
                 Some(c) => c.validate(&at(&["compression"]))?.map(std::sync::Arc::new),
@@ -724,6 +744,7 @@ impl Config {
                 auth,
                 auth_own,
                 split,
+                mirror,
                 compression,
                 cors,
                 extensions,

@@ -128,7 +128,7 @@ pub fn check_limit(limit: &super::LimitConfig, have_redis: bool, at: &dyn Fn(&st
         return Err((at("store"), "`store: redis` needs a top-level `redis:` section (url or cluster)".to_owned()));
     }
     crate::limit::store::redis::check_precision(&limit.algorithm).map_err(|e| (at("rate"), e))?;
-    if limit.lease.is_some() && !matches!(limit.algorithm, crate::limit::Algorithm::TokenBucket { .. }) {
+    if limit.lease.is_some() && !limit.algorithm.leases() {
         return Err((at("lease"), "`lease` applies to token_bucket only".to_owned()));
     }
     Ok(())
@@ -144,7 +144,7 @@ pub fn check_fallback(
 ) -> Result<(), Invalid> {
     let fallback = fallback_algorithm(&limit.algorithm, instances);
     let n = instances.get();
-    super::limits::check_exact(&fallback).map_err(|e| {
+    fallback.check_exact().map_err(|e| {
         (at("rate"), format!("with `redis.on_error: local` and `instances: {n}` the local fallback: {e}"))
     })?;
     let max = crate::limit::max_cost(&fallback);

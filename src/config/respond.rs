@@ -122,7 +122,7 @@ impl<'de> Deserialize<'de> for RawLatency {
 
 /// A share: `10%` or `0.1`.
 #[derive(Clone, Copy)]
-pub(super) struct Share(f64);
+pub(super) struct Share(pub(super) f64);
 
 impl<'de> Deserialize<'de> for Share {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

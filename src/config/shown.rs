@@ -627,6 +627,19 @@ fn route(c: &Config, r: &Route) -> Value {
         ("match", matcher),
         ("upstream", Value::String(c.upstream(r).name.clone())),
         ("split", opt(r.split.as_deref(), |s| split(c, s))),
+        (
+            "mirror",
+            opt(r.mirror.as_deref(), |m| {
+                json!({
+                    "upstream": c.upstreams[m.upstream].name,
+                    "sample": m.sample,
+                    "max_in_flight": m.max_in_flight,
+                    "max_body": size(m.max_body),
+                    "header": m.header.as_str(),
+                    "compare": m.compare,
+                })
+            }),
+        ),
         ("strip_prefix", Value::Bool(r.strip_prefix)),
         ("limits", r.limits.iter().map(limit).collect()),
         ("concurrency", opt(r.concurrency.as_ref(), concurrency)),
@@ -1078,6 +1091,7 @@ routes:
     response_headers: { remove: [server], set: { x-served-by: tollgate }, add: { x-note: "hi" } }
     upgrades: [websocket]
     tunnels: { idle_timeout: 10m, max: 100 }
+    mirror: { upstream: group, sample: 10%, max_in_flight: 50, max_body: 1MiB, header: x-shadow, compare: false }
   - name: monthly
     match: { path: /exact }
     upstream: group

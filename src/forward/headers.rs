@@ -51,9 +51,25 @@ fn fixed_present(headers: &HeaderMap) -> u16 {
             found |= FORWARDED_PROTO;
         } else if name == X_FORWARDED_HOST {
             found |= FORWARDED_HOST;
+        } else if is_forwarding_lookalike(name) {
+            found |= LOOKALIKE;
         }
     }
     found
+}
+
+/// `x_forwarded_for`, `X_Forwarded-Proto` …: a spelling of a forwarding field tollgate writes
+/// with `_` for `-`. Servers that map fields to CGI-style variables (WSGI, Rack, PHP) read it
+/// as the real one and merge the two, so a client could add to what tollgate vouches for.
+fn is_forwarding_lookalike(name: &HeaderName) -> bool {
+    let name = name.as_str().as_bytes();
+    let target: &[u8] = match name.len() {
+        15 => b"x-forwarded-for",
+        16 => b"x-forwarded-host",
+        17 => b"x-forwarded-proto",
+        _ => return false,
+    };
+    name.contains(&b'_') && name.iter().zip(target).all(|(&a, &b)| a == b || (a == b'_' && b == b'-'))
 }
 
 /// The lengths of the names `fixed_present` looks for, as bits.
@@ -82,7 +98,9 @@ const CANDIDATE_LENGTHS: u32 = {
     bits
 };
 
-/// The bits of `fixed_present` past the fixed list.
+/// The bits of `fixed_present` past the fixed list: a forwarding field's lookalike (removed
+/// with the hop-by-hop fields), then the fields read later.
+const LOOKALIKE: u16 = 1 << 11;
 const TRACE: u16 = 1 << 12;
 const FORWARDED_FOR: u16 = 1 << 13;
 const FORWARDED_PROTO: u16 = 1 << 14;
@@ -143,6 +161,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> Seen {
         if found & (1 << i) != 0 {
             headers.remove(name);
         }
+    }
+    if found & LOOKALIKE != 0 {
+        named.extend(headers.keys().filter(|n| is_forwarding_lookalike(n)).cloned());
     }
     // A field `Connection` named may be one `seen` counts: it says "there" of a field that
     // is gone, which only costs a lookup that finds nothing.
@@ -300,6 +321,24 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-keep"], "yes");
+    }
+
+    #[test]
+    fn underscored_spellings_of_the_forwarding_fields_are_removed() {
+        let mut h = map(&[
+            ("x_forwarded_for", "10.6.6.6"),
+            ("x-forwarded_proto", "https"),
+            ("X_Forwarded_Host", "admin.internal"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("accept-encoding", "gzip"),
+            ("x_forwarded_fox", "1"),
+            ("x_forwarded_hosts", "1"),
+        ]);
+        let seen = strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["accept-encoding", "x-forwarded-for", "x_forwarded_fox", "x_forwarded_hosts"]);
+        assert!(seen.has(FORWARDED_FOR));
     }
 
     #[test]

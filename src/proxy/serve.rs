@@ -140,13 +140,20 @@ impl Proxy {
                     Ok(Some(here)) => break 'answer (here, Answered::Own),
                     Err(e) => break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own),
                 }
-                let (resp, from) = match &*this.backends[this.backend_of(route, lane, &parts, &target, &peer)] {
-                    Backend::Respond(r) => match this.responder(r, &parts, &mut body).await {
-                        Ok(resp) => (resp, Answered::Responder),
-                        Err(e) => {
-                            break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own)
+                let chosen = this.backend_of(route, lane, &parts, &target, &peer);
+                let (resp, from) = match &*this.backends[chosen] {
+                    Backend::Respond(r) => {
+                        if lane.steps.forwards() {
+                            let here = (&parts, &target, &ctx, &peer);
+                            this.forwarding(route, lane, here, &mut body, chosen, &mut seen, &mut log);
                         }
-                    },
+                        match this.responder(r, &parts, &mut body).await {
+                            Ok(resp) => (resp, Answered::Responder),
+                            Err(e) => {
+                                break 'answer (this.refused(route, lane, &e, None, version, &mut log), Answered::Own)
+                            }
+                        }
+                    }
                     backend => {
                         let Some(strip) = strip_len(route, parts.uri.path(), target.path(&parts)) else {
                             let e = Error::BadRequest(STRIP_PARAMS);
@@ -161,6 +168,10 @@ impl Proxy {
                         // An upgrade (HTTP/1.1 `Upgrade`, or an HTTP/2 CONNECT): hyper leaves an
                         // `OnUpgrade` in the request's (usually empty) extensions.
                         let upgrade = parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some();
+                        if lane.steps.forwards() {
+                            let here = (&parts, &target, &ctx, &peer);
+                            this.forwarding(route, lane, here, &mut body, chosen, &mut seen, &mut log);
+                        }
                         match log.trace.as_mut() {
                             // The upstream's parent is the exchange's client span.
                             Some(span) => Proxy::trace_upstream(span, this.config.upstream(route), &mut parts, strip),
@@ -306,6 +317,38 @@ impl Proxy {
             set_id(resp.headers_mut(), name, id);
         }
         resp
+    }
+
+    /// *Forwarding*: the route's steps that see the request as it goes to upstream `chosen`
+    /// (a mirror's copy). Out of line: only routes with such a step get here, and what the
+    /// forwarder is told of the client is made again for them.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn forwarding(
+        &self,
+        route: &Route,
+        lane: &Lane,
+        (parts, target, ctx, peer): (&Parts, &Target, &Ctx<'_>, &Peer),
+        body: &mut Option<Inbound>,
+        chosen: usize,
+        seen: &mut step::Seen,
+        log: &mut Access<'_>,
+    ) {
+        let strip = strip_len(route, parts.uri.path(), target.path(parts)).unwrap_or(0);
+        let values = self.values(&lane.request_headers, route, parts, target, ctx);
+        let down = ctx.downstream(lane, values.as_deref());
+        let hash = |backend: &Backend| self.hash_key(backend, route, parts, target, peer);
+        let mut f = step::Forwarding {
+            parts,
+            body,
+            strip,
+            down: &down,
+            hash: &hash,
+            upgrade: parts.extensions.get::<hyper::upgrade::OnUpgrade>().is_some(),
+            upstream: chosen,
+            notes: log.notes(),
+        };
+        lane.steps.forwarding(&mut f, seen);
     }
 
     /// A route's header rule values for this request. They read the request as the client
@@ -805,7 +848,8 @@ impl step::Refresh for Refresher<'_> {
         let proxy = Arc::clone(self.proxy);
         let peer = Peer::plain(self.peer);
         tokio::spawn(async move {
-            let resp = proxy.handle_peer(Request::from_parts(head, Inbound::Empty), peer).await;
+            let empty = http_body_util::BodyExt::map_err(http_body_util::Empty::new(), |never| match never {});
+            let resp = proxy.handle_peer(Request::from_parts(head, Inbound::boxed(empty)), peer).await;
             // Read to the end: the copy is taken as the answer streams.
             let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
             drop(flight);

@@ -103,7 +103,7 @@ impl Tally {
                     t.wait_us += us;
                     t.wait_max_us = t.wait_max_us.max(*us);
                     for (l, lt) in e.limits(i).iter().zip(&mut t.limits) {
-                        if matches!(l.config.algorithm, Algorithm::LeakyBucket { .. }) {
+                        if Algorithm::delays(&l.config.algorithm) {
                             lt.delayed += 1;
                         }
                     }

@@ -74,6 +74,11 @@ async fn rewrites_headers_both_ways() {
         .header("x-forwarded-for", "203.0.113.9")
         .header("x-forwarded-proto", "https")
         .header("x-forwarded-host", "admin.internal")
+        // Spellings a CGI-style server (WSGI, Rack, PHP) reads as the real fields and merges.
+        .header("x_forwarded_for", "10.6.6.6")
+        .header("X_Forwarded-Proto", "https")
+        .header("x-forwarded_host", "admin.internal")
+        .header("x_forwarded_fox", "not a lookalike")
         .header("x-end-to-end", "keep me")
         .body(full(""))
         .unwrap();
@@ -89,6 +94,10 @@ async fn rewrites_headers_both_ways() {
     for gone in ["x-hop", "te", "proxy-authorization", "connection"] {
         assert!(h.get(gone).is_none(), "{gone} reached the upstream: {h:?}");
     }
+    for gone in ["x_forwarded_for", "x_forwarded-proto", "x-forwarded_host"] {
+        assert!(h.get(gone).is_none(), "{gone} reached the upstream: {h:?}");
+    }
+    assert_eq!(h["x_forwarded_fox"], "not a lookalike");
     assert_eq!(h["x-end-to-end"], "keep me");
     assert_eq!(h["host"], "shop.example.com", "the client's Host is kept");
     assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");

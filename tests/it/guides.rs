@@ -389,6 +389,7 @@ async fn the_roll_out_guide() {
         "curl -s -H 'x-canary: always' localhost:8080/",
         "curl -s -H 'x-canary: never' localhost:8080/",
         "curl -s localhost:9901/metrics | grep -c tollgate_route_split_requests_total",
+        "curl -s localhost:9901/metrics | grep 'tollgate_mirror_requests_total{route=\"api\",result=\"sent\"}'",
     ] {
         let out = g.run(line);
         assert_eq!(vec![out.trim().to_owned()], g.shown(line), "{line}");

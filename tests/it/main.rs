@@ -35,6 +35,7 @@ mod listener;
 mod live_reload;
 mod local_ca;
 mod memory;
+mod mirror;
 mod operate;
 mod products;
 mod proxy_protocol;

@@ -27,8 +27,166 @@
 //! `count = count + c` (saturating), even past `L`: the window then denies until it ends; what
 //! the window overran by is not carried into the next one.
 
-use super::never;
-use crate::limit::{Calendar, Decision, NonZeroSpan, Span, Timestamp};
+use std::num::NonZeroU64;
+
+use super::{
+    lua_too_big, never, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN, MAX_DEBT,
+};
+use crate::limit::{Algorithm, Calendar, Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::FixedWindow`]: `W`, `L` and the calendar.
+#[derive(Clone, Copy, Debug)]
+pub struct FixedWindow<'a> {
+    pub window: NonZeroSpan,
+    pub limit: NonZeroU64,
+    pub calendar: Option<&'a Calendar>,
+}
+
+impl FixedWindow<'_> {
+    fn bounds(&self) -> Bounds<'_> {
+        Bounds { window: self.window, calendar: self.calendar }
+    }
+}
+
+super::slot!(FixedWindow => Window);
+
+impl From<FixedWindow<'_>> for Algorithm {
+    fn from(r: FixedWindow<'_>) -> Algorithm {
+        Algorithm::FixedWindow { window: r.window, limit: r.limit, calendar: r.calendar.cloned() }
+    }
+}
+
+impl Rule for FixedWindow<'_> {
+    const NAME: &'static str = "fixed_window";
+    const KIND: Kind = Kind::FixedWindow;
+    const FIELDS: &'static [&'static str] = &["calendar"];
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("fixed_window.lua");
+
+    type State = Window;
+
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = FixedWindow { window: w.window()?, limit: w.limit()?, calendar: w.calendar.as_ref() };
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `start + 2·window` (the roll's next window).
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
+            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+        }
+        Ok(())
+    }
+
+    /// `W < 2^52` and `L < 2^52`.
+    fn check_script(&self) -> Result<(), String> {
+        if u128::from(self.window.as_micros()) >= LUA_SPAN || u128::from(self.limit.get()) >= LUA_SPAN {
+            return lua_too_big("window and limit must stay below 2^52");
+        }
+        Ok(())
+    }
+
+    /// `W`, `L`, then `b0 <= local < b1 <= b2`: with a calendar, its window around this
+    /// instance's clock and the next (the script picks the one holding Redis' time; clocks
+    /// apart by more than a window are not expected); zeros for windows aligned to the epoch.
+    fn script_args(&self, call: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.window.as_micros());
+        arg(self.limit.get());
+        let (b0, b1, b2) = match self.calendar {
+            Some(c) => {
+                let (b0, b1) = c.window(call.local);
+                (b0.as_micros(), b1.as_micros(), c.window(b1).1.as_micros())
+            }
+            None => (0, 0, 0),
+        };
+        arg(b0);
+        arg(b1);
+        arg(b2);
+    }
+
+    /// The window at 0 counts the `k` that fit.
+    fn after_burst(&self, n: u64, cost: u64) -> Window {
+        let k = n.min(self.limit.get() / cost);
+        let (start, end) = self.bounds().at(Timestamp::ZERO);
+        Window { start, end, count: k * cost }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let n = self.limit.get();
+        let next = (n / cost).saturating_add(1);
+        let gets = words.decision(self.overrun(n / cost, cost));
+        match self.calendar {
+            Some(cal) => format!(
+                "{n} per calendar {cal}{} (windows start at its boundaries; months and DST days differ in length); request {next} {gets}; across a boundary up to {} can pass in a moment",
+                words.costs(cost),
+                n.saturating_mul(2)
+            ),
+            None => format!(
+                "{n} per {} window aligned to the clock{}; request {next} {gets}; across a window boundary up to {} can pass in a moment",
+                words.span(self.window.get()),
+                words.costs(cost),
+                n.saturating_mul(2)
+            ),
+        }
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("window", Param::Span(self.window.get())),
+            ("limit", Param::Count(self.limit.get())),
+            ("calendar", Param::Calendar(self.calendar.cloned())),
+        ]
+    }
+
+    fn decide(&self, st: &mut Window, now: Timestamp, cost: u64) -> Decision {
+        decide(self.bounds(), self.limit.get(), st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Window, now: Timestamp, cost: u64) {
+        refund(self.bounds(), st, now, cost);
+    }
+
+    /// At most [`MAX_DEBT`] units counted.
+    fn debit(&self, st: &mut Window, now: Timestamp, cost: u64) {
+        debit(self.bounds(), st, now, cost.min(MAX_DEBT));
+        st.count = st.count.min(MAX_DEBT);
+    }
+
+    fn is_idle(&self, st: &Window, now: Timestamp) -> bool {
+        st.is_idle(now)
+    }
+
+    fn idle_at(&self, st: &Window) -> Timestamp {
+        st.idle_at()
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// One window (the longest calendar window with a calendar).
+    fn longest_wait(&self) -> Span {
+        self.window.get()
+    }
+
+    /// Its window.
+    fn period(&self) -> Span {
+        self.window.get()
+    }
+
+    /// "limit per window".
+    fn policy(&self) -> (u64, u64) {
+        (self.limit.get(), self.window.get().as_secs_ceil().max(1))
+    }
+
+    /// Each instance counts its share of the limit in the same windows.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        FixedWindow { limit: share(self.limit, instances), ..*self }.into()
+    }
+}
 
 /// Fixed window state: window start and end, and units admitted in it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -37,8 +37,177 @@
 //! and `retry_after` stays exact. "Idle" (back to cold) means: the bucket refilled and then `W`
 //! more passed without a request — so a steady client below the full rate stays warm.
 
-use super::never;
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use std::num::NonZeroU64;
+
+use super::{
+    debt_cap, lua_too_big, never, product, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN,
+};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::TokenBucket`]: `T`, `B` and `W` above.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBucket {
+    pub interval: NonZeroSpan,
+    pub burst: NonZeroU64,
+    pub warmup: Span,
+}
+
+super::slot!(TokenBucket => Gcra);
+
+impl From<TokenBucket> for Algorithm {
+    fn from(r: TokenBucket) -> Algorithm {
+        Algorithm::TokenBucket { interval: r.interval, burst: r.burst, warmup: r.warmup }
+    }
+}
+
+impl Rule for TokenBucket {
+    const NAME: &'static str = "token_bucket";
+    const KIND: Kind = Kind::TokenBucket;
+    const FIELDS: &'static [&'static str] = &["burst", "warmup"];
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = true;
+    const SCRIPT: &'static str = include_str!("token_bucket.lua");
+
+    type State = Gcra;
+
+    /// `burst` defaults to the rate's quantity; a burst too long to compute is the burst's
+    /// fault when it is written, else the rate's.
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let interval = w.interval()?;
+        let burst = NonZeroU64::new(w.burst.unwrap_or(w.quantity))
+            .ok_or_else(|| ("burst", "burst must be at least 1".to_owned()))?;
+        let r = TokenBucket { interval, burst, warmup: w.warmup.unwrap_or(Span::ZERO) };
+        r.check_exact().map_err(|e| (if w.burst.is_some() { "burst" } else { "rate" }, e))?;
+        Ok(r.into())
+    }
+
+    /// `tat` up to `now + 3·burst·interval` (a cold warm-up charge is 3·interval per unit; a
+    /// cost is at most the burst) plus `warmup`; every other product is taken in u128.
+    fn check_exact(&self) -> Result<(), String> {
+        let (t, b, w) = (self.interval.as_micros(), self.burst.get(), self.warmup.as_micros());
+        if product(b, t).saturating_mul(3).saturating_add(u128::from(w)) >= EXACT_SPAN {
+            return Err(format!(
+                "burst {b} × {t} µs per token is too long to compute exactly (3 × burst × interval plus \
+                 warmup must stay below 2^63 µs, about 97,000 years of refill); lower the burst or raise the rate"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `3·B·T + W < 2^52` and `3·T·W < 2^53`.
+    fn check_script(&self) -> Result<(), String> {
+        let (t, b, w) = (self.interval.as_micros(), self.burst.get(), self.warmup.as_micros());
+        if 3 * product(b, t) + u128::from(w) >= LUA_SPAN {
+            return lua_too_big("burst × interval (×3) plus warmup must stay below 2^52 µs");
+        }
+        if 3 * product(t, w) >= u128::from(super::LUA_EXACT) {
+            return lua_too_big("3 × interval × warmup must stay below 2^53 µs²; use a shorter warmup");
+        }
+        Ok(())
+    }
+
+    /// `T`, `B`, `W`, the lease size, and `1` for a plan limit (its state records `per`).
+    fn script_args(&self, call: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.interval.as_micros());
+        arg(self.burst.get());
+        arg(self.warmup.as_micros());
+        arg(call.lease);
+        arg(u64::from(call.plan));
+    }
+
+    /// The burst admits `k` of them (`c·(3k + 1) <= B` warming up: a unit is charged `3T`
+    /// but checked at `T`), each moving `tat` by its charge.
+    fn after_burst(&self, n: u64, cost: u64) -> Gcra {
+        let (t, fits) = (self.interval.get(), self.burst.get() / cost);
+        let (charge, admitted) = if self.warmup.is_zero() { (t, fits) } else { (t * 3, fits.div_ceil(3)) };
+        let k = n.min(admitted);
+        Gcra { tat: Timestamp::ZERO + charge * k.saturating_mul(cost), start: Timestamp::ZERO, per: Span::ZERO }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let b = self.burst.get();
+        let fits = b / cost;
+        let mut s = format!(
+            "bursts of {b}{}, then {} requests/s (one every {}); request {} of a burst {}",
+            words.costs(cost),
+            words.per_second(self.interval),
+            words.span(self.interval.get()),
+            fits.saturating_add(1),
+            words.decision(self.overrun(fits, cost))
+        );
+        if !self.warmup.is_zero() {
+            s.push_str(&format!(
+                "; after idling (bucket full again) it starts at a third of that rate and burst and ramps up over {}",
+                words.span(self.warmup)
+            ));
+        }
+        s
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("interval", Param::Span(self.interval.get())),
+            ("burst", Param::Count(self.burst.get())),
+            ("warmup", Param::Span(self.warmup)),
+        ]
+    }
+
+    fn decide(&self, st: &mut Gcra, now: Timestamp, cost: u64) -> Decision {
+        decide(self.interval, self.burst.get(), self.warmup, st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Gcra, now: Timestamp, cost: u64) {
+        refund(self.interval, self.warmup, st, now, cost);
+    }
+
+    fn debit(&self, st: &mut Gcra, now: Timestamp, cost: u64) {
+        debit(self.interval, self.warmup, st, now, cost, debt_cap(now));
+    }
+
+    fn is_idle(&self, st: &Gcra, now: Timestamp) -> bool {
+        st.is_idle(self.warmup, now)
+    }
+
+    fn idle_at(&self, st: &Gcra) -> Timestamp {
+        st.idle_at(self.warmup)
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.burst.get()
+    }
+
+    /// `burst × interval`, three times that with a warm-up (a cold unit is charged up to
+    /// `3 × interval`).
+    fn longest_wait(&self) -> Span {
+        let full = self.interval.get() * self.burst.get();
+        if self.warmup.is_zero() {
+            full
+        } else {
+            full * 3
+        }
+    }
+
+    /// A full bucket's refill, `burst × interval`.
+    fn period(&self) -> Span {
+        self.interval.get() * self.burst.get()
+    }
+
+    /// "burst per the seconds a full bucket takes to refill".
+    fn policy(&self) -> (u64, u64) {
+        (self.burst.get(), self.period().as_secs_ceil().max(1))
+    }
+
+    /// Each instance refills at `1 / instances` of the rate, with its share of the burst.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        TokenBucket {
+            interval: self.interval.saturating_mul(instances),
+            burst: share(self.burst, instances),
+            warmup: self.warmup,
+        }
+        .into()
+    }
+}
 
 /// GCRA state: theoretical arrival time and warm-up start, and `per`: the interval `tat` was
 /// charged at (zero: the limit's own). A plan limit decides one key with the interval of the

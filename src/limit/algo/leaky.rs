@@ -20,8 +20,153 @@
 //!
 //! Refund of `c` at `now`: if `tat > now`, `tat = max(tat - c*T, now)`.
 
-use super::never;
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use std::num::NonZeroU64;
+
+use super::{debt_cap, lua_too_big, never, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::LeakyBucket`]: `T` and `D` above.
+#[derive(Clone, Copy, Debug)]
+pub struct LeakyBucket {
+    pub interval: NonZeroSpan,
+    pub max_delay: Span,
+}
+
+super::slot!(LeakyBucket => Meter);
+
+impl From<LeakyBucket> for Algorithm {
+    fn from(r: LeakyBucket) -> Algorithm {
+        Algorithm::LeakyBucket { interval: r.interval, max_delay: r.max_delay }
+    }
+}
+
+impl Rule for LeakyBucket {
+    const NAME: &'static str = "leaky_bucket";
+    const KIND: Kind = Kind::LeakyBucket;
+    const FIELDS: &'static [&'static str] = &["max_delay"];
+    const DELAYS: bool = true;
+    const PLANS: bool = false;
+    const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("leaky_bucket.lua");
+
+    type State = Meter;
+
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = LeakyBucket { interval: w.interval()?, max_delay: w.max_delay.unwrap_or(Span::ZERO) };
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `tat` up to `now + 2·max_delay + interval`.
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.max_delay.as_micros()) + u128::from(self.interval.as_micros()) >= EXACT_SPAN {
+            return Err("max_delay is too long to compute exactly (2 × max_delay plus the interval must stay \
+                        below 2^63 µs)"
+                .to_owned());
+        }
+        Ok(())
+    }
+
+    /// `2·D + T < 2^52`.
+    fn check_script(&self) -> Result<(), String> {
+        if 2 * u128::from(self.max_delay.as_micros()) + u128::from(self.interval.as_micros()) >= LUA_SPAN {
+            return lua_too_big("max_delay must stay below 2^51 µs");
+        }
+        Ok(())
+    }
+
+    /// `T`, `D`.
+    fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.interval.as_micros());
+        arg(self.max_delay.as_micros());
+    }
+
+    /// Request `k + 1` waits `k · cost · T`, admitted while that is at most `max_delay`.
+    fn after_burst(&self, n: u64, cost: u64) -> Meter {
+        // A cost is at least 1, so a step is at least the interval.
+        let step = NonZeroSpan::new(self.interval.get() * cost).unwrap_or(self.interval);
+        let k = n.min(self.max_delay / step + 1);
+        Meter { tat: Timestamp::ZERO + step.get() * k }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let t = self.interval;
+        if self.max_delay.is_zero() {
+            format!(
+                "a strict meter of one request every {} ({} requests/s){}: a request sooner than that {}",
+                words.span(t.get()),
+                words.per_second(t),
+                words.costs(cost),
+                words.decision(self.overrun(1, cost))
+            )
+        } else {
+            let queue = (self.max_delay / t).saturating_add(1);
+            format!(
+                "smoothed to one request every {} ({} requests/s){}: up to {queue} waiting requests are delayed (at most {}), request {} {}",
+                words.span(t.get()),
+                words.per_second(t),
+                words.costs(cost),
+                words.span(self.max_delay),
+                (queue / cost).saturating_add(1),
+                words.decision(self.overrun(queue / cost, cost))
+            )
+        }
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("interval", Param::Span(self.interval.get())), ("max_delay", Param::Span(self.max_delay))]
+    }
+
+    fn decide(&self, st: &mut Meter, now: Timestamp, cost: u64) -> Decision {
+        decide(self.interval, self.max_delay, st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Meter, now: Timestamp, cost: u64) {
+        refund(self.interval, st, now, cost);
+    }
+
+    /// The slots of `cost` more units after the queue: `tat = max(tat, now) + c*T`.
+    fn debit(&self, st: &mut Meter, now: Timestamp, cost: u64) {
+        st.tat = (st.tat.max(now) + self.interval.get() * cost).min(debt_cap(now));
+    }
+
+    fn is_idle(&self, st: &Meter, now: Timestamp) -> bool {
+        st.is_idle(now)
+    }
+
+    fn idle_at(&self, st: &Meter) -> Timestamp {
+        st.tat
+    }
+
+    fn max_cost(&self) -> u64 {
+        max_cost(self.interval, self.max_delay)
+    }
+
+    /// The largest cost's slots: `interval × (max_delay / interval + 1)`.
+    fn longest_wait(&self) -> Span {
+        self.interval.get() * self.max_cost()
+    }
+
+    /// The time its queue takes to drain: [`Rule::longest_wait`].
+    fn period(&self) -> Span {
+        self.longest_wait()
+    }
+
+    /// One per interval (the queue is not quota), per second when it can be.
+    fn policy(&self) -> (u64, u64) {
+        let per_sec = Span::from_secs(1) / self.interval;
+        if per_sec >= 1 {
+            (per_sec, 1)
+        } else {
+            (1, self.interval.get().as_secs_ceil())
+        }
+    }
+
+    /// Each instance lets one through per `instances` intervals; the wait stays.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        LeakyBucket { interval: self.interval.saturating_mul(instances), max_delay: self.max_delay }.into()
+    }
+}
 
 /// Meter state: the time the next slot is free.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -26,9 +26,143 @@
 //! Refund of `c` at `now`: take `c` units off the newest entries (the admission being undone).
 
 use std::collections::VecDeque;
+use std::num::NonZeroU64;
 
-use super::never;
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use super::{lua_too_big, never, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::SlidingLog`]: `W` and `L` above.
+#[derive(Clone, Copy, Debug)]
+pub struct SlidingLog {
+    pub window: NonZeroSpan,
+    pub limit: NonZeroU64,
+}
+
+super::slot!(SlidingLog => box Log);
+
+impl From<SlidingLog> for Algorithm {
+    fn from(r: SlidingLog) -> Algorithm {
+        Algorithm::SlidingLog { window: r.window, limit: r.limit }
+    }
+}
+
+impl Rule for SlidingLog {
+    const NAME: &'static str = "sliding_log";
+    const KIND: Kind = Kind::SlidingLog;
+    const FIELDS: &'static [&'static str] = &[];
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("sliding_log.lua");
+
+    type State = Log;
+
+    /// One entry per admitted request: at most 100,000 a window.
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = SlidingLog { window: w.window()?, limit: w.limit()? };
+        if w.quantity > 100_000 {
+            return Err((
+                "rate",
+                format!(
+                    "sliding_log keeps one entry per admitted request: {} per window is too many; use sliding_window",
+                    w.quantity
+                ),
+            ));
+        }
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `start + 2·window` (the roll's next window).
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
+            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+        }
+        Ok(())
+    }
+
+    /// `W < 2^52` and `L < 2^52`.
+    fn check_script(&self) -> Result<(), String> {
+        if u128::from(self.window.as_micros()) >= LUA_SPAN || u128::from(self.limit.get()) >= LUA_SPAN {
+            return lua_too_big("window and limit must stay below 2^52");
+        }
+        Ok(())
+    }
+
+    /// `W`, `L`.
+    fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.window.as_micros());
+        arg(self.limit.get());
+    }
+
+    /// One entry at 0 holds the `k` that fit.
+    fn after_burst(&self, n: u64, cost: u64) -> Log {
+        let k = n.min(self.limit.get() / cost);
+        if k == 0 {
+            return Log::default();
+        }
+        Log { entries: [(Timestamp::ZERO, k * cost)].into(), sum: k * cost }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let n = self.limit.get();
+        format!(
+            "exactly {n} in any {} (sliding log){}; request {} of a burst {}",
+            words.span(self.window.get()),
+            words.costs(cost),
+            (n / cost).saturating_add(1),
+            words.decision(self.overrun(n / cost, cost))
+        )
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("window", Param::Span(self.window.get())), ("limit", Param::Count(self.limit.get()))]
+    }
+
+    fn decide(&self, st: &mut Log, now: Timestamp, cost: u64) -> Decision {
+        decide(self.window, self.limit.get(), st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Log, now: Timestamp, cost: u64) {
+        refund(self.window, st, now, cost);
+    }
+
+    fn debit(&self, st: &mut Log, now: Timestamp, cost: u64) {
+        debit(self.window, st, now, cost);
+    }
+
+    fn is_idle(&self, st: &Log, now: Timestamp) -> bool {
+        st.is_idle(self.window, now)
+    }
+
+    fn idle_at(&self, st: &Log) -> Timestamp {
+        st.idle_at(self.window)
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// One window: the oldest entry leaves it by then.
+    fn longest_wait(&self) -> Span {
+        self.window.get()
+    }
+
+    /// Its window.
+    fn period(&self) -> Span {
+        self.window.get()
+    }
+
+    /// "limit per window".
+    fn policy(&self) -> (u64, u64) {
+        (self.limit.get(), self.window.get().as_secs_ceil().max(1))
+    }
+
+    /// Each instance logs its share of the limit.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        SlidingLog { limit: share(self.limit, instances), ..*self }.into()
+    }
+}
 
 /// Sliding log state: admitted `(timestamp, cost)`, oldest first, and their total.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

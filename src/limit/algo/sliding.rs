@@ -37,8 +37,135 @@
 //!
 //! Refund of `c` at `now`: roll, then `cur = cur - c` (saturating).
 
-use super::never;
-use crate::limit::{Decision, NonZeroSpan, Span, Timestamp};
+use std::num::NonZeroU64;
+
+use super::{
+    lua_too_big, never, product, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_EXACT,
+};
+use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
+
+/// The parameters of [`crate::limit::Algorithm::SlidingWindow`]: `W` and `L` above.
+#[derive(Clone, Copy, Debug)]
+pub struct SlidingWindow {
+    pub window: NonZeroSpan,
+    pub limit: NonZeroU64,
+}
+
+super::slot!(SlidingWindow => Counter);
+
+impl From<SlidingWindow> for Algorithm {
+    fn from(r: SlidingWindow) -> Algorithm {
+        Algorithm::SlidingWindow { window: r.window, limit: r.limit }
+    }
+}
+
+impl Rule for SlidingWindow {
+    const NAME: &'static str = "sliding_window";
+    const KIND: Kind = Kind::SlidingWindow;
+    const FIELDS: &'static [&'static str] = &[];
+    const DELAYS: bool = false;
+    const PLANS: bool = true;
+    const LEASES: bool = false;
+    const SCRIPT: &'static str = include_str!("sliding_window.lua");
+
+    type State = Counter;
+
+    fn build(w: &Written<'_>) -> Result<Algorithm, Unfit> {
+        let r = SlidingWindow { window: w.window()?, limit: w.limit()? };
+        r.check_exact().map_err(|e| ("rate", e))?;
+        Ok(r.into())
+    }
+
+    /// `start + 2·window` (the roll's next window).
+    fn check_exact(&self) -> Result<(), String> {
+        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
+            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+        }
+        Ok(())
+    }
+
+    /// `3·L·W < 2^53` (a 1-day window allows L ≤ 34,700, 1 hour L ≤ 834,000).
+    fn check_script(&self) -> Result<(), String> {
+        if 3 * product(self.limit.get(), self.window.as_micros()) >= u128::from(LUA_EXACT) {
+            return lua_too_big(
+                "3 × limit × window (in µs) must stay below 2^53; use a shorter window or a smaller limit",
+            );
+        }
+        Ok(())
+    }
+
+    /// `W`, `L`.
+    fn script_args(&self, _: &Call, arg: &mut impl FnMut(u64)) {
+        arg(self.window.as_micros());
+        arg(self.limit.get());
+    }
+
+    /// The current window counts the `k` that fit.
+    fn after_burst(&self, n: u64, cost: u64) -> Counter {
+        let k = n.min(self.limit.get() / cost);
+        Counter { start: Timestamp::ZERO, prev: 0, cur: k * cost }
+    }
+
+    fn describe(&self, cost: u64, words: &impl Words) -> String {
+        let n = self.limit.get();
+        format!(
+            "about {n} in any {} (sliding window counter){}; request {} of a burst {}",
+            words.span(self.window.get()),
+            words.costs(cost),
+            (n / cost).saturating_add(1),
+            words.decision(self.overrun(n / cost, cost))
+        )
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("window", Param::Span(self.window.get())), ("limit", Param::Count(self.limit.get()))]
+    }
+
+    fn decide(&self, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
+        decide(self.window, self.limit.get(), st, now, cost)
+    }
+
+    fn refund(&self, st: &mut Counter, now: Timestamp, cost: u64) {
+        refund(self.window, st, now, cost);
+    }
+
+    fn debit(&self, st: &mut Counter, now: Timestamp, cost: u64) {
+        debit(self.window, self.limit.get(), st, now, cost);
+    }
+
+    fn is_idle(&self, st: &Counter, now: Timestamp) -> bool {
+        st.is_idle(self.window, now)
+    }
+
+    fn idle_at(&self, st: &Counter) -> Timestamp {
+        st.idle_at(self.window)
+    }
+
+    fn max_cost(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// Two windows less 1 µs (a full window's count weighs on the next one, which the request
+    /// may have to wait for well into), rounded to two.
+    fn longest_wait(&self) -> Span {
+        self.window.get() * 2
+    }
+
+    /// Its window.
+    fn period(&self) -> Span {
+        self.window.get()
+    }
+
+    /// "limit per window".
+    fn policy(&self) -> (u64, u64) {
+        (self.limit.get(), self.window.get().as_secs_ceil().max(1))
+    }
+
+    /// Each instance counts its share of the limit.
+    fn fallback(&self, instances: NonZeroU64) -> Algorithm {
+        SlidingWindow { limit: share(self.limit, instances), ..*self }.into()
+    }
+}
 
 /// Sliding window counter state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -119,22 +119,9 @@ impl RedisConfig {
 
 /// The parameters of the in-process fallback: rates and limits divided by `instances`, so that
 /// `instances` proxies falling back together admit about what Redis would have.
+/// Each algorithm says how ([`crate::limit::algo::Rule::fallback`]).
 pub fn fallback_algorithm(alg: &Algorithm, instances: NonZeroU64) -> Algorithm {
-    let i = instances.get();
-    let div = |n: NonZeroU64| NonZeroU64::new(n.get() / i).unwrap_or(NonZeroU64::MIN);
-    match alg.clone() {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            Algorithm::TokenBucket { interval: interval.saturating_mul(instances), burst: div(burst), warmup }
-        }
-        Algorithm::LeakyBucket { interval, max_delay } => {
-            Algorithm::LeakyBucket { interval: interval.saturating_mul(instances), max_delay }
-        }
-        Algorithm::FixedWindow { window, limit, calendar } => {
-            Algorithm::FixedWindow { window, limit: div(limit), calendar }
-        }
-        Algorithm::SlidingWindow { window, limit } => Algorithm::SlidingWindow { window, limit: div(limit) },
-        Algorithm::SlidingLog { window, limit } => Algorithm::SlidingLog { window, limit: div(limit) },
-    }
+    alg.fallback(instances)
 }
 
 /// A denial remembered locally.
@@ -221,7 +208,7 @@ impl RedisStore {
         lease: Option<NonZeroU64>,
         fallback: LocalStore,
     ) -> RedisStore {
-        let lease = lease.filter(|n| n.get() > 1 && matches!(alg, Algorithm::TokenBucket { .. }));
+        let lease = lease.filter(|n| n.get() > 1 && alg.leases());
         let memo_keys = client.config().memo_keys;
         // Braces would break the hash tag: keep them out of the name.
         let name: String = limit_name.chars().map(|c| if matches!(c, '{' | '}') { '_' } else { c }).collect();

@@ -1,16 +1,15 @@
-//! The five Lua scripts (one per algorithm, `*.lua` beside this file), their argument layout and
+//! The algorithms' Lua scripts (each beside its algorithm, `src/limit/algo/*.lua`, its
+//! arguments passed by [`Algorithm::script_args`]) behind this store's prelude, their calls and
 //! reply decoding, and the precision bound: Lua numbers are doubles, so every intermediate of a
 //! script must stay below 2^53 for the port to agree bit for bit with `crate::limit::algo`.
 
 use redis::{Cmd, Script};
 
-use crate::limit::{Algorithm, Calendar, Decision, Span, Timestamp};
+use crate::limit::algo::Call;
+use crate::limit::{Algorithm, Decision, Span, Timestamp};
 
-const TOKEN_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("token_bucket.lua"));
-const LEAKY_BUCKET: &str = concat!(include_str!("prelude.lua"), include_str!("leaky_bucket.lua"));
-const FIXED_WINDOW: &str = concat!(include_str!("prelude.lua"), include_str!("fixed_window.lua"));
-const SLIDING_WINDOW: &str = concat!(include_str!("prelude.lua"), include_str!("sliding_window.lua"));
-const SLIDING_LOG: &str = concat!(include_str!("prelude.lua"), include_str!("sliding_log.lua"));
+/// Prepended to every algorithm's script (a Redis script cannot include another).
+const PRELUDE: &str = include_str!("prelude.lua");
 
 /// What one script call does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,48 +24,22 @@ pub enum Op {
     Debit,
 }
 
-/// One algorithm's script with its parameters already in ARGV order.
+/// One algorithm's script, ready to call.
 #[derive(Debug)]
 pub struct AlgScript {
     /// The Lua source (`SCRIPT LOAD` when Redis does not know the SHA) and its SHA1.
-    code: &'static str,
+    code: String,
     script: Script,
-    params: Vec<u64>,
-    token_bucket: bool,
-    /// Fixed window: its calendar, whose boundaries near `now` each call passes.
-    calendar: Option<Calendar>,
-    /// Token bucket of a plan limit: the state records its interval (see the script).
+    /// The parameters the calls pass.
+    alg: Algorithm,
+    /// A plan limit's tier: token-bucket states carry their interval (see the script).
     plan: bool,
-    fixed: bool,
 }
 
 impl AlgScript {
     pub fn new(alg: &Algorithm) -> AlgScript {
-        let (code, params) = match alg {
-            // ARGV: spans in µs, counts in units.
-            Algorithm::TokenBucket { interval, burst, warmup } => {
-                (TOKEN_BUCKET, vec![interval.as_micros(), burst.get(), warmup.as_micros()])
-            }
-            Algorithm::LeakyBucket { interval, max_delay } => {
-                (LEAKY_BUCKET, vec![interval.as_micros(), max_delay.as_micros()])
-            }
-            Algorithm::FixedWindow { window, limit, .. } => (FIXED_WINDOW, vec![window.as_micros(), limit.get()]),
-            Algorithm::SlidingWindow { window, limit } => (SLIDING_WINDOW, vec![window.as_micros(), limit.get()]),
-            Algorithm::SlidingLog { window, limit } => (SLIDING_LOG, vec![window.as_micros(), limit.get()]),
-        };
-        let calendar = match alg {
-            Algorithm::FixedWindow { calendar, .. } => calendar.clone(),
-            _ => None,
-        };
-        AlgScript {
-            code,
-            script: Script::new(code),
-            params,
-            token_bucket: matches!(alg, Algorithm::TokenBucket { .. }),
-            calendar,
-            fixed: matches!(alg, Algorithm::FixedWindow { .. }),
-            plan: false,
-        }
+        let code = format!("{PRELUDE}{}", alg.script());
+        AlgScript { script: Script::new(&code), code, alg: alg.clone(), plan: false }
     }
 
     /// The script of one tier of a plan limit: token-bucket states carry their interval.
@@ -83,7 +56,7 @@ impl AlgScript {
     /// `SCRIPT LOAD` of this script (after a `NOSCRIPT`).
     pub fn load_cmd(&self) -> Cmd {
         let mut c = redis::cmd("SCRIPT");
-        c.arg("LOAD").arg(self.code);
+        c.arg("LOAD").arg(&self.code);
         c
     }
 
@@ -110,23 +83,9 @@ impl AlgScript {
             Op::Debit => ("b", 0),
         };
         inv.arg(self.sha()).arg(1).arg(key).arg(code).arg(cost);
-        for p in &self.params {
-            inv.arg(*p);
-        }
-        if self.token_bucket {
-            inv.arg(lease).arg(u8::from(self.plan));
-        }
-        if self.fixed {
-            // b0 <= local < b1 <= b2: this window and the next; zeros = aligned to the epoch.
-            let (b0, b1, b2) = match &self.calendar {
-                Some(c) => {
-                    let (b0, b1) = c.window(local);
-                    (b0.as_micros(), b1.as_micros(), c.window(b1).1.as_micros())
-                }
-                None => (0, 0, 0),
-            };
-            inv.arg(b0).arg(b1).arg(b2);
-        }
+        self.alg.script_args(&Call { lease, plan: self.plan, local }, &mut |v| {
+            inv.arg(v);
+        });
         inv.arg(deadline);
         if let Some(now) = now {
             inv.arg(now.as_micros());
@@ -162,61 +121,16 @@ pub fn decode(reply: &[i64]) -> Option<(Decision, u64)> {
     Some((d, granted))
 }
 
-/// Every value a script computes with must stay below this: Lua numbers are IEEE doubles.
-pub const LUA_EXACT: u64 = 1 << 53;
-
-/// Durations added to `now` must stay below this, leaving room for `now` (µs since the epoch
-/// stays below 2^52 until the year 2112).
-const SPAN: u128 = 1 << 52;
+pub use crate::limit::algo::LUA_EXACT;
 
 /// Checks that `alg` runs exactly in Lua (all intermediates < 2^53); config validation calls
-/// this for every `store: redis` limit.
-///
-/// The bounds (T interval, B burst, W warm-up or window, D max_delay, L limit, all in µs/units):
-/// token bucket `3·B·T + W < 2^52` and `3·T·W < 2^53`; leaky bucket `2·D + T < 2^52`; sliding
-/// window `3·L·W < 2^53` (a 1-day window allows L ≤ 34,700, 1 hour L ≤ 834,000); fixed window
-/// and sliding log `W < 2^52`.
+/// this for every `store: redis` limit. Each algorithm states its bounds
+/// ([`crate::limit::algo::Rule::check_script`]).
 ///
 /// # Errors
 /// A sentence for the user naming the bound that is exceeded.
 pub fn check_precision(alg: &Algorithm) -> Result<(), String> {
-    let m = |a: u64, b: u64| u128::from(a) * u128::from(b);
-    let exact = u128::from(LUA_EXACT);
-    let too_big = |what: &str| {
-        Err(format!(
-            "with `store: redis` {what} (Redis scripts compute in doubles, exact only below 2^53); \
-             use smaller parameters or `store: local`"
-        ))
-    };
-    match alg {
-        Algorithm::TokenBucket { interval, burst, warmup } => {
-            let (t, b, w) = (interval.as_micros(), burst.get(), warmup.as_micros());
-            if 3 * m(b, t) + u128::from(w) >= SPAN {
-                return too_big("burst × interval (×3) plus warmup must stay below 2^52 µs");
-            }
-            if 3 * m(t, w) >= exact {
-                return too_big("3 × interval × warmup must stay below 2^53 µs²; use a shorter warmup");
-            }
-        }
-        Algorithm::LeakyBucket { interval, max_delay } => {
-            if 2 * u128::from(max_delay.as_micros()) + u128::from(interval.as_micros()) >= SPAN {
-                return too_big("max_delay must stay below 2^51 µs");
-            }
-        }
-        Algorithm::SlidingWindow { window, limit } => {
-            if 3 * m(limit.get(), window.as_micros()) >= exact {
-                return too_big(
-                    "3 × limit × window (in µs) must stay below 2^53; use a shorter window or a smaller limit",
-                );
-            }
-        }
-        Algorithm::FixedWindow { window, limit, .. } | Algorithm::SlidingLog { window, limit } => {
-            if u128::from(window.as_micros()) >= SPAN || u128::from(limit.get()) >= SPAN {
-                return too_big("window and limit must stay below 2^52");
-            }
-        }
-    }
-    Ok(())
+    alg.check_script()
 }
 
 #[cfg(test)]
@@ -226,7 +140,8 @@ mod tests {
 
     #[test]
     fn every_script_opens_with_its_contract() {
-        for code in [TOKEN_BUCKET, LEAKY_BUCKET, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG] {
+        for kind in crate::limit::algo::Kind::ALL {
+            let code = format!("{PRELUDE}{}", kind.script());
             for part in ["KEYS[1]", "ARGV[1]", "ARGV[2]", "deadline", "optional now", "Reply"] {
                 assert!(code.contains(part), "missing {part}");
             }
