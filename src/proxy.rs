@@ -70,6 +70,8 @@ struct Lane {
     split: Option<Box<forward::split::Chooser>>,
     /// `message_limits:`: the checks on each stream's messages (gRPC, WebSocket).
     messages: Option<Arc<crate::gate::messages::Messages>>,
+    /// `cache:`'s key: the route's stale copies are found by it, and stored by its step.
+    cache_key: Option<Arc<crate::config::cache::CacheKey>>,
 }
 
 pub struct Proxy {
@@ -176,6 +178,15 @@ impl Proxy {
             remotes.push(r.clone());
             r
         };
+        let cache = match previous {
+            Some(p)
+                if p.config.cache.max_bytes == config.cache.max_bytes
+                    && p.config.cache.max_entry_bytes == config.cache.max_entry_bytes =>
+            {
+                p.cache.clone()
+            }
+            _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
+        };
         let lanes = config
             .routes
             .iter()
@@ -258,17 +269,15 @@ impl Proxy {
                         metrics: &metrics,
                         redis: redis.as_ref(),
                         remote_for: &mut remote_for,
+                        cache: &cache,
                     }),
                     upstream: upstream.name.clone(),
                     split: r.split.as_deref().map(|s| Box::new(forward::split::Chooser::new(s, &r.name, &metrics))),
                     messages,
+                    cache_key: r.cache.as_ref().map(|c| Arc::new(c.key.clone())),
                 }
             })
             .collect();
-        let cache = match previous {
-            Some(p) if p.config.cache == config.cache => p.cache.clone(),
-            _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
-        };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
         let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
         let issued = previous.map_or_else(Arc::default, |p| p.issued.clone());
@@ -442,6 +451,8 @@ impl Proxy {
         for g in self.groups() {
             g.refresh_gauges();
         }
+        self.cache.settle();
+        self.metrics.cache_held(self.cache.weighted_size(), self.cache.entry_count());
         let now = self.clock.now();
         for lane in &self.lanes {
             for l in lane.gate.limits() {

@@ -133,6 +133,7 @@ mod tests {
             compression: None,
             cors: None,
             extensions: Vec::new(),
+            cache: None,
         }
     }
 

@@ -26,6 +26,7 @@
 //! (`config::cors`, `config::auth`...), compiled here at `Proxy::build`.
 
 mod auth;
+mod cache;
 mod compress;
 mod cors;
 mod extension;
@@ -58,7 +59,8 @@ pub enum Answered {
     Upstream,
     /// The built-in responder's (`respond:`).
     Responder,
-    /// A stale copy of an upstream's answer, standing in for a refusal or a failure.
+    /// A stored copy of an upstream's answer: a cache hit (`cache:`), or a stale copy standing
+    /// in for a refusal or a failure.
     Stale,
     /// One tollgate made itself: a refusal (`429`, `401`, `503`...), a step's own answer, the
     /// last hop's.
@@ -73,6 +75,9 @@ pub(crate) enum Flow {
     Next,
     /// Answered now, never forwarded; the answer side of every step still runs.
     Answer(Response<Body>),
+    /// Answered now by a stored copy (a cache hit): as [`Flow::Answer`], but the answer side
+    /// sees it as [`Answered::Stale`] (encoded for the client like the upstream's).
+    Stored(Response<Body>),
     /// Refused: the answer room renders the error (a stale copy may stand in).
     Refuse(Error),
     /// Answered by this step once the route's limits admit the request (never forwarded); no
@@ -106,6 +111,15 @@ pub(crate) struct Arrival<'a> {
     pub failures: Option<crate::gate::Failures<'a>>,
     /// The access log line's `steps` field, when the log is on.
     pub notes: Notes<'a>,
+    /// Sends a request of the step's own through the route in the background.
+    pub refresh: &'a dyn Refresh,
+}
+
+/// A request a step sends in the background through the request path (routed, limited and
+/// forwarded like a client's, from the same client): a cache's revalidation while it serves
+/// a stale copy. `flight` is held until its answer is read to the end.
+pub(crate) trait Refresh: Send + Sync {
+    fn refresh(&self, head: Parts, flight: crate::cache::Flight);
 }
 
 /// What a step's forwarding side reads: the request as it is about to go upstream.
@@ -157,6 +171,9 @@ pub(crate) struct Seen {
     cors: Option<HeaderValue>,
     /// `mirror` with `compare`: where the client's status meets the copy's.
     mirror: Option<mirror::Meeting>,
+    /// `cache`: what the request found and what its answer does to the store (boxed: only
+    /// requests of a route with a cache have one).
+    cache: Option<Box<cache::Seen>>,
 }
 
 /// What compiling a route's steps reads (at `Proxy::build`).
@@ -169,6 +186,8 @@ pub(crate) struct Build<'a> {
     pub redis: Option<&'a Arc<RedisClient>>,
     /// The shared key set of a JWT `jwks` URL (one per URL, kept across reloads).
     pub remote_for: &'a mut dyn FnMut(&http::Uri, Duration) -> Arc<crate::auth::remote::Remote>,
+    /// The store of copies (`cache:`), shared by every route.
+    pub cache: &'a crate::cache::Cache,
 }
 
 /// One built-in step: its compiled form is made from its config, and it may act on either
@@ -190,10 +209,10 @@ trait Builtin: Sized {
     }
 
     /// The answer of a request this step's request side put off with [`Flow::AfterLimits`],
-    /// now that the limits admitted it.
-    fn admitted(&self, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+    /// now that the limits admitted it, and where it comes from.
+    fn admitted(&self, parts: &Parts, seen: &mut Seen) -> (Response<Body>, Answered) {
         let _ = (parts, seen);
-        Response::new(Body::empty())
+        (Response::new(Body::empty()), Answered::Own)
     }
 
     fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
@@ -253,7 +272,7 @@ macro_rules! builtins {
                 }
             }
 
-            fn admitted(&self, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+            fn admitted(&self, parts: &Parts, seen: &mut Seen) -> (Response<Body>, Answered) {
                 match self {
                     $(Kind::$variant(s) => s.admitted(parts, seen),)*
                 }
@@ -285,6 +304,10 @@ builtins! {
     /// `mirror`: a copy of the request as forwarded (its forwarding side), and the client's
     /// status for the comparison (its answer side).
     Mirror(mirror::Mirror),
+    /// `cache`: last on the way in (a hit is served only to a request every other step let
+    /// on: authenticated, CORS-checked), first on the way out (it stores the upstream's
+    /// answer as sent, before any step changes or encodes it).
+    Cache(cache::Cache),
 }
 
 /// A route's compiled steps (empty for most routes), and whether any has an answer side, a
@@ -340,11 +363,12 @@ impl Steps {
         (Flow::Next, u8::MAX)
     }
 
-    /// The answer of the request step `i` put off until the limits admitted it.
-    pub(crate) fn admitted(&self, i: u8, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+    /// The answer of the request step `i` put off until the limits admitted it, and where it
+    /// comes from.
+    pub(crate) fn admitted(&self, i: u8, parts: &Parts, seen: &mut Seen) -> (Response<Body>, Answered) {
         match self.0.get(usize::from(i)) {
             Some(step) => step.admitted(parts, seen),
-            None => Response::new(Body::empty()),
+            None => (Response::new(Body::empty()), Answered::Own),
         }
     }
 

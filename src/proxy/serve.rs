@@ -106,9 +106,10 @@ impl Proxy {
                 let mut after_limits = None;
                 // *Arrive*: the route's steps, if it has any.
                 if !lane.steps.is_empty() {
-                    match this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
+                    match self.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
                         (Flow::Next, _) => {}
                         (Flow::Answer(here), _) => break 'answer (here, Answered::Own),
+                        (Flow::Stored(hit), _) => break 'answer (hit, Answered::Stale),
                         (Flow::Refuse(e), _) => {
                             break 'answer (
                                 this.refused(route, lane, &e, Some(&parts), version, &mut log),
@@ -125,7 +126,12 @@ impl Proxy {
                     }
                 };
                 if let Some(i) = after_limits {
-                    break 'answer (lane.steps.admitted(i, &parts, &mut seen), Answered::Own);
+                    let (mut resp, from) = lane.steps.admitted(i, &parts, &mut seen);
+                    // A metered cache hit says what it spent, as the upstream's answer would.
+                    if let (Some(mut a), Answered::Stale) = (admission, from) {
+                        lane.gate.decorate(&mut a, &mut resp);
+                    }
+                    break 'answer (resp, from);
                 }
                 // A copy of the head, only when a stale copy could be stored or served for it.
                 let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
@@ -438,7 +444,7 @@ impl Proxy {
     /// line and the span.
     #[allow(clippy::too_many_arguments)]
     async fn arrive(
-        &self,
+        self: &Arc<Self>,
         route: &Route,
         lane: &Lane,
         parts: &mut Parts,
@@ -459,6 +465,7 @@ impl Proxy {
                 clock: &*self.clock,
                 failures: lane.gate.failures(),
                 notes: log.notes(),
+                refresh: &Refresher { proxy: self, peer: ctx.peer.addr },
             };
             lane.steps.arrive(&mut arrival, seen).await
         };
@@ -860,7 +867,8 @@ impl Proxy {
         if !matches!(parts.method, Method::GET | Method::HEAD) {
             return None;
         }
-        let stale = self.cache.stale(parts, reason, max_age, self.wall_now())?;
+        let key = lane.cache_key.as_deref().unwrap_or(&crate::cache::WHOLE_URL);
+        let stale = self.cache.stale(parts, key, reason, max_age, self.wall_now())?;
         match reason {
             StaleReason::Throttled => {
                 lane.metrics.stale_throttled.inc();
@@ -893,10 +901,32 @@ impl Proxy {
             }
             return resp;
         }
-        if head.method == Method::GET {
+        // A route with a `cache:` keeps its copies in its step.
+        if head.method == Method::GET && lane.cache_key.is_none() {
             return self.cache.capture(head, lane.keyed_on_credentials, resp, self.wall_now());
         }
         resp
+    }
+}
+
+/// Sends a step's background request through the request path, as from the client that
+/// made it necessary (`Peer` without its TLS facts).
+struct Refresher<'a> {
+    proxy: &'a Arc<Proxy>,
+    peer: SocketAddr,
+}
+
+impl step::Refresh for Refresher<'_> {
+    fn refresh(&self, head: Parts, flight: crate::cache::Flight) {
+        let proxy = Arc::clone(self.proxy);
+        let peer = Peer::plain(self.peer);
+        tokio::spawn(async move {
+            let empty = http_body_util::BodyExt::map_err(http_body_util::Empty::new(), |never| match never {});
+            let resp = proxy.handle_peer(Request::from_parts(head, Inbound::boxed(empty)), peer).await;
+            // Read to the end: the copy is taken as the answer streams.
+            let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+            drop(flight);
+        });
     }
 }
 

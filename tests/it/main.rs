@@ -9,6 +9,7 @@ mod adaptive;
 mod admin_limits;
 mod auth;
 mod auth_failures;
+mod cache;
 mod calibrate;
 mod cli;
 mod compression;
