@@ -30,7 +30,9 @@
 //!   variant's weight.
 
 mod capture;
+mod flight;
 mod key;
+mod lookup;
 mod policy;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -45,8 +47,11 @@ use http_body::Body as _;
 
 use crate::answer::StaleReason;
 use crate::body::Body;
+use crate::config::cache::{CacheKey, Heuristic};
 use capture::Pending;
+pub use flight::{Flight, Joined};
 use key::Keys;
+pub use lookup::{Asked, Entry};
 use policy::Directives;
 
 /// Variants kept per URL; the oldest goes first.
@@ -59,6 +64,9 @@ pub const VARIANT_OVERHEAD: usize = std::mem::size_of::<Stored>() + 32;
 pub const SLOT_OVERHEAD: usize = 256;
 
 pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// The key of the stale store: the whole URL, nothing else (as a route's `cache.key` is by default).
+pub static WHOLE_URL: CacheKey = CacheKey { query: true, ignore_query: Vec::new(), headers: Vec::new() };
 
 /// Response fields that describe this exchange, not the resource; never replayed.
 const NOT_REPLAYED: [HeaderName; 6] = [
@@ -96,6 +104,7 @@ pub struct Cache {
 struct Inner {
     store: moka::sync::Cache<u128, Arc<Variants>>,
     keys: Keys,
+    flights: flight::Flights,
     max_bytes: u64,
     max_entry_bytes: usize,
     stored: AtomicU64,
@@ -118,15 +127,30 @@ struct Stored {
     body: Bytes,
     vary: Box<[HeaderName]>,
     variant: u128,
+    /// The URL as the key has it (`host/path?query`), for purges.
+    url: Box<str>,
     received: SystemTime,
-    /// The response's own `Age` when received (it may come from a cache upstream).
+    /// The age the response had when received: its own `Age` (it may come from a cache
+    /// upstream) or the time since its `Date`, whichever is more (RFC 9111 §4.2.3).
     initial_age: u64,
     /// Freshness lifetime in seconds (0 when the response gives none).
     lifetime: u64,
     stale_if_error: Option<u64>,
-    /// False for `must-revalidate`, `proxy-revalidate`, `s-maxage`: fresh copies only.
+    stale_while_revalidate: Option<u64>,
+    /// False for `must-revalidate`, `proxy-revalidate`, `s-maxage`, `no-cache`: fresh copies only.
     allows_stale: bool,
+    /// `no-cache`: stored, but revalidated before each use.
+    no_cache: bool,
     weight: usize,
+}
+
+/// How an answer is judged for storing.
+#[derive(Clone, Copy)]
+pub enum Rules<'a> {
+    /// The stale store's: 200 only, never `no-cache`.
+    Stale,
+    /// A route's HTTP cache (RFC 9111 §3).
+    Http { heuristic: Option<Heuristic>, max_entry_bytes: Option<u64>, key: &'a CacheKey },
 }
 
 impl Cache {
@@ -144,6 +168,7 @@ impl Cache {
             inner: Arc::new(Inner {
                 store,
                 keys: Keys::new(),
+                flights: flight::Flights::new(),
                 max_bytes,
                 max_entry_bytes,
                 stored: AtomicU64::new(0),
@@ -174,30 +199,25 @@ impl Cache {
         now: SystemTime,
     ) -> Response<Body> {
         let mut resp = resp;
-        if let Some(mut pending) = self.prepare(req, keyed_on_credentials, &resp, now) {
-            let hint = resp.body().size_hint();
-            let expected = hint.upper().unwrap_or(hint.lower());
-            if let Ok(expected) = usize::try_from(expected) {
-                if expected <= pending.budget {
-                    pending.buf.reserve_exact(expected);
-                }
-            }
-            resp.body_mut().tap(pending);
+        if let Some(pending) = self.prepare(req, keyed_on_credentials, &resp, now) {
+            tap(&mut resp, pending);
         }
         resp
     }
 
     /// The stored copy for `req` if one may be served for `reason` at `now`: at most `max_age`
     /// old (or older within the response's `stale-if-error`, for upstream errors). HEAD gets
-    /// the headers of a GET copy and no body.
+    /// the headers of a GET copy and no body. `key`: the route's cache key.
     pub fn stale(
         &self,
         req: &Parts,
+        key: &CacheKey,
         reason: StaleReason,
         max_age: Duration,
         now: SystemTime,
     ) -> Option<Response<Body>> {
-        let found = self.find(req).filter(|s| s.servable(reason, max_age, s.age(now)));
+        let found =
+            self.find(req, key).filter(|s| s.status == StatusCode::OK && s.servable(reason, max_age, s.age(now)));
         let inner = &self.inner;
         let Some(stored) = found else {
             inner.misses.fetch_add(1, Relaxed);
@@ -233,13 +253,40 @@ impl Cache {
         self.inner.store.entry_count()
     }
 
-    fn find(&self, req: &Parts) -> Option<Arc<Stored>> {
+    /// Drops every copy of the URL of primary key `primary` (all its variants).
+    pub fn invalidate(&self, primary: u128) {
+        self.inner.store.invalidate(&primary);
+    }
+
+    /// Drops every URL whose keyed form (`host/path?query`) is `url`, or starts with it when
+    /// `prefix`; returns how many. Walks the store: an operator's purge, not a request's.
+    pub fn purge(&self, url: &str, prefix: bool) -> usize {
+        let mut n = 0;
+        for (k, v) in self.inner.store.iter() {
+            let Some(first) = v.list.first() else { continue };
+            let hit = if prefix { first.url.starts_with(url) } else { &*first.url == url };
+            if hit {
+                self.inner.store.invalidate(&*k);
+                n += 1;
+            }
+        }
+        self.inner.store.run_pending_tasks();
+        n
+    }
+
+    /// Runs moka's pending maintenance (evictions, counts), for tests and gauges.
+    pub fn settle(&self) {
+        self.inner.store.run_pending_tasks();
+    }
+
+    fn find(&self, req: &Parts, key: &CacheKey) -> Option<Arc<Stored>> {
         let keys = &self.inner.keys;
-        let slot = self.inner.store.get(&keys.primary(req)?)?;
+        let slot = self.inner.store.get(&keys.primary(req, key)?)?;
         slot.list.iter().find(|v| v.variant == keys.variant(&v.vary, &req.headers)).cloned()
     }
 
-    /// Decides whether `resp` to `req` may be stored and, if so, builds its record minus the body.
+    /// Decides whether `resp` to `req` may be stored as a stale copy and, if so, builds its
+    /// record minus the body.
     fn prepare(
         &self,
         req: &Parts,
@@ -250,33 +297,84 @@ impl Cache {
         if resp.status() != StatusCode::OK || !self.may_store(req, keyed_on_credentials) {
             return None;
         }
+        let primary = self.inner.keys.primary(req, &WHOLE_URL)?;
+        let url = key::keyed_url(req, &WHOLE_URL).into_boxed_str();
+        self.prepare_with(primary, url, &req.headers, resp, now, Rules::Stale)
+    }
+
+    /// Decides whether `resp` to a request with `req_headers` may be stored under `primary`
+    /// by `rules` and, if so, builds its record minus the body.
+    fn prepare_with(
+        &self,
+        primary: u128,
+        url: Box<str>,
+        req_headers: &HeaderMap,
+        resp: &Response<Body>,
+        now: SystemTime,
+        rules: Rules<'_>,
+    ) -> Option<Box<Pending>> {
         let headers = resp.headers();
         let d = Directives::parse(headers);
-        if d.no_store || d.private || d.no_cache || headers.contains_key(header::SET_COOKIE) {
+        if d.no_store || d.private || headers.contains_key(header::SET_COOKIE) {
             return None;
         }
+        let received = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let explicit = d.max_age.is_some() || d.s_maxage.is_some() || headers.contains_key(header::EXPIRES);
+        let mut lifetime = policy::freshness_lifetime(&d, headers, received);
+        let max_entry = match rules {
+            Rules::Stale => {
+                if d.no_cache {
+                    return None;
+                }
+                self.inner.max_entry_bytes
+            }
+            Rules::Http { heuristic, max_entry_bytes, .. } => {
+                let status = resp.status();
+                if !policy::storable_status(status, explicit || d.public) {
+                    return None;
+                }
+                // RFC 9111 §3.5: an answer to credentials is shared only when it says so.
+                let shared_ok = d.public || d.must_revalidate || d.s_maxage.is_some();
+                if req_headers.contains_key(header::AUTHORIZATION) && !shared_ok {
+                    return None;
+                }
+                if let (false, Some(h)) = (explicit, heuristic) {
+                    if policy::heuristically_cacheable(status) {
+                        lifetime = policy::heuristic_lifetime(headers, received, h.percent, h.max.as_secs());
+                    }
+                }
+                let own = max_entry_bytes.map_or(usize::MAX, |b| usize::try_from(b).unwrap_or(usize::MAX));
+                self.inner.max_entry_bytes.min(own)
+            }
+        };
         let vary = vary_names(headers)?;
-        let primary = self.inner.keys.primary(req)?;
-        let variant = self.inner.keys.variant(&vary, &req.headers);
+        let variant = self.inner.keys.variant(&vary, req_headers);
 
         let mut kept = headers.clone();
         for name in NOT_REPLAYED {
             kept.remove(name);
         }
         let head: usize = kept.iter().map(|(n, v)| n.as_str().len() + v.len() + HEADER_OVERHEAD).sum();
-        let weight = head + VARIANT_OVERHEAD + vary.iter().map(|n| n.as_str().len() + 16).sum::<usize>();
-        let budget = self.inner.max_entry_bytes.checked_sub(weight)?;
-        let received = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let weight = head + VARIANT_OVERHEAD + url.len() + vary.iter().map(|n| n.as_str().len() + 16).sum::<usize>();
+        let budget = max_entry.checked_sub(weight)?;
+        let own_age: u64 = headers.get(header::AGE).and_then(|v| v.to_str().ok()?.trim().parse().ok()).unwrap_or(0);
+        let apparent = headers
+            .get(header::DATE)
+            .and_then(|v| policy::http_date(v.as_bytes()))
+            .map_or(0, |date| received.saturating_sub(date));
         let stored = Stored {
             status: resp.status(),
-            initial_age: headers.get(header::AGE).and_then(|v| v.to_str().ok()?.trim().parse().ok()).unwrap_or(0),
-            lifetime: policy::freshness_lifetime(&d, headers, received),
+            initial_age: own_age.max(apparent),
+            lifetime,
             stale_if_error: d.stale_if_error,
-            allows_stale: d.allows_stale(),
+            stale_while_revalidate: d.stale_while_revalidate,
+            allows_stale: d.allows_stale() && !d.no_cache,
+            no_cache: d.no_cache,
             headers: kept,
             body: Bytes::new(),
             vary,
             variant,
+            url,
             received: now,
             weight,
         };
@@ -287,13 +385,17 @@ impl Cache {
             buf: Vec::new(),
             budget,
             done: false,
+            flight: None,
         }))
     }
 
     /// Adds a finished variant, replacing the one that answers the same requests.
     fn insert(&self, primary: u128, stored: Stored) {
+        self.insert_arc(primary, Arc::new(stored));
+    }
+
+    fn insert_arc(&self, primary: u128, stored: Arc<Stored>) {
         let inner = &self.inner;
-        let stored = Arc::new(stored);
         // moka's admission (TinyLFU) counts reads only: this read makes "how often this URL is
         // fetched" the popularity that decides what stays when the store is full.
         let _ = inner.store.get(&primary);
@@ -321,15 +423,27 @@ impl Cache {
     }
 }
 
+/// Taps `resp`'s body with `pending`, reserving its expected length when it fits the budget.
+fn tap(resp: &mut Response<Body>, mut pending: Box<Pending>) {
+    let hint = resp.body().size_hint();
+    let expected = hint.upper().unwrap_or(hint.lower());
+    if let Ok(expected) = usize::try_from(expected) {
+        if expected <= pending.budget {
+            pending.buf.reserve_exact(expected);
+        }
+    }
+    resp.body_mut().tap(pending);
+}
+
 impl Stored {
-    /// Current age: the response's own `Age` plus the time since it was received.
+    /// Current age: the age it arrived with plus the time since it was received.
     fn age(&self, now: SystemTime) -> Duration {
         Duration::from_secs(self.initial_age) + now.duration_since(self.received).unwrap_or(Duration::ZERO)
     }
 
     fn servable(&self, reason: StaleReason, max_age: Duration, age: Duration) -> bool {
         let lifetime = Duration::from_secs(self.lifetime);
-        if !self.allows_stale && age >= lifetime {
+        if !self.allows_stale && (age >= lifetime || self.no_cache) {
             return false;
         }
         let limit = match (reason, self.stale_if_error) {
@@ -351,6 +465,12 @@ impl Stored {
                 format!("tollgate; fwd=bypass; fwd-status={status}; ttl={ttl}; detail=upstream-error")
             }
         };
+        self.respond(now, head, &status)
+    }
+
+    /// The stored answer with its `Age` and `Cache-Status: <status>`; HEAD without the body.
+    fn respond(&self, now: SystemTime, head: bool, status: &str) -> Response<Body> {
+        let age = self.age(now).as_secs();
         let body = if head { Body::empty() } else { Body::full(self.body.clone()) };
         let mut resp = Response::new(body);
         *resp.status_mut() = self.status;
@@ -358,7 +478,7 @@ impl Stored {
         h.clone_from(&self.headers);
         h.insert(header::AGE, HeaderValue::from(age));
         // Appended: caches nearer the origin keep their members first (RFC 9211 §2).
-        if let Ok(v) = HeaderValue::from_str(&status) {
+        if let Ok(v) = HeaderValue::from_str(status) {
             h.append(CACHE_STATUS, v);
         }
         resp

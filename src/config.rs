@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod cache;
 pub mod compression;
 pub mod cors;
 pub mod edge;
@@ -233,6 +234,8 @@ pub struct LogConfig {
 pub struct CacheConfig {
     pub max_bytes: u64,
     pub max_entry_bytes: usize,
+    /// `cache.default`: the HTTP cache of every route without a `cache:` of its own.
+    pub default: Option<Arc<cache::RouteCacheConfig>>,
 }
 
 #[derive(Debug, Clone)]
@@ -364,6 +367,8 @@ pub struct Route {
     pub cors: Option<Arc<cors::CorsConfig>>,
     /// `extensions:`: steps registered by the program that embeds tollgate, in file order.
     pub extensions: Vec<extension::Extension>,
+    /// `cache:`, the route's own or `cache.default` (`None`: answers are not served from the store).
+    pub cache: Option<Arc<cache::RouteCacheConfig>>,
 }
 
 /// What bounds a route's tunnels (the connections an upgrade turned into byte streams).

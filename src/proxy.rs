@@ -76,6 +76,8 @@ struct Lane {
     upstream: String,
     /// `split:`: which upstream takes each request (`None`: the route's one upstream).
     split: Option<Box<forward::split::Chooser>>,
+    /// `cache:`'s key: the route's stale copies are found by it, and stored by its step.
+    cache_key: Option<Arc<crate::config::cache::CacheKey>>,
 }
 
 pub struct Proxy {
@@ -182,6 +184,15 @@ impl Proxy {
             remotes.push(r.clone());
             r
         };
+        let cache = match previous {
+            Some(p)
+                if p.config.cache.max_bytes == config.cache.max_bytes
+                    && p.config.cache.max_entry_bytes == config.cache.max_entry_bytes =>
+            {
+                p.cache.clone()
+            }
+            _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
+        };
         let lanes = config
             .routes
             .iter()
@@ -232,16 +243,14 @@ impl Proxy {
                         metrics: &metrics,
                         redis: redis.as_ref(),
                         remote_for: &mut remote_for,
+                        cache: &cache,
                     }),
                     upstream: upstream.name.clone(),
                     split: r.split.as_deref().map(|s| Box::new(forward::split::Chooser::new(s, &r.name, &metrics))),
+                    cache_key: r.cache.as_ref().map(|c| Arc::new(c.key.clone())),
                 }
             })
             .collect();
-        let cache = match previous {
-            Some(p) if p.config.cache == config.cache => p.cache.clone(),
-            _ => Cache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
-        };
         let trusted = TrustedProxies::new(config.trusted_proxies.clone());
         let unrouted = RouteAnswers::new(None, type_base, &metrics).with_request_id(config.request_id.clone());
         let issued = previous.map_or_else(Arc::default, |p| p.issued.clone());

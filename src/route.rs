@@ -131,6 +131,7 @@ mod tests {
             compression: None,
             cors: None,
             extensions: Vec::new(),
+            cache: None,
         }
     }
 

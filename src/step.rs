@@ -21,6 +21,7 @@
 //! (`config::cors`, `config::auth`...), compiled here at `Proxy::build`.
 
 mod auth;
+mod cache;
 mod compress;
 mod cors;
 mod extension;
@@ -52,7 +53,8 @@ pub enum Answered {
     Upstream,
     /// The built-in responder's (`respond:`).
     Responder,
-    /// A stale copy of an upstream's answer, standing in for a refusal or a failure.
+    /// A stored copy of an upstream's answer: a cache hit (`cache:`), or a stale copy standing
+    /// in for a refusal or a failure.
     Stale,
     /// One tollgate made itself: a refusal (`429`, `401`, `503`...), a step's own answer, the
     /// last hop's.
@@ -67,6 +69,9 @@ pub(crate) enum Flow {
     Next,
     /// Answered now, never forwarded; the answer side of every step still runs.
     Answer(Response<Body>),
+    /// Answered now by a stored copy (a cache hit): as [`Flow::Answer`], but the answer side
+    /// sees it as [`Answered::Stale`] (encoded for the client like the upstream's).
+    Stored(Response<Body>),
     /// Refused: the answer room renders the error (a stale copy may stand in).
     Refuse(Error),
     /// Answered by this step once the route's limits admit the request (never forwarded); no
@@ -126,6 +131,9 @@ pub(crate) struct Seen {
     /// CORS: the `Access-Control-Allow-Origin` this request's answers carry (`None`: no
     /// CORS fields, for a request without `Origin` or from an origin not allowed).
     cors: Option<HeaderValue>,
+    /// `cache`: what the request found and what its answer does to the store (boxed: only
+    /// requests of a route with a cache have one).
+    cache: Option<Box<cache::Seen>>,
 }
 
 /// What compiling a route's steps reads (at `Proxy::build`).
@@ -136,6 +144,8 @@ pub(crate) struct Build<'a> {
     pub redis: Option<&'a Arc<RedisClient>>,
     /// The shared key set of a JWT `jwks` URL (one per URL, kept across reloads).
     pub remote_for: &'a mut dyn FnMut(&http::Uri, Duration) -> Arc<crate::auth::remote::Remote>,
+    /// The store of copies (`cache:`), shared by every route.
+    pub cache: &'a crate::cache::Cache,
 }
 
 /// One built-in step: its compiled form is made from its config, and it may act on either
@@ -157,10 +167,10 @@ trait Builtin: Sized {
     }
 
     /// The answer of a request this step's request side put off with [`Flow::AfterLimits`],
-    /// now that the limits admitted it.
-    fn admitted(&self, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+    /// now that the limits admitted it, and where it comes from.
+    fn admitted(&self, parts: &Parts, seen: &mut Seen) -> (Response<Body>, Answered) {
         let _ = (parts, seen);
-        Response::new(Body::empty())
+        (Response::new(Body::empty()), Answered::Own)
     }
 
     fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
@@ -200,7 +210,7 @@ macro_rules! builtins {
                 }
             }
 
-            fn admitted(&self, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+            fn admitted(&self, parts: &Parts, seen: &mut Seen) -> (Response<Body>, Answered) {
                 match self {
                     $(Kind::$variant(s) => s.admitted(parts, seen),)*
                 }
@@ -229,6 +239,10 @@ builtins! {
     Auth(auth::Auth),
     /// `extensions`: the steps a program that embeds tollgate registered, in file order.
     Extensions(extension::Extensions),
+    /// `cache`: last on the way in (a hit is served only to a request every other step let
+    /// on: authenticated, CORS-checked), first on the way out (it stores the upstream's
+    /// answer as sent, before any step changes or encodes it).
+    Cache(cache::Cache),
 }
 
 /// A route's compiled steps (empty for most routes), and whether any has an answer side.
@@ -268,11 +282,12 @@ impl Steps {
         (Flow::Next, u8::MAX)
     }
 
-    /// The answer of the request step `i` put off until the limits admitted it.
-    pub(crate) fn admitted(&self, i: u8, parts: &Parts, seen: &mut Seen) -> Response<Body> {
+    /// The answer of the request step `i` put off until the limits admitted it, and where it
+    /// comes from.
+    pub(crate) fn admitted(&self, i: u8, parts: &Parts, seen: &mut Seen) -> (Response<Body>, Answered) {
         match self.0.get(usize::from(i)) {
             Some(step) => step.admitted(parts, seen),
-            None => Response::new(Body::empty()),
+            None => (Response::new(Body::empty()), Answered::Own),
         }
     }
 

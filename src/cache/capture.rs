@@ -18,6 +18,9 @@ pub(super) struct Pending {
     pub budget: usize,
     /// Stored (or refused for its length): nothing to count when dropped.
     pub done: bool,
+    /// The miss other requests for this key wait on: they are let go when this copy is
+    /// stored or given up (when this record drops).
+    pub flight: Option<super::Flight>,
 }
 
 impl Tap for Pending {

@@ -8,6 +8,7 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;
 
 use super::policy::list_items;
+use crate::config::cache::CacheKey;
 
 /// Two independently keyed SipHash instances (std's `RandomState`): 128 bits, so an
 /// accidental collision among a cache's entries is out of reach, and random keys per
@@ -43,6 +44,12 @@ impl<H: Hasher> KeyHasher<H> {
         }
     }
 
+    /// Bytes without their length (the caller tagged the length of the whole).
+    fn raw(&mut self, bytes: &[u8]) {
+        self.a.write(bytes);
+        self.b.write(bytes);
+    }
+
     fn tag(&mut self, n: u64) {
         self.a.write_u64(n);
         self.b.write_u64(n);
@@ -63,27 +70,55 @@ impl Keys {
     }
 
     /// The primary key: method family (HEAD shares GET's), host without port, path and
-    /// query, and the request's `Authorization` and `Cookie` values. Credentials are always
-    /// part of the key, so a copy stored for one user can only ever answer the same user.
-    /// `None` for methods that are never cached.
-    pub fn primary(&self, req: &Parts) -> Option<u128> {
+    /// query (as `spec` keeps it), and the request fields `spec` names. The request's
+    /// credentials are part of every variant's key ([`Keys::variant`]), so a copy stored for
+    /// one user can only ever answer the same user, and one URL's copies go together (an
+    /// unsafe method or a purge drops them all). `None` for methods that are never cached.
+    pub fn primary(&self, req: &Parts, spec: &CacheKey) -> Option<u128> {
         if req.method != http::Method::GET && req.method != http::Method::HEAD {
             return None;
         }
-        let mut h = self.hasher();
-        h.bytes(b"GET");
-        h.lower(host(req).as_bytes());
-        h.bytes(req.uri.path_and_query().map_or("/", |pq| pq.as_str()).as_bytes());
-        for name in [header::AUTHORIZATION, header::COOKIE] {
-            field(&mut h, &req.headers, &name);
-        }
-        Some(h.finish())
+        Some(self.url_key(host(req), req.uri.path(), req.uri.query(), &req.headers, spec))
     }
 
-    /// The secondary key of a variant: the names in the response's `Vary` with the request's
-    /// normalised values of those fields.
+    /// The primary key of a URL as a GET to it would have it (an unsafe method's own URL, its
+    /// `Location`, or a purge's).
+    pub fn url_key(&self, host: &str, path: &str, query: Option<&str>, headers: &HeaderMap, spec: &CacheKey) -> u128 {
+        let mut h = self.hasher();
+        h.bytes(b"GET");
+        h.lower(host.as_bytes());
+        if spec.query && spec.ignore_query.is_empty() {
+            // The same bytes as `path?query` whole: a route keyed as the stale store keys.
+            match query {
+                Some(q) => {
+                    h.tag((path.len() + 1 + q.len()) as u64);
+                    h.raw(path.as_bytes());
+                    h.raw(b"?");
+                    h.raw(q.as_bytes());
+                }
+                None => h.bytes(if path.is_empty() { b"/" } else { path.as_bytes() }),
+            }
+        } else {
+            h.bytes(if path.is_empty() { b"/" } else { path.as_bytes() });
+            if spec.query {
+                for pair in kept_params(query, spec) {
+                    h.bytes(pair.as_bytes());
+                }
+            }
+        }
+        for name in &spec.headers {
+            field(&mut h, headers, name);
+        }
+        h.finish()
+    }
+
+    /// The secondary key of a variant: the request's credentials, then the names in the
+    /// response's `Vary` with the request's normalised values of those fields.
     pub fn variant(&self, vary: &[HeaderName], headers: &HeaderMap) -> u128 {
         let mut h = self.hasher();
+        for name in [header::AUTHORIZATION, header::COOKIE] {
+            field(&mut h, headers, &name);
+        }
         h.tag(vary.len() as u64);
         for name in vary {
             h.bytes(name.as_str().as_bytes());
@@ -91,6 +126,33 @@ impl Keys {
         }
         h.finish()
     }
+}
+
+/// The query's `name=value` pairs that `spec` keeps, in their order.
+fn kept_params<'a>(query: Option<&'a str>, spec: &'a CacheKey) -> impl Iterator<Item = &'a str> {
+    query.unwrap_or("").split('&').filter(move |pair| {
+        let name = pair.split('=').next().unwrap_or(pair);
+        !pair.is_empty() && !spec.ignore_query.iter().any(|i| i == name)
+    })
+}
+
+/// The URL a primary key stands for, as the admin listener's purge names it:
+/// `host/path?query` (host lower-case without port, the query as the key keeps it).
+pub(super) fn keyed_url(req: &Parts, spec: &CacheKey) -> String {
+    let host = host(req).to_ascii_lowercase();
+    let path = req.uri.path();
+    let mut url = String::with_capacity(host.len() + path.len() + req.uri.query().map_or(0, |q| q.len() + 1));
+    url.push_str(&host);
+    url.push_str(path);
+    if spec.query {
+        let mut first = true;
+        for pair in kept_params(req.uri.query(), spec) {
+            url.push(if first { '?' } else { '&' });
+            url.push_str(pair);
+            first = false;
+        }
+    }
+    url
 }
 
 /// Hashes one request field, normalised as RFC 9111 §4.1 allows: field lines combined, list
@@ -112,7 +174,7 @@ fn field<H: Hasher>(h: &mut KeyHasher<H>, headers: &HeaderMap, name: &HeaderName
 }
 
 /// The request's host without port: the URI's authority (absolute-form, HTTP/2) or `Host`.
-fn host(req: &Parts) -> &str {
+pub(super) fn host(req: &Parts) -> &str {
     let raw = match req.uri.authority() {
         Some(a) => a.as_str(),
         None => req.headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or(""),
@@ -141,23 +203,48 @@ mod tests {
         b.body(()).map(|r| r.into_parts().0).expect("valid test request")
     }
 
+    fn all() -> CacheKey {
+        CacheKey { query: true, ..CacheKey::default() }
+    }
+
+    #[test]
+    fn ignored_parameters_and_a_left_out_query_share_a_key() {
+        let k = Keys::new();
+        let spec = CacheKey { ignore_query: vec!["utm_source".into()], ..all() };
+        let base = k.primary(&parts("/a?b=1", "example.com"), &spec);
+        assert_eq!(k.primary(&parts("/a?b=1&utm_source=x", "example.com"), &spec), base);
+        assert_eq!(k.primary(&parts("/a?utm_source=y&b=1", "example.com"), &spec), base);
+        assert_ne!(k.primary(&parts("/a?b=2&utm_source=x", "example.com"), &spec), base);
+        let no_query = CacheKey { query: false, ..CacheKey::default() };
+        assert_eq!(
+            k.primary(&parts("/a?b=1", "example.com"), &no_query),
+            k.primary(&parts("/a", "example.com"), &no_query)
+        );
+        assert_eq!(keyed_url(&parts("/a?utm_source=y&b=1", "Example.com:80"), &spec), "example.com/a?b=1");
+        // The whole query hashed as one piece: the stale store's key.
+        assert_eq!(
+            k.primary(&parts("/a?b=1", "example.com"), &all()),
+            Some(k.url_key("example.com", "/a", Some("b=1"), &HeaderMap::new(), &all()))
+        );
+    }
+
     #[test]
     fn host_is_lowercased_without_port() {
         let k = Keys::new();
-        let base = k.primary(&parts("/a?b=1", "example.com"));
-        assert_eq!(k.primary(&parts("/a?b=1", "EXAMPLE.com:8080")), base);
-        assert_eq!(k.primary(&parts("/a?b=1", "example.com.")), base);
-        assert_eq!(k.primary(&parts("http://Example.COM:81/a?b=1", "")), base);
-        assert_ne!(k.primary(&parts("/a?b=2", "example.com")), base);
-        assert_ne!(k.primary(&parts("/A?b=1", "example.com")), base);
-        assert_ne!(k.primary(&parts("/a?b=1", "example.org")), base);
+        let base = k.primary(&parts("/a?b=1", "example.com"), &all());
+        assert_eq!(k.primary(&parts("/a?b=1", "EXAMPLE.com:8080"), &all()), base);
+        assert_eq!(k.primary(&parts("/a?b=1", "example.com."), &all()), base);
+        assert_eq!(k.primary(&parts("http://Example.COM:81/a?b=1", ""), &all()), base);
+        assert_ne!(k.primary(&parts("/a?b=2", "example.com"), &all()), base);
+        assert_ne!(k.primary(&parts("/A?b=1", "example.com"), &all()), base);
+        assert_ne!(k.primary(&parts("/a?b=1", "example.org"), &all()), base);
     }
 
     #[test]
     fn ipv6_host_keeps_brackets() {
         let k = Keys::new();
-        assert_eq!(k.primary(&parts("/", "[::1]:8080")), k.primary(&parts("/", "[::1]")));
-        assert_ne!(k.primary(&parts("/", "[::1]")), k.primary(&parts("/", "[::2]")));
+        assert_eq!(k.primary(&parts("/", "[::1]:8080"), &all()), k.primary(&parts("/", "[::1]"), &all()));
+        assert_ne!(k.primary(&parts("/", "[::1]"), &all()), k.primary(&parts("/", "[::2]"), &all()));
     }
 
     #[test]

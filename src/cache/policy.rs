@@ -18,6 +18,13 @@ pub(super) struct Directives {
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
     pub stale_if_error: Option<u64>,
+    pub stale_while_revalidate: Option<u64>,
+    pub public: bool,
+    /// Request directives: `max-stale` (without a value: any staleness, `u64::MAX`),
+    /// `min-fresh`, `only-if-cached`.
+    pub max_stale: Option<u64>,
+    pub min_fresh: Option<u64>,
+    pub only_if_cached: bool,
 }
 
 impl Directives {
@@ -57,6 +64,16 @@ impl Directives {
             self.s_maxage.get_or_insert(value.and_then(delta_seconds).unwrap_or(0));
         } else if is("stale-if-error") && self.stale_if_error.is_none() {
             self.stale_if_error = value.and_then(delta_seconds);
+        } else if is("stale-while-revalidate") && self.stale_while_revalidate.is_none() {
+            self.stale_while_revalidate = value.and_then(delta_seconds);
+        } else if is("public") {
+            self.public = true;
+        } else if is("max-stale") && self.max_stale.is_none() {
+            self.max_stale = Some(value.map_or(Some(u64::MAX), delta_seconds).unwrap_or(0));
+        } else if is("min-fresh") && self.min_fresh.is_none() {
+            self.min_fresh = value.and_then(delta_seconds);
+        } else if is("only-if-cached") {
+            self.only_if_cached = true;
         }
     }
 
@@ -82,6 +99,32 @@ pub(super) fn freshness_lifetime(d: &Directives, headers: &HeaderMap, received: 
     };
     let date = headers.get(header::DATE).and_then(|v| http_date(v.as_bytes())).unwrap_or(received);
     expires.saturating_sub(date)
+}
+
+/// Status codes a cache may give a heuristic lifetime (RFC 9110 §15.1).
+pub(super) fn heuristically_cacheable(status: http::StatusCode) -> bool {
+    matches!(status.as_u16(), 200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501)
+}
+
+/// Whether an answer with `status` may be stored at all (RFC 9111 §3): a final status the
+/// cache understands, heuristically cacheable or with an explicit lifetime (or `public`).
+/// Never a partial answer (`206`: ranges are not combined) or a `304`.
+pub(super) fn storable_status(status: http::StatusCode, explicit: bool) -> bool {
+    let code = status.as_u16();
+    if !(200..600).contains(&code) || code == 206 || code == 304 {
+        return false;
+    }
+    heuristically_cacheable(status) || explicit
+}
+
+/// A heuristic lifetime: `percent` of the time between `Last-Modified` and `Date` (or
+/// receipt), at most `max` seconds; 0 without a usable `Last-Modified` (RFC 9111 §4.2.2).
+pub(super) fn heuristic_lifetime(headers: &HeaderMap, received: u64, percent: u8, max: u64) -> u64 {
+    let Some(modified) = headers.get(header::LAST_MODIFIED).and_then(|v| http_date(v.as_bytes())) else {
+        return 0;
+    };
+    let date = headers.get(header::DATE).and_then(|v| http_date(v.as_bytes())).unwrap_or(received);
+    (date.saturating_sub(modified).saturating_mul(u64::from(percent)) / 100).min(max)
 }
 
 /// The items of a comma-separated field value, OWS trimmed, empty items skipped. Commas
@@ -207,6 +250,32 @@ mod tests {
         assert!(d.no_cache);
         assert!(!d.no_store);
         assert_eq!(d.stale_if_error, Some(30));
+    }
+
+    #[test]
+    fn heuristic_is_a_share_of_the_time_since_last_modified() {
+        let h =
+            headers(&[("date", "Sun, 06 Nov 1994 08:49:37 GMT"), ("last-modified", "Sun, 06 Nov 1994 06:49:37 GMT")]);
+        assert_eq!(heuristic_lifetime(&h, 0, 10, 86_400), 720);
+        assert_eq!(heuristic_lifetime(&h, 0, 10, 100), 100);
+        assert_eq!(heuristic_lifetime(&HeaderMap::new(), 0, 10, 100), 0);
+        assert!(storable_status(http::StatusCode::NOT_FOUND, false));
+        assert!(!storable_status(http::StatusCode::FOUND, false));
+        assert!(storable_status(http::StatusCode::FOUND, true));
+        assert!(!storable_status(http::StatusCode::PARTIAL_CONTENT, true));
+        assert!(!storable_status(http::StatusCode::NOT_MODIFIED, true));
+    }
+
+    #[test]
+    fn request_directives() {
+        let d = Directives::parse(&headers(&[("cache-control", "max-stale, min-fresh=5, only-if-cached")]));
+        assert_eq!(d.max_stale, Some(u64::MAX));
+        assert_eq!(d.min_fresh, Some(5));
+        assert!(d.only_if_cached);
+        let d = Directives::parse(&headers(&[("cache-control", "max-stale=7, public, stale-while-revalidate=9")]));
+        assert_eq!(d.max_stale, Some(7));
+        assert!(d.public);
+        assert_eq!(d.stale_while_revalidate, Some(9));
     }
 
     #[test]

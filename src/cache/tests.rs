@@ -51,7 +51,7 @@ async fn store(cache: &Cache, req: &Parts, resp: Response<Body>, now: SystemTime
 }
 
 fn throttled(cache: &Cache, req: &Parts, max_age: Duration, now: SystemTime) -> Option<Response<Body>> {
-    cache.stale(req, StaleReason::Throttled, max_age, now)
+    cache.stale(req, &WHOLE_URL, StaleReason::Throttled, max_age, now)
 }
 
 async fn stale_body(cache: &Cache, req: &Parts, now: SystemTime) -> Option<Bytes> {
@@ -291,7 +291,8 @@ async fn upstream_error_reason_reports_fwd_status() {
     let page = get("/");
     store(&cache, &page, ok(&[("cache-control", "max-age=60"), ("cache-status", "origin-cache; hit")], "x"), at(0))
         .await;
-    let resp = cache.stale(&page, StaleReason::UpstreamError { status: 502 }, HOUR, at(472)).expect("a copy");
+    let resp =
+        cache.stale(&page, &WHOLE_URL, StaleReason::UpstreamError { status: 502 }, HOUR, at(472)).expect("a copy");
     let statuses: Vec<_> = resp.headers().get_all(CACHE_STATUS).iter().collect();
     assert_eq!(
         statuses,
@@ -306,7 +307,9 @@ async fn stale_if_error_extends_max_age_for_upstream_errors_only() {
     let cache = Cache::new(1 << 20, 64 << 10);
     let page = get("/");
     store(&cache, &page, ok(&[("cache-control", "max-age=60, stale-if-error=3600")], "x"), at(0)).await;
-    let error = |status, secs| cache.stale(&page, StaleReason::UpstreamError { status }, 5 * MIN, at(secs)).is_some();
+    let error = |status, secs| {
+        cache.stale(&page, &WHOLE_URL, StaleReason::UpstreamError { status }, 5 * MIN, at(secs)).is_some()
+    };
     assert!(error(503, 1_000));
     assert!(error(500, 3_660));
     assert!(!error(504, 3_661));
@@ -321,12 +324,14 @@ async fn revalidation_directives_allow_fresh_copies_only() {
     for (i, cc) in fields.iter().enumerate() {
         let page = get(&format!("/{i}"));
         store(&cache, &page, ok(&[("cache-control", cc), ("cache-control", "stale-if-error=600")], "x"), at(0)).await;
-        let fresh = cache.stale(&page, StaleReason::UpstreamError { status: 502 }, HOUR, at(59)).expect("fresh copy");
+        let fresh = cache
+            .stale(&page, &WHOLE_URL, StaleReason::UpstreamError { status: 502 }, HOUR, at(59))
+            .expect("fresh copy");
         assert_eq!(
             fresh.headers()["cache-status"],
             "tollgate; fwd=bypass; fwd-status=502; ttl=1; detail=upstream-error"
         );
-        let stale = cache.stale(&page, StaleReason::UpstreamError { status: 502 }, HOUR, at(60));
+        let stale = cache.stale(&page, &WHOLE_URL, StaleReason::UpstreamError { status: 502 }, HOUR, at(60));
         assert_eq!(stale.is_some(), *cc == "max-age=60", "{cc}");
     }
 }

@@ -273,6 +273,7 @@ struct Cache {
     max_bytes: Size,
     #[serde(default = "default_entry_bytes")]
     max_entry_bytes: Size,
+    default: Option<super::cache::RawRouteCacheMap>,
 }
 
 fn default_cache_bytes() -> Size {
@@ -284,7 +285,7 @@ fn default_entry_bytes() -> Size {
 
 impl Default for Cache {
     fn default() -> Self {
-        Cache { max_bytes: default_cache_bytes(), max_entry_bytes: default_entry_bytes() }
+        Cache { max_bytes: default_cache_bytes(), max_entry_bytes: default_entry_bytes(), default: None }
     }
 }
 
@@ -436,6 +437,7 @@ struct Route {
     auth: Option<super::auth::RawRouteAuth>,
     compression: Option<super::compression::RawRouteCompression>,
     cors: Option<super::cors::RawRouteCors>,
+    cache: Option<super::cache::RawRouteCache>,
     extensions: Option<serde_yaml::Mapping>,
 }
 
@@ -467,7 +469,7 @@ struct Match {
 }
 
 impl Config {
-    pub fn validate(self) -> Result<super::Config, Invalid> {
+    pub fn validate(mut self) -> Result<super::Config, Invalid> {
         let server = self.server.validate()?;
         let mut warnings = Vec::new();
         let listeners = super::edge::validate(self.listen, !self.trusted_proxies.is_empty(), &mut warnings)?;
@@ -493,6 +495,10 @@ impl Config {
         let default_compression =
             self.compression.map(|c| c.validate(&[key("compression")])).transpose()?.map(std::sync::Arc::new);
         let default_cors = self.cors.map(|c| c.validate(&[key("cors")])).transpose()?.map(std::sync::Arc::new);
+        let default_cache = match self.cache.default.take() {
+            Some(c) => Some(std::sync::Arc::new(c.validate(&[key("cache"), key("default")])?)),
+            None => None,
+        };
         let mut upstreams = Vec::with_capacity(self.upstreams.len());
         for (name, up) in self.upstreams {
             let at = |field: &str| vec![key("upstreams"), key(&name), key(field)];
@@ -679,6 +685,10 @@ impl Config {
                 None => default_cors.clone(),
                 Some(c) => c.validate(&at(&["cors"]))?.map(std::sync::Arc::new),
             };
+            let cache = match route.cache {
+                None => default_cache.clone(),
+                Some(c) => c.validate(&at(&["cache"]))?.map(std::sync::Arc::new),
+            };
             let extensions = match route.extensions {
                 None => Vec::new(),
                 Some(map) => super::extension::validate(map, &at(&["extensions"]))?,
@@ -717,6 +727,7 @@ impl Config {
                 compression,
                 cors,
                 extensions,
+                cache,
             });
         }
         let mtls = listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
@@ -761,6 +772,7 @@ impl Config {
             cache: super::CacheConfig {
                 max_bytes: self.cache.max_bytes.0,
                 max_entry_bytes: usize::try_from(self.cache.max_entry_bytes.0).unwrap_or(usize::MAX),
+                default: default_cache,
             },
             problem_type_base: type_base,
             redis,

@@ -86,7 +86,11 @@ pub fn shown(c: &Config) -> Value {
         ),
         (
             "cache",
-            json!({ "max_bytes": size(c.cache.max_bytes), "max_entry_bytes": size(c.cache.max_entry_bytes as u64) }),
+            json!({
+                "max_bytes": size(c.cache.max_bytes),
+                "max_entry_bytes": size(c.cache.max_entry_bytes as u64),
+                "default": opt(c.cache.default.as_deref(), route_cache),
+            }),
         ),
         ("problems", json!({ "type_base": c.problem_type_base })),
         ("redis", opt(c.redis.as_ref(), redis)),
@@ -643,6 +647,7 @@ fn route(c: &Config, r: &Route) -> Value {
         // Likewise the CORS in effect.
         ("cors", r.cors.as_deref().map_or_else(|| Value::from("none"), cors)),
         ("compression", r.compression.as_deref().map_or_else(|| Value::from("none"), compression)),
+        ("cache", r.cache.as_deref().map_or_else(|| Value::from("none"), route_cache)),
         (
             "extensions",
             if r.extensions.is_empty() {
@@ -657,6 +662,22 @@ fn route(c: &Config, r: &Route) -> Value {
             },
         ),
     ])
+}
+
+/// A route's `cache:` in effect, every field with its value (defaults included).
+fn route_cache(c: &super::cache::RouteCacheConfig) -> Value {
+    json!({
+        "hits_spend_limits": c.hits_spend_limits,
+        "max_entry_bytes": c.max_entry_bytes.map(size),
+        "coalesce_wait": dur(c.coalesce_wait),
+        "heuristic": c.heuristic.map(|h| json!({ "percent": h.percent, "max": dur(h.max) })),
+        "stale_while_revalidate": dur(c.stale_while_revalidate),
+        "key": {
+            "query": c.key.query,
+            "ignore_query": c.key.ignore_query,
+            "headers": c.key.headers.iter().map(http::HeaderName::as_str).collect::<Vec<_>>(),
+        },
+    })
 }
 
 /// `compression:` in effect, every field with its value (defaults included).
@@ -944,7 +965,10 @@ server:
     max_frame_size: 32KiB
     max_send_buffer: 256KiB
 log: { format: json, access: true, access_keys: true }
-cache: { max_bytes: 32MiB, max_entry_bytes: 512KiB }
+cache:
+  max_bytes: 32MiB
+  max_entry_bytes: 512KiB
+  default: { hits_spend_limits: true, max_entry_bytes: 64KiB, coalesce_wait: 2s, heuristic: { percent: 10, max: 1h }, stale_while_revalidate: 30s, key: { query: true, ignore_query: [utm_source], headers: [accept-language] } }
 problems: { type_base: "https://api.example.com/problems/" }
 redis:
   url: "redis://app:hunter2@127.0.0.1:6390/0"
@@ -1070,6 +1094,7 @@ routes:
       api_key: { from: "query:key", keys: keys.txt }
     cors: { origins: ["*"] }
     compression: { encodings: [gzip] }
+    cache: { hits_spend_limits: false }
     extensions: { shown-test: { stamp: x-edge } }
   - name: secret
     upstream: canned
@@ -1154,6 +1179,11 @@ routes: [{ upstream: canned }]
                 Some(rest) if rest.is_empty() || rest.starts_with('.') => return format!("{own}{rest}"),
                 _ => {}
             }
+        }
+        // A route's own `cache` is the same mapping as `cache.default`.
+        match out.strip_prefix("routes.*.cache") {
+            Some(rest) if rest.is_empty() || rest.starts_with('.') => return format!("cache.default{rest}"),
+            _ => {}
         }
         out
     }

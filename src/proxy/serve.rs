@@ -109,6 +109,7 @@ impl Proxy {
                     match this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
                         (Flow::Next, _) => {}
                         (Flow::Answer(here), _) => break 'answer (here, Answered::Own),
+                        (Flow::Stored(hit), _) => break 'answer (hit, Answered::Stale),
                         (Flow::Refuse(e), _) => {
                             break 'answer (
                                 this.refused(route, lane, &e, Some(&parts), version, &mut log),
@@ -125,7 +126,12 @@ impl Proxy {
                     }
                 };
                 if let Some(i) = after_limits {
-                    break 'answer (lane.steps.admitted(i, &parts, &mut seen), Answered::Own);
+                    let (mut resp, from) = lane.steps.admitted(i, &parts, &mut seen);
+                    // A metered cache hit says what it spent, as the upstream's answer would.
+                    if let (Some(mut a), Answered::Stale) = (admission, from) {
+                        lane.gate.decorate(&mut a, &mut resp);
+                    }
+                    break 'answer (resp, from);
                 }
                 // A copy of the head, only when a stale copy could be stored or served for it.
                 let head = this.wants_copy(route, lane, &parts).then(|| Box::new(parts.clone()));
@@ -744,7 +750,8 @@ impl Proxy {
         if !matches!(parts.method, Method::GET | Method::HEAD) {
             return None;
         }
-        let stale = self.cache.stale(parts, reason, max_age, self.wall_now())?;
+        let key = lane.cache_key.as_deref().unwrap_or(&crate::cache::WHOLE_URL);
+        let stale = self.cache.stale(parts, key, reason, max_age, self.wall_now())?;
         match reason {
             StaleReason::Throttled => {
                 lane.metrics.stale_throttled.inc();
@@ -777,7 +784,8 @@ impl Proxy {
             }
             return resp;
         }
-        if head.method == Method::GET {
+        // A route with a `cache:` keeps its copies in its step.
+        if head.method == Method::GET && lane.cache_key.is_none() {
             return self.cache.capture(head, lane.keyed_on_credentials, resp, self.wall_now());
         }
         resp

@@ -245,8 +245,8 @@ impl Builtin for Cors {
         Arrived::Now(if self.limit_preflights { Flow::AfterLimits } else { Flow::Answer(self.preflight(a.parts)) })
     }
 
-    fn admitted(&self, parts: &Parts, _: &mut Seen) -> Response<Body> {
-        self.preflight(parts)
+    fn admitted(&self, parts: &Parts, _: &mut Seen) -> (Response<Body>, Answered) {
+        (self.preflight(parts), Answered::Own)
     }
 
     fn answer(&self, seen: &mut Seen, resp: &mut Response<Body>, from: Answered, _: &mut Notes<'_>) {

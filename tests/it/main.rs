@@ -8,6 +8,7 @@ mod acme;
 mod adaptive;
 mod admin_limits;
 mod auth;
+mod cache;
 mod calibrate;
 mod cli;
 mod compression;
