@@ -53,7 +53,7 @@ suite_commit=${CACHE_TESTS_COMMIT:-b55b8bda3dbb8c927c04e85bd8d496a8caa3e4ba} # 2
 undici_version=7.30.3 # the suite's package.json asks for ^7.4.0
 server_port=${SERVER_PORT:-8000} candidate_port=${CANDIDATE_PORT:-8080}
 nginx_port=${NGINX_PORT:-8081} varnish_port=${VARNISH_PORT:-8082}
-read -r -a proxies <<<"${PROXIES:-nginx varnish}"
+read -r -a proxies <<<"${PROXIES-nginx varnish}"
 varnish_params=()
 for v in ${VARNISH_PARAMS-default_ttl=0 default_grace=0 default_keep=3600}; do varnish_params+=(-p "$v"); done
 
