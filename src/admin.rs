@@ -1,12 +1,13 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (alive), `/readyz` (config
 //! loaded, listener up, Redis reachable where a limit depends on it), `/config` (the
 //! effective config, secrets redacted), the limit table at runtime under `/limits` (see
-//! [`limits`]) and the live dashboard (`/`, `/dashboard.json`). It binds loopback unless
-//! configured otherwise; reads take no token, the one write (`DELETE` of a limit's key) needs
-//! `admin.token`. Every request must name the listener itself (see [`host_allowed`]): a page
+//! [`limits`]), the store of copies under `/cache` (see [`cache`]) and the live dashboard
+//! (`/`, `/dashboard.json`). It binds loopback unless configured otherwise; reads take no
+//! token, the writes (`DELETE` of a limit's key, a cache purge) need `admin.token`. Every request must name the listener itself (see [`host_allowed`]): a page
 //! of another site that rebinds its name to this address cannot read it from an operator's
 //! browser.
 
+mod cache;
 mod limits;
 
 use std::convert::Infallible;
@@ -139,6 +140,11 @@ async fn answer(
         return crate::answer::admin(&AdminRefusal::Forbidden(
             "the Host names neither this listener's address nor localhost nor a name of `admin.allowed_hosts`",
         ));
+    }
+    if let Some(rest) = req.uri().path().strip_prefix("/cache") {
+        if rest.is_empty() || rest.starts_with('/') {
+            return cache::answer(&req, &proxy, rest, peer);
+        }
     }
     if let Some(rest) = req.uri().path().strip_prefix("/limits") {
         if rest.is_empty() || rest.starts_with('/') {

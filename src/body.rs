@@ -547,6 +547,8 @@ impl ClientBodyError {
 pub enum Inbound {
     Hyper(Incoming),
     H3(Box<h3::Recv>),
+    /// No body: a request tollgate makes itself (a cache's background revalidation).
+    Empty,
 }
 
 impl From<Incoming> for Inbound {
@@ -566,6 +568,7 @@ impl HttpBody for Inbound {
         match self.get_mut() {
             Inbound::Hyper(b) => Pin::new(b).poll_frame(cx).map(|p| p.map(|r| r.map_err(|e| ClientBodyError::of(&e)))),
             Inbound::H3(b) => b.poll_frame(cx),
+            Inbound::Empty => Poll::Ready(None),
         }
     }
 
@@ -574,6 +577,7 @@ impl HttpBody for Inbound {
         match self {
             Inbound::Hyper(b) => b.is_end_stream(),
             Inbound::H3(b) => b.is_end_stream(),
+            Inbound::Empty => true,
         }
     }
 
@@ -582,6 +586,7 @@ impl HttpBody for Inbound {
         match self {
             Inbound::Hyper(b) => b.size_hint(),
             Inbound::H3(b) => b.size_hint(),
+            Inbound::Empty => SizeHint::with_exact(0),
         }
     }
 }

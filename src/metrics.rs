@@ -253,6 +253,9 @@ pub struct Metrics {
     cost_unread: Family<RouteLimit, Counter>,
     early_retries: Family<RouteLimit, Counter>,
     in_flight: Gauge,
+    /// The store of copies (stale copies and routes' caches): bytes and URLs held, set at scrape.
+    cache_bytes: Gauge,
+    cache_entries: Gauge,
     concurrency_limit: Family<RouteLabel, Gauge>,
     errors: Family<ErrorLabel, Counter>,
     auth: Family<AuthLabel, Counter>,
@@ -550,6 +553,18 @@ impl Metrics {
         );
         let in_flight = Gauge::default();
         registry.register("requests_in_flight", "Requests being served", in_flight.clone());
+        let cache_bytes = Gauge::default();
+        registry.register(
+            "cache_bytes",
+            "Weighted bytes the store of copies holds (cache.max_bytes bounds it)",
+            cache_bytes.clone(),
+        );
+        let cache_entries = Gauge::default();
+        registry.register(
+            "cache_entries",
+            "URLs the store of copies holds (each with one or more variants)",
+            cache_entries.clone(),
+        );
         let concurrency_limit = Family::<RouteLabel, Gauge>::default();
         registry.register(
             "concurrency_limit",
@@ -753,6 +768,8 @@ impl Metrics {
             cost_unread,
             early_retries,
             in_flight,
+            cache_bytes,
+            cache_entries,
             concurrency_limit,
             errors,
             auth,
@@ -908,6 +925,12 @@ impl Metrics {
 
     pub fn in_flight(&self) -> &Gauge {
         &self.in_flight
+    }
+
+    /// Sets the store of copies' gauges: bytes held, URLs held.
+    pub fn cache_held(&self, bytes: u64, entries: u64) {
+        self.cache_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.cache_entries.set(i64::try_from(entries).unwrap_or(i64::MAX));
     }
 
     /// The certificates tollgate obtains itself.

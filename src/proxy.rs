@@ -424,6 +424,8 @@ impl Proxy {
         for g in self.groups() {
             g.refresh_gauges();
         }
+        self.cache.settle();
+        self.metrics.cache_held(self.cache.weighted_size(), self.cache.entry_count());
         let now = self.clock.now();
         for lane in &self.lanes {
             for l in lane.gate.limits() {

@@ -101,6 +101,15 @@ pub(crate) struct Arrival<'a> {
     pub clock: &'a dyn Clock,
     /// The access log line's `steps` field, when the log is on.
     pub notes: Notes<'a>,
+    /// Sends a request of the step's own through the route in the background.
+    pub refresh: &'a dyn Refresh,
+}
+
+/// A request a step sends in the background through the request path (routed, limited and
+/// forwarded like a client's, from the same client): a cache's revalidation while it serves
+/// a stale copy. `flight` is held until its answer is read to the end.
+pub(crate) trait Refresh: Send + Sync {
+    fn refresh(&self, head: Parts, flight: crate::cache::Flight);
 }
 
 /// Where steps say what they did for the access log (`cors=origin_refused`); a no-op when the

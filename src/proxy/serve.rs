@@ -106,7 +106,7 @@ impl Proxy {
                 let mut after_limits = None;
                 // *Arrive*: the route's steps, if it has any.
                 if !lane.steps.is_empty() {
-                    match this.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
+                    match self.arrive(route, lane, &mut parts, &target, &ctx, &mut seen, &mut log).await {
                         (Flow::Next, _) => {}
                         (Flow::Answer(here), _) => break 'answer (here, Answered::Own),
                         (Flow::Stored(hit), _) => break 'answer (hit, Answered::Stale),
@@ -392,7 +392,7 @@ impl Proxy {
     /// line and the span.
     #[allow(clippy::too_many_arguments)]
     async fn arrive(
-        &self,
+        self: &Arc<Self>,
         route: &Route,
         lane: &Lane,
         parts: &mut Parts,
@@ -411,6 +411,7 @@ impl Proxy {
                 trusted: &self.trusted,
                 clock: &*self.clock,
                 notes: log.notes(),
+                refresh: &Refresher { proxy: self, peer: ctx.peer.addr },
             };
             lane.steps.arrive(&mut arrival, seen).await
         };
@@ -789,6 +790,26 @@ impl Proxy {
             return self.cache.capture(head, lane.keyed_on_credentials, resp, self.wall_now());
         }
         resp
+    }
+}
+
+/// Sends a step's background request through the request path, as from the client that
+/// made it necessary (`Peer` without its TLS facts).
+struct Refresher<'a> {
+    proxy: &'a Arc<Proxy>,
+    peer: SocketAddr,
+}
+
+impl step::Refresh for Refresher<'_> {
+    fn refresh(&self, head: Parts, flight: crate::cache::Flight) {
+        let proxy = Arc::clone(self.proxy);
+        let peer = Peer::plain(self.peer);
+        tokio::spawn(async move {
+            let resp = proxy.handle_peer(Request::from_parts(head, Inbound::Empty), peer).await;
+            // Read to the end: the copy is taken as the answer streams.
+            let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+            drop(flight);
+        });
     }
 }
 

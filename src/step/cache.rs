@@ -41,6 +41,8 @@ struct Counts {
     invalidated: Counter,
     /// Forwarded as the request asked (`no-cache`, `no-store`, `max-age=0`).
     bypass: Counter,
+    /// A stale copy served while a background request revalidates it.
+    refreshed: Counter,
 }
 
 /// What a request of a cached route leaves for its answer side.
@@ -98,6 +100,7 @@ impl Builtin for Cache {
                 revalidated: count("revalidated"),
                 invalidated: count("invalidated"),
                 bypass: count("bypass"),
+                refreshed: count("stale_while_revalidate"),
             },
         })
     }
@@ -133,6 +136,16 @@ impl Builtin for Cache {
         if let Some(entry) = &found.entry {
             if entry.fresh_for(&asked, now) {
                 return self.hit(entry.clone(), "hit", parts, seen, now);
+            }
+            // Stale within stale-while-revalidate: served now, revalidated in the background
+            // (once per key at a time), unless the request asks for fresher.
+            let plain = !asked.no_cache && asked.max_age.is_none() && asked.min_fresh.is_none();
+            if plain && entry.within_swr(self.config.stale_while_revalidate.as_secs(), now) {
+                if let Joined::Lead(flight) = self.store.join(found.primary) {
+                    a.refresh.refresh(background(parts), flight);
+                    self.counts.refreshed.inc();
+                }
+                return self.hit(entry.clone(), "hit; detail=stale-while-revalidate", parts, seen, now);
             }
         }
         if asked.only_if_cached {
@@ -297,6 +310,22 @@ impl Cache {
             }
         }
     }
+}
+
+/// The head of a background revalidation of `parts`'s copy: a GET with the client's fields
+/// (its `Vary` ones choose the variant), no body, and `Cache-Control: max-age=0`, which makes
+/// this step revalidate rather than serve.
+fn background(parts: &Parts) -> Parts {
+    let mut req = http::Request::new(());
+    *req.uri_mut() = parts.uri.clone();
+    *req.version_mut() = parts.version;
+    let h = req.headers_mut();
+    h.clone_from(&parts.headers);
+    for name in [header::CONTENT_LENGTH, header::TRANSFER_ENCODING, header::EXPECT] {
+        h.remove(name);
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=0"));
+    req.into_parts().0
 }
 
 /// `only-if-cached` with no usable copy: `504` (RFC 9111 §5.2.1.7).

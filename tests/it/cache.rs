@@ -325,3 +325,151 @@ async fn a_huge_answer_streams_through_and_is_not_stored_past_its_cap() {
     assert_eq!(cache.stats().stored, 0);
     assert!(cache.stats().abandoned >= 2);
 }
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_the_stale_copy_and_refreshes_it_in_the_background() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let up = Upstream::start(move |req| {
+        let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
+        let asked = req.headers().get("cache-control").map(|v| v.to_str().unwrap().to_owned());
+        async move {
+            let resp = Response::builder().header("x-asked", asked.unwrap_or_default());
+            let resp = if n == 1 {
+                // Stale on arrival, within its stale-while-revalidate.
+                resp.header("cache-control", "max-age=10, stale-while-revalidate=600").header("age", "20")
+            } else {
+                resp.header("cache-control", "max-age=60")
+            };
+            resp.body(full(format!("v{n}"))).unwrap()
+        }
+    })
+    .await;
+    let tg = Tollgate::start(&cached_route(up.addr, "{}")).await;
+    assert_eq!(get(tg.addr, "/swr").await.2, "v1");
+    let (s, h, b) = get(tg.addr, "/swr").await;
+    assert_eq!((s, &b[..]), (StatusCode::OK, &b"v1"[..]), "the stale copy, at once");
+    assert!(status_of(&h).contains("detail=stale-while-revalidate"), "{}", status_of(&h));
+    until(|| count.load(Ordering::SeqCst) == 2).await;
+    let mut body = b;
+    for _ in 0..10_000 {
+        let (_, h, b) = get(tg.addr, "/swr").await;
+        body = b;
+        if body == "v2" {
+            assert!(status_of(&h).starts_with("tollgate; hit; ttl="), "{}", status_of(&h));
+            assert_eq!(h["x-asked"], "max-age=0", "the background request revalidated");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    assert_eq!(body, "v2", "the background answer replaced the copy");
+    assert_eq!(count.load(Ordering::SeqCst), 2, "one background request");
+}
+
+#[tokio::test]
+async fn ignored_query_parameters_share_a_copy_and_a_heuristic_lifetime_is_opt_in() {
+    let (up, count) = counting(&[("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT")]).await;
+    let yaml = format!(
+        "cache:\n  default: {{ heuristic: {{ percent: 10 }}, key: {{ ignore_query: [utm_source] }} }}\n{}",
+        proxy_yaml(up.addr, "", "  - { name: other, upstream: up, cache: none, match: { path_prefix: /none } }\n  - { name: read, upstream: up }\n")
+    );
+    let tg = Tollgate::start(&yaml).await;
+    assert_eq!(get(tg.addr, "/q?a=1&utm_source=x").await.2, "/q #1");
+    let (_, h, b) = get(tg.addr, "/q?utm_source=y&a=1").await;
+    assert_eq!(b, "/q #1", "the default applies, the ignored parameter is left out of the key");
+    assert!(status_of(&h).contains("hit"));
+    get(tg.addr, "/none").await;
+    assert_eq!(get(tg.addr, "/none").await.2, "/none #3", "`cache: none` turns the default off");
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_failing_upstream_gets_the_routes_stale_copy_found_by_the_routes_key() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let up = Upstream::start(move |_req| {
+        let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if n == 1 {
+                Response::builder()
+                    .header("cache-control", "max-age=10")
+                    .header("age", "30")
+                    .header("etag", "\"e\"")
+                    .body(full("good"))
+                    .unwrap()
+            } else {
+                Response::builder().status(503).body(full("down")).unwrap()
+            }
+        }
+    })
+    .await;
+    let yaml = proxy_yaml(
+        up.addr,
+        "",
+        "  - upstream: up
+    cache: { key: { ignore_query: [session] } }
+    on_upstream_error: { stale: { max_age: 1h } }
+",
+    );
+    let tg = Tollgate::start(&yaml).await;
+    assert_eq!(get(tg.addr, "/e?session=1").await.2, "good");
+    let (s, h, b) = get(tg.addr, "/e?session=2").await;
+    assert_eq!((s, &b[..]), (StatusCode::OK, &b"good"[..]), "revalidation failed: the stale copy");
+    assert!(status_of(&h).contains("fwd-status=503; ttl=-"), "{}", status_of(&h));
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+}
+
+const TOKEN: &str = "s3cret-admin-token-0123456789";
+
+async fn delete(addr: std::net::SocketAddr, path: &str, auth: Option<&str>) -> (StatusCode, serde_json::Value) {
+    let mut send = h1(addr).await;
+    let mut req = Request::delete(path).header("host", "localhost");
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let resp = send.send_request(req.body(full("")).unwrap()).await.unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+}
+
+#[tokio::test]
+async fn the_admin_listener_purges_a_url_or_a_prefix_with_the_token_and_counts_the_store() {
+    let (up, count) = counting(&[("cache-control", "max-age=600")]).await;
+    let yaml = format!("admin: {{ addr: 127.0.0.1:0, token: {TOKEN} }}\n{}", cached_route(up.addr, "{}"));
+    let tg = Tollgate::start(&yaml).await;
+    let admin = tg.start_admin().await;
+    for path in ["/a/1?x=1", "/a/2", "/b"] {
+        get(tg.addr, path).await;
+        get(tg.addr, path).await;
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(delete(admin, "/cache/localhost/a/1?x=1", None).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(
+        delete(admin, "/cache/localhost/a/1?x=1", Some("Bearer wrong-token-0123456789")).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let (s, v) = delete(admin, "/cache/LOCALHOST/a/1?x=1", Some(&bearer)).await;
+    assert_eq!((s, v["purged"].as_u64()), (StatusCode::OK, Some(1)), "{v}");
+    assert_eq!(get(tg.addr, "/a/1?x=1").await.2, "/a/1 #4");
+    assert_eq!(get(tg.addr, "/a/2").await.2, "/a/2 #2", "another URL stays");
+    let (_, v) = delete(admin, "/cache/localhost/a/*", Some(&bearer)).await;
+    assert_eq!(v["purged"].as_u64(), Some(2), "{v}");
+    assert_eq!(get(tg.addr, "/a/2").await.2, "/a/2 #5");
+    assert_eq!(get(tg.addr, "/b").await.2, "/b #3");
+    assert_eq!(count.load(Ordering::SeqCst), 5);
+
+    let metrics = crate::support::get(admin, "/metrics").await.2;
+    let text = String::from_utf8_lossy(&metrics);
+    for line in [
+        "tollgate_steps_total{route=\"read\",step=\"cache\",result=\"hit\"} 5",
+        "tollgate_steps_total{route=\"read\",step=\"cache\",result=\"miss\"} 5",
+        "tollgate_cache_entries 2",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    assert!(text.contains("tollgate_cache_bytes "));
+    let stats: serde_json::Value = serde_json::from_slice(&crate::support::get(admin, "/cache").await.2).unwrap();
+    assert_eq!(stats["entries"], 2);
+}

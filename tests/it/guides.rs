@@ -787,3 +787,40 @@ async fn the_browser_facing_api_guide() {
     let explain = "tollgate explain -c examples/browser-facing-api.yaml";
     has_lines(page, explain, &g.output_after(explain), &g.run(explain));
 }
+
+#[tokio::test]
+async fn the_cache_a_slow_read_api_guide() {
+    let mut g = Guide::open("docs/guides/cache-a-slow-read-api.md");
+    let api = g.port(3001);
+    let addr = g.port(8080);
+    g.port(9901);
+    g.serve("tollgate -c examples/demo-upstream.yaml --listen 127.0.0.1:3001", api).await;
+    g.serve("tollgate -c examples/cache-a-slow-read-api.yaml", addr).await;
+    for line in [
+        "curl -s -o /dev/null -D - localhost:8080/items | grep -io 'cache-status: tollgate; [a-z=-]*'",
+        "curl -s -o /dev/null -D - localhost:8080/items | grep -io 'cache-status: tollgate; [a-z]*'",
+        "curl -s localhost:9901/metrics | grep 'step=\"cache\",result=\"hit\"'",
+    ] {
+        let out = g.run(line);
+        assert_eq!(vec![out.trim().to_owned()], g.shown(line), "{line}");
+    }
+    let purge = "curl -s -X DELETE -H \"Authorization: Bearer $(cat examples/admin-token)\" localhost:9901/cache/localhost/items";
+    let out = g.run(purge);
+    has_lines(&g.page, "purge", &g.output_after(purge), &out);
+    // The degraded read: the API gone, the last good copy (stored again after the purge).
+    let (status, _, _) = crate::support::get(addr, "/items").await;
+    assert_eq!(status.as_u16(), 200);
+    let _ = g.servers[0].kill();
+    let _ = g.servers[0].wait();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, h, _) = crate::support::get_with(addr, "/items", &[("cache-control", "no-cache")]).await;
+        let cs = h.get("cache-status").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+        if cs.contains("detail=upstream-error") {
+            assert_eq!(status.as_u16(), 200, "{cs}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no stale copy once the API is gone: {cs}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
