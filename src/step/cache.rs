@@ -31,6 +31,8 @@ struct Counts {
     hit: Counter,
     /// Served from a fresh copy after waiting for the same key's miss.
     coalesced: Counter,
+    /// Misses that began to wait for the same key's miss in flight.
+    waited: Counter,
     /// Forwarded: nothing stored for the request.
     miss: Counter,
     /// Forwarded to revalidate a stale copy.
@@ -95,6 +97,7 @@ impl Builtin for Cache {
             counts: Counts {
                 hit: count("hit"),
                 coalesced: count("coalesced"),
+                waited: count("waited"),
                 miss: count("miss"),
                 stale: count("stale"),
                 revalidated: count("revalidated"),
@@ -135,6 +138,7 @@ impl Builtin for Cache {
         let head = parts.method == Method::HEAD;
         if let Some(entry) = &found.entry {
             if entry.fresh_for(&asked, now) {
+                a.notes.add("cache", "hit");
                 return self.hit(entry.clone(), "hit", parts, seen, now);
             }
             // Stale within stale-while-revalidate: served now, revalidated in the background
@@ -145,6 +149,7 @@ impl Builtin for Cache {
                     a.refresh.refresh(background(parts), flight);
                     self.counts.refreshed.inc();
                 }
+                a.notes.add("cache", "stale_while_revalidate");
                 return self.hit(entry.clone(), "hit; detail=stale-while-revalidate", parts, seen, now);
             }
         }
@@ -181,6 +186,7 @@ impl Builtin for Cache {
                 Arrived::Now(Flow::Next)
             }
             Joined::Wait(mut rx) => {
+                self.counts.waited.inc();
                 let woke = self.config.hits_spend_limits.then(|| Arc::new(OnceLock::new()));
                 s.woke = woke.clone();
                 seen.cache = Some(Box::new(s));
@@ -224,9 +230,6 @@ impl Builtin for Cache {
     fn answer(&self, seen: &mut StepSeen, resp: &mut Response<Body>, from: Answered, notes: &mut Notes<'_>) {
         let Some(s) = seen.cache.take() else { return };
         if !matches!(from, Answered::Upstream | Answered::Responder) {
-            if from == Answered::Stale && s.fwd.is_some() {
-                notes.add("cache", "hit");
-            }
             return;
         }
         let mut s = *s;
@@ -369,13 +372,56 @@ fn describe(c: &RouteCacheConfig, max_bytes: u64) -> String {
     let coalesce = if c.coalesce_wait.is_zero() {
         "every miss is forwarded".to_owned()
     } else {
-        format!("one miss per key is forwarded, the others wait up to {}ms for it", c.coalesce_wait.as_millis())
+        let ms = c.coalesce_wait.as_millis();
+        let wait = if ms % 1000 == 0 { format!("{}s", ms / 1000) } else { format!("{ms}ms") };
+        format!("one miss per key is forwarded, the others wait up to {wait} for it")
+    };
+    let store = match max_bytes {
+        n if n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
     };
     format!(
         "cache: GET and HEAD answers kept by RFC 9111 (Cache-Control, Expires, Vary; private, no-store and \
          Set-Cookie answers never; credentials only with public, s-maxage or must-revalidate) in the shared \
-         store of {max_bytes} bytes, keyed by {key} and the request's Authorization and Cookie; heuristic \
+         store of {store}, keyed by {key} and the request's Authorization and Cookie; heuristic \
          freshness: {heuristic}; {hits}; {coalesce}; stale copies revalidated with If-None-Match / \
          If-Modified-Since; unsafe methods drop the URL's copies; Cache-Status on every answer"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::cache::{CacheKey, Heuristic};
+
+    #[test]
+    fn the_explain_line_says_the_defaults_and_the_choices() {
+        let mut c = RouteCacheConfig {
+            hits_spend_limits: false,
+            max_entry_bytes: None,
+            coalesce_wait: std::time::Duration::from_secs(5),
+            heuristic: None,
+            stale_while_revalidate: std::time::Duration::ZERO,
+            key: CacheKey { query: true, ..CacheKey::default() },
+        };
+        let line = describe(&c, 64 << 20);
+        for part in ["store of 64 MiB", "heuristic freshness: none", "hits spend no limit", "wait up to 5s"] {
+            assert!(line.contains(part), "{part} in {line}");
+        }
+        c.hits_spend_limits = true;
+        c.heuristic = Some(Heuristic { percent: 10, max: std::time::Duration::from_secs(3600) });
+        c.coalesce_wait = std::time::Duration::ZERO;
+        c.key.ignore_query = vec!["utm_source".into()];
+        let line = describe(&c, 1000);
+        for part in [
+            "hits go through the route's limits",
+            "10% of the time since Last-Modified",
+            "every miss is forwarded",
+            "query without utm_source",
+            "1000 bytes",
+        ] {
+            assert!(line.contains(part), "{part} in {line}");
+        }
+    }
 }

@@ -230,8 +230,15 @@ async fn a_hundred_concurrent_misses_on_a_cold_key_make_one_upstream_request() {
         clients.push(tokio::spawn(async move { get(addr, "/cold").await }));
     }
     let shared = tg.shared.clone();
-    until(|| shared.load().metrics().encode(None).contains("tollgate_requests_in_flight 100")).await;
-    until(|| count.load(Ordering::SeqCst) == 1).await;
+    until(|| {
+        shared
+            .load()
+            .metrics()
+            .encode(None)
+            .contains("tollgate_steps_total{route=\"read\",step=\"cache\",result=\"waited\"} 99")
+    })
+    .await;
+    assert_eq!(count.load(Ordering::SeqCst), 1);
     release.notify_one();
     let mut coalesced = 0;
     for c in clients {

@@ -239,3 +239,60 @@ routes:
     assert_eq!(gauge.len(), 1, "{text}");
     assert!(gauge[0].ends_with(" 0"), "{}", gauge[0]);
 }
+
+/// Issue 46: 100,000 distinct cached URLs through a route's HTTP cache, each answer about
+/// 1.2 KiB stored (a few hundred bytes of fields and bookkeeping beyond its 1 KiB body), so
+/// about 150 MiB if nothing were evicted. The store holds at most `max_bytes` (16 MiB) by its
+/// own weights, and the process's RSS grows by no more than twice that from its level after
+/// the first 2,000 URLs: the weights err high, and the margin covers the allocator on a
+/// loaded machine.
+#[test]
+fn a_hundred_thousand_cached_urls_stay_within_the_stores_bound() {
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let body = format!("ok\\n{}", "z".repeat(1024));
+    let server = Server::start_with(
+        "cache",
+        &format!(
+            "listen: 127.0.0.1:0
+admin: 127.0.0.1:{admin}
+cache: {{ max_bytes: 16MiB, max_entry_bytes: 64KiB }}
+upstreams: {{ ok: {{ respond: {{ status: 200, headers: {{ cache-control: max-age=600 }}, body: \"{body}\" }} }} }}
+routes:
+  - name: all
+    upstream: ok
+    cache: {{ coalesce_wait: 0s }}
+"
+        ),
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let mut next = 0u64;
+    let mut urls = |s: &mut TcpStream, batches: u64| {
+        for _ in 0..batches {
+            let mut batch = Vec::with_capacity(64 * 200);
+            for k in next..next + 200 {
+                batch.extend_from_slice(format!("GET /item/{k} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes());
+            }
+            let answers = |got: &[u8]| got.windows(7).filter(|w| w == b"\r\n\r\nok\n").count() as u64;
+            ask(s, &batch, |got| answers(got) >= 200);
+            next += 200;
+        }
+    };
+    urls(&mut s, 10);
+    let early = server.rss_kb();
+    urls(&mut s, 490);
+    let after = server.rss_kb();
+    eprintln!("cache: RSS {early} kB after 2,000 URLs, {after} kB after 100,000");
+    let mut m = TcpStream::connect(("127.0.0.1", admin)).unwrap();
+    m.write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    m.read_to_string(&mut text).unwrap();
+    let held = |name: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {text}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (bytes, entries) = (held("tollgate_cache_bytes "), held("tollgate_cache_entries "));
+    eprintln!("cache: the store holds {bytes} bytes in {entries} URLs");
+    assert!(bytes <= 16 << 20, "the store weighs {bytes} bytes, over its 16 MiB");
+    assert!(entries > 5_000, "the store keeps what fits: {entries} URLs");
+    assert!(after <= early + 32 * 1024, "RSS grew from {early} kB to {after} kB over 98,000 cached URLs");
+}
