@@ -15,9 +15,11 @@
 #             zone, `proxy_cache_revalidate on`, HTTP/1.1 upstream), nothing else: no caching of
 #             answers without freshness (`proxy_cache_valid` unset), PUT and POST passed through
 #   varnish   the packaged default VCL (the built-in VCL under it) with its backend set to the
-#             origin, and `default_ttl=0 default_grace=0`: the packaged defaults cache an answer
-#             without any freshness for 120 s and serve stale 10 s past every TTL, which a shared
-#             cache must not (RFC 9111 4.2.2, 4.2.4); stale-while-revalidate still gives grace
+#             origin, and `default_ttl=0 default_grace=0 default_keep=3600` (VARNISH_PARAMS): the
+#             packaged defaults cache an answer without any freshness for 120 s and serve stale
+#             10 s past every TTL, which a shared cache must not (RFC 9111 4.2.2, 4.2.4);
+#             stale-while-revalidate still gives grace, and `keep` holds a stale copy for
+#             revalidation (without it Varnish sends no conditional request)
 #   tollgate  `BINARY run -c CONFIG`, CONFIG a file listening on 127.0.0.1:8080 with every route
 #             cached and upstream http://127.0.0.1:8000 (as examples/cache.yaml); when the ports
 #             below differ from those, the script runs a copy with the two addresses rewritten
@@ -33,6 +35,7 @@
 #                   BINARY and CONFIG are given
 #   SERVER_PORT     the suite's origin (8000)       CANDIDATE_PORT  tollgate (8080)
 #   NGINX_PORT      nginx (8081)                    VARNISH_PORT    Varnish (8082)
+#   VARNISH_PARAMS  varnishd's -p settings (default above; empty: the packaged defaults)
 #   OUT             the results folder (default: a new mktemp -d folder, kept)
 #   CACHE_TESTS_GIT where the suite is cloned from (default https://github.com/http-tests/cache-tests.git;
 #                   without access to GitHub, a local clone or mirror of it: a path works too)
