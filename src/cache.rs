@@ -357,7 +357,7 @@ impl Cache {
         let head: usize = kept.iter().map(|(n, v)| n.as_str().len() + v.len() + HEADER_OVERHEAD).sum();
         let weight = head + VARIANT_OVERHEAD + url.len() + vary.iter().map(|n| n.as_str().len() + 16).sum::<usize>();
         let budget = max_entry.checked_sub(weight)?;
-        let own_age: u64 = headers.get(header::AGE).and_then(|v| v.to_str().ok()?.trim().parse().ok()).unwrap_or(0);
+        let own_age = policy::age(headers);
         let apparent = headers
             .get(header::DATE)
             .and_then(|v| policy::http_date(v.as_bytes()))

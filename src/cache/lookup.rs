@@ -186,8 +186,7 @@ impl Entry {
         }
         let d = Directives::parse(&headers);
         let received = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let own_age: u64 =
-            not_modified.get(header::AGE).and_then(|v| v.to_str().ok()?.trim().parse().ok()).unwrap_or(0);
+        let own_age = super::policy::age(not_modified);
         let lifetime = if d.max_age.is_some() || d.s_maxage.is_some() || headers.contains_key(header::EXPIRES) {
             policy::freshness_lifetime(&d, &headers, received)
         } else {

@@ -178,30 +178,63 @@ fn delta_seconds(s: &[u8]) -> Option<u64> {
     Some(s.iter().fold(0u64, |n, &b| n.saturating_mul(10).saturating_add(u64::from(b - b'0')).min(DELTA_MAX)))
 }
 
-/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) into unix seconds. The obsolete
-/// RFC 850 and asctime forms are not accepted: such a date reads as absent.
+/// Parses an HTTP date into unix seconds: the IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`),
+/// and the obsolete forms a recipient must accept (RFC 9110 §5.6.7): RFC 850
+/// (`Sunday, 06-Nov-94 08:49:37 GMT`, a two-digit year from 70 read as 19xx, below as 20xx)
+/// and asctime (`Sun Nov  6 08:49:37 1994`). Anything else reads as absent.
 pub(super) fn http_date(s: &[u8]) -> Option<u64> {
     let s = trim(s);
-    if s.len() != 29 || &s[3..5] != b", " || s[7] != b' ' || s[11] != b' ' || s[16] != b' ' || &s[25..] != b" GMT" {
-        return None;
-    }
-    if s[19] != b':' || s[22] != b':' {
-        return None;
-    }
     let num = |r: std::ops::Range<usize>| -> Option<u64> {
-        let d = &s[r];
-        d.iter().all(u8::is_ascii_digit).then(|| d.iter().fold(0, |n, &b| n * 10 + u64::from(b - b'0')))
+        let d = s.get(r)?;
+        let d = d.strip_prefix(b" ").unwrap_or(d);
+        (!d.is_empty() && d.iter().all(u8::is_ascii_digit))
+            .then(|| d.iter().fold(0, |n, &b| n * 10 + u64::from(b - b'0')))
     };
-    const MONTHS: [&[u8; 3]; 12] =
-        [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
-    let month = MONTHS.iter().position(|m| m[..] == s[8..11])? as u64 + 1;
-    let (day, year) = (num(5..7)?, num(12..16)?);
-    let (hour, min, sec) = (num(17..19)?, num(20..22)?, num(23..25)?);
+    let month = |r: std::ops::Range<usize>| -> Option<u64> {
+        const MONTHS: [&[u8; 3]; 12] =
+            [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
+        let m = s.get(r)?;
+        MONTHS.iter().position(|x| x[..] == *m).map(|i| i as u64 + 1)
+    };
+    // The time of day at `at` (`08:49:37`).
+    let time = |at: usize| -> Option<(u64, u64, u64)> {
+        (s.get(at + 2) == Some(&b':') && s.get(at + 5) == Some(&b':'))
+            .then_some(())
+            .and_then(|()| Some((num(at..at + 2)?, num(at + 3..at + 5)?, num(at + 6..at + 8)?)))
+    };
+    let (year, month, day, (hour, min, sec)) = if s.len() == 29 && &s[3..5] == b", " && &s[25..] == b" GMT" {
+        // IMF-fixdate.
+        if s[7] != b' ' || s[11] != b' ' || s[16] != b' ' {
+            return None;
+        }
+        (num(12..16)?, month(8..11)?, num(5..7)?, time(17)?)
+    } else if s.len() == 24 && s[3] == b' ' && s[7] == b' ' && s[10] == b' ' && s[19] == b' ' {
+        // asctime: the day is padded with a space.
+        (num(20..24)?, month(4..7)?, num(8..10)?, time(11)?)
+    } else {
+        // RFC 850: a full day name, then `, DD-Mon-YY HH:MM:SS GMT`.
+        let comma = s.iter().position(|&b| b == b',')?;
+        let d = &s[comma..];
+        if d.len() != 24 || d[1] != b' ' || d[4] != b'-' || d[8] != b'-' || d[11] != b' ' || &d[20..] != b" GMT" {
+            return None;
+        }
+        let yy = num(comma + 9..comma + 11)?;
+        let year = if yy < 70 { 2000 + yy } else { 1900 + yy };
+        (year, month(comma + 5..comma + 8)?, num(comma + 2..comma + 4)?, time(comma + 12)?)
+    };
     if !(1..=31).contains(&day) || year < 1970 || hour > 23 || min > 59 || sec > 60 {
         return None;
     }
     let days = days_from_civil(year, month, day);
     Some(days * 86_400 + hour * 3_600 + min * 60 + sec)
+}
+
+/// An answer's `Age` in seconds: the first member when a list was sent (RFC 9111 §5.1:
+/// `Age: 7200, 0` is 7200), 0 when absent or not a number.
+pub(crate) fn age(headers: &HeaderMap) -> u64 {
+    let Some(v) = headers.get(http::header::AGE) else { return 0 };
+    let first = v.as_bytes().split(|&b| b == b',').next().unwrap_or_default();
+    delta_seconds(trim(first)).unwrap_or(0)
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date, for years from 1970 (H. Hinnant's
@@ -231,11 +264,33 @@ mod tests {
     }
 
     #[test]
+    fn an_age_list_counts_its_first_member() {
+        assert_eq!(age(&headers(&[("age", "7200, 0")])), 7200);
+        assert_eq!(age(&headers(&[("age", " 30 ")])), 30);
+        assert_eq!(age(&headers(&[("age", "-1")])), 0);
+        assert_eq!(age(&headers(&[("age", "abc")])), 0);
+        assert_eq!(age(&HeaderMap::new()), 0);
+    }
+
+    #[test]
     fn parses_imf_fixdate() {
         assert_eq!(http_date(b"Sun, 06 Nov 1994 08:49:37 GMT"), Some(784_111_777));
         assert_eq!(http_date(b"Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
         assert_eq!(http_date(b"Tue, 29 Feb 2000 12:00:00 GMT"), Some(951_825_600));
-        assert_eq!(http_date(b"Sunday, 06-Nov-94 08:49:37 GMT"), None);
+        // The obsolete forms a recipient must accept (RFC 9110 §5.6.7).
+        assert_eq!(http_date(b"Sunday, 06-Nov-94 08:49:37 GMT"), Some(784_111_777));
+        assert_eq!(http_date(b"Sun Nov  6 08:49:37 1994"), Some(784_111_777));
+        assert_eq!(http_date(b"Thursday, 01-Jan-70 00:00:00 GMT"), Some(0));
+        assert_eq!(http_date(b"Tuesday, 29-Feb-00 12:00:00 GMT"), Some(951_825_600));
+        assert_eq!(http_date(b"Tue Feb 29 12:00:00 2000"), Some(951_825_600));
+        for bad in [
+            "Sunday, 06-Nov-94 08:49:37 UTC",
+            "Sun Nov 6 08:49:37 1994",
+            "Sunday 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08-49-37 1994",
+        ] {
+            assert_eq!(http_date(bad.as_bytes()), None, "{bad}");
+        }
         assert_eq!(http_date(b"0"), None);
         assert_eq!(http_date(b"Sun, 06 Nox 1994 08:49:37 GMT"), None);
     }
