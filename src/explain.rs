@@ -168,6 +168,31 @@ impl limit::algo::Words for Units {
     }
 }
 
+/// [`Units`] for a message limit: a message over it is told its exact wait (a gRPC pushback
+/// in milliseconds, a WebSocket frame held back), never a 429's whole seconds.
+struct MessageUnits;
+
+impl limit::algo::Words for MessageUnits {
+    fn span(&self, d: Span) -> String {
+        Units.span(d)
+    }
+
+    fn per_second(&self, interval: NonZeroSpan) -> String {
+        Units.per_second(interval)
+    }
+
+    fn costs(&self, cost: u64) -> String {
+        Units.costs(cost)
+    }
+
+    fn decision(&self, d: Decision) -> String {
+        match d {
+            Decision::Deny { retry_after, .. } => format!("is over it (admitted again after {})", dur(retry_after)),
+            d => retry_note(d),
+        }
+    }
+}
+
 fn retry_note(d: Decision) -> String {
     match d {
         Decision::Deny { retry_after, .. } => format!("gets 429 with Retry-After: {}", retry_after_secs(retry_after)),
@@ -189,7 +214,6 @@ fn describe_messages(m: &crate::config::messages::MessageLimits) -> Vec<String> 
         bytes(m.max_message_size)
     )];
     // The request words of `describe`, told of messages; a refused message gets no 429.
-    let over = regex::Regex::new(r"gets 429 with Retry-After: (\d+)").ok();
     for l in &m.limits {
         let way = match l.direction {
             Direction::Client => "from the client",
@@ -200,10 +224,7 @@ fn describe_messages(m: &crate::config::messages::MessageLimits) -> Vec<String> 
             Some(unit) => format!(" (a unit per started {} of a message)", bytes(unit.get())),
             None => String::new(),
         };
-        let mut words = describe(&l.limit).replace("requests", "messages").replace("request", "message");
-        if let Some(re) = &over {
-            words = re.replace_all(&words, "is over it (admitted again after ${1} s)").into_owned();
-        }
+        let words = describe_in(&l.limit, &MessageUnits).replace("requests", "messages").replace("request", "message");
         let then = match l.action {
             Action::Close => "over it, the stream ends: a gRPC call with RESOURCE_EXHAUSTED and \
                               grpc-retry-pushback-ms, a WebSocket with close 1008 naming the limit"
@@ -231,8 +252,13 @@ fn bytes(n: u64) -> String {
 
 /// One line describing `limit`.
 pub fn describe(limit: &LimitConfig) -> String {
+    describe_in(limit, &Units)
+}
+
+/// One line describing `limit`, its algorithm's words in `words`.
+fn describe_in(limit: &LimitConfig, words: &impl limit::algo::Words) -> String {
     let c = limit.cost;
-    let body = limit.algorithm.describe(c, &Units);
+    let body = limit.algorithm.describe(c, words);
     let mut line = format!("{} `{}`: {body}", who(limit), limit.name);
     if limit.store == StoreKind::Redis {
         line.push_str("; shared by all instances through Redis");
@@ -672,7 +698,9 @@ routes:
         let text = explain(&Config::from_yaml(Path::new("m.yaml"), yaml).unwrap());
         assert!(text.contains("a message over 1MiB ends its stream"), "{text}");
         assert!(text.contains("messages from the client, per client IP `chat`: 5 per 1s window"), "{text}");
-        assert!(text.contains("message 6 is over it (admitted again after 1 s)"), "{text}");
+        assert!(text.contains("message 6 is over it (admitted again after 1s)"), "{text}");
+        // A wait below a second is told exactly (a 429's Retry-After would round it up to 1).
+        assert!(text.contains("message 1025 of a burst is over it (admitted again after 50us)"), "{text}");
         assert!(text.contains("RESOURCE_EXHAUSTED and grpc-retry-pushback-ms, a WebSocket with close 1008"), "{text}");
         assert!(
             text.contains("messages both ways (a unit per started 1KiB of a message), for the whole route `pace`"),
