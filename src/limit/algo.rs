@@ -267,6 +267,20 @@ pub const LUA_EXACT: u64 = 1 << 53;
 /// the epoch stays below 2^52 until the year 2112).
 pub const LUA_SPAN: u128 = 1 << 52;
 
+/// [`Rule::check_exact`] of the window algorithms: `start + 2·window` (the roll's next
+/// window) stays below [`EXACT_SPAN`].
+pub fn window_exact(window: NonZeroSpan) -> Result<(), String> {
+    if 2 * u128::from(window.as_micros()) >= EXACT_SPAN {
+        return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
+    }
+    Ok(())
+}
+
+/// [`Rule::params`] of the window algorithms: `window` and `limit`.
+pub fn window_params(window: NonZeroSpan, limit: NonZeroU64) -> Vec<(&'static str, Param)> {
+    vec![("window", Param::Span(window.get())), ("limit", Param::Count(limit.get()))]
+}
+
 /// `a × b`, exact.
 pub fn product(a: u64, b: u64) -> u128 {
     u128::from(a) * u128::from(b)

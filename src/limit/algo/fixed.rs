@@ -30,7 +30,8 @@
 use std::num::NonZeroU64;
 
 use super::{
-    lua_too_big, never, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN, MAX_DEBT,
+    lua_too_big, never, share, window_exact, window_params, Call, Kind, Param, Rule, Unfit, Words, Written, LUA_SPAN,
+    MAX_DEBT,
 };
 use crate::limit::{Algorithm, Calendar, Decision, NonZeroSpan, Span, Timestamp};
 
@@ -75,10 +76,7 @@ impl Rule for FixedWindow<'_> {
 
     /// `start + 2·window` (the roll's next window).
     fn check_exact(&self) -> Result<(), String> {
-        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
-            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
-        }
-        Ok(())
+        window_exact(self.window)
     }
 
     /// `W < 2^52` and `L < 2^52`.
@@ -134,11 +132,9 @@ impl Rule for FixedWindow<'_> {
     }
 
     fn params(&self) -> Vec<(&'static str, Param)> {
-        vec![
-            ("window", Param::Span(self.window.get())),
-            ("limit", Param::Count(self.limit.get())),
-            ("calendar", Param::Calendar(self.calendar.cloned())),
-        ]
+        let mut p = window_params(self.window, self.limit);
+        p.push(("calendar", Param::Calendar(self.calendar.cloned())));
+        p
     }
 
     fn decide(&self, st: &mut Window, now: Timestamp, cost: u64) -> Decision {

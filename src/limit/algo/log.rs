@@ -28,7 +28,9 @@
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
 
-use super::{lua_too_big, never, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_SPAN};
+use super::{
+    lua_too_big, never, share, window_exact, window_params, Call, Kind, Param, Rule, Unfit, Words, Written, LUA_SPAN,
+};
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
 /// The parameters of [`crate::limit::Algorithm::SlidingLog`]: `W` and `L` above.
@@ -75,10 +77,7 @@ impl Rule for SlidingLog {
 
     /// `start + 2·window` (the roll's next window).
     fn check_exact(&self) -> Result<(), String> {
-        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
-            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
-        }
-        Ok(())
+        window_exact(self.window)
     }
 
     /// `W < 2^52` and `L < 2^52`.
@@ -116,7 +115,7 @@ impl Rule for SlidingLog {
     }
 
     fn params(&self) -> Vec<(&'static str, Param)> {
-        vec![("window", Param::Span(self.window.get())), ("limit", Param::Count(self.limit.get()))]
+        window_params(self.window, self.limit)
     }
 
     fn decide(&self, st: &mut Log, now: Timestamp, cost: u64) -> Decision {

@@ -40,7 +40,8 @@
 use std::num::NonZeroU64;
 
 use super::{
-    lua_too_big, never, product, share, Call, Kind, Param, Rule, Unfit, Words, Written, EXACT_SPAN, LUA_EXACT,
+    lua_too_big, never, product, share, window_exact, window_params, Call, Kind, Param, Rule, Unfit, Words, Written,
+    LUA_EXACT,
 };
 use crate::limit::{Algorithm, Decision, NonZeroSpan, Span, Timestamp};
 
@@ -78,10 +79,7 @@ impl Rule for SlidingWindow {
 
     /// `start + 2·window` (the roll's next window).
     fn check_exact(&self) -> Result<(), String> {
-        if 2 * u128::from(self.window.as_micros()) >= EXACT_SPAN {
-            return Err("the window is too long to compute exactly (2 × window must stay below 2^63 µs)".to_owned());
-        }
-        Ok(())
+        window_exact(self.window)
     }
 
     /// `3·L·W < 2^53` (a 1-day window allows L ≤ 34,700, 1 hour L ≤ 834,000).
@@ -118,7 +116,7 @@ impl Rule for SlidingWindow {
     }
 
     fn params(&self) -> Vec<(&'static str, Param)> {
-        vec![("window", Param::Span(self.window.get())), ("limit", Param::Count(self.limit.get()))]
+        window_params(self.window, self.limit)
     }
 
     fn decide(&self, st: &mut Counter, now: Timestamp, cost: u64) -> Decision {
