@@ -36,6 +36,15 @@ type Log = Arc<Mutex<Vec<Seen>>>;
 
 /// An upstream that reads each request whole, waits `delay`, keeps what it got and answers
 /// `status` with `body` (a mirror's `/status/NNN` answers NNN).
+/// tollgate with upstreams `primary` and `shadow` (the mirror) and the given `routes:` entries.
+async fn with_mirror(primary: &Upstream, mirror: &Upstream, routes: &str) -> Tollgate {
+    let yaml = format!(
+        "upstreams:\n  primary: {{ url: \"http://{}\" }}\n  shadow: {{ url: \"http://{}\" }}\nroutes:\n{routes}",
+        primary.addr, mirror.addr
+    );
+    Tollgate::start(&yaml).await
+}
+
 async fn recording(status: u16, body: &'static str, delay: Duration) -> (Upstream, Log) {
     let log: Log = Arc::default();
     let kept = log.clone();
@@ -114,21 +123,18 @@ fn streamed(chunks: usize, each: usize) -> BoxBody {
 async fn the_mirror_gets_the_same_method_path_fields_and_body_with_the_marker() {
     let (primary, primary_log) = recording(200, "primary", Duration::ZERO).await;
     let (mirror, mirror_log) = recording(200, "mirror", Duration::ZERO).await;
-    let yaml = format!(
-        "upstreams:
-  primary: {{ url: \"http://{}\" }}
-  shadow: {{ url: \"http://{}\" }}
-routes:
-  - name: api
-    match: {{ path_prefix: /api }}
+    let tg = with_mirror(
+        &primary,
+        &mirror,
+        "  - name: api
+    match: { path_prefix: /api }
     strip_prefix: true
     upstream: primary
-    request_headers: {{ set: {{ x-from: edge }} }}
-    mirror: {{ upstream: shadow, max_body: 100KiB }}
+    request_headers: { set: { x-from: edge } }
+    mirror: { upstream: shadow, max_body: 100KiB }
 ",
-        primary.addr, mirror.addr
-    );
-    let tg = Tollgate::start(&yaml).await;
+    )
+    .await;
     let c = client();
 
     // A POST whose body comes in 40 pieces of 2 KiB, without a length (chunked).
@@ -183,16 +189,13 @@ routes:
 async fn an_http2_clients_body_is_copied_too() {
     let (primary, primary_log) = recording(200, "primary", Duration::ZERO).await;
     let (mirror, mirror_log) = recording(200, "mirror", Duration::ZERO).await;
-    let yaml = format!(
-        "upstreams:
-  primary: {{ url: \"http://{}\" }}
-  shadow: {{ url: \"http://{}\" }}
-routes:
-  - {{ name: api, upstream: primary, mirror: {{ upstream: shadow }} }}
+    let tg = with_mirror(
+        &primary,
+        &mirror,
+        "  - { name: api, upstream: primary, mirror: { upstream: shadow } }
 ",
-        primary.addr, mirror.addr
-    );
-    let tg = Tollgate::start(&yaml).await;
+    )
+    .await;
     let mut h2 = crate::support::h2(tg.addr).await;
     let req = Request::post(format!("http://{}/h2?x=1", tg.addr)).body(streamed(10, 1000)).unwrap();
     let resp = h2.send_request(req).await.unwrap();
@@ -210,16 +213,13 @@ routes:
 async fn a_body_over_max_body_streams_whole_to_the_primary_and_its_copy_is_dropped() {
     let (primary, primary_log) = recording(200, "primary", Duration::ZERO).await;
     let (mirror, mirror_log) = recording(200, "mirror", Duration::ZERO).await;
-    let yaml = format!(
-        "upstreams:
-  primary: {{ url: \"http://{}\" }}
-  shadow: {{ url: \"http://{}\" }}
-routes:
-  - {{ name: api, upstream: primary, mirror: {{ upstream: shadow, max_body: 10KiB }} }}
+    let tg = with_mirror(
+        &primary,
+        &mirror,
+        "  - { name: api, upstream: primary, mirror: { upstream: shadow, max_body: 10KiB } }
 ",
-        primary.addr, mirror.addr
-    );
-    let tg = Tollgate::start(&yaml).await;
+    )
+    .await;
     let c = client();
     // Known too large from its Content-Length: never kept.
     let req = Request::post(tg.url("/known")).body(full(vec![b'k'; 20 * 1024])).unwrap();
@@ -323,16 +323,13 @@ async fn over_max_in_flight_a_copy_is_dropped_and_counted() {
         }
     })
     .await;
-    let yaml = format!(
-        "upstreams:
-  primary: {{ url: \"http://{}\" }}
-  shadow: {{ url: \"http://{}\" }}
-routes:
-  - {{ name: api, upstream: primary, mirror: {{ upstream: shadow, max_in_flight: 4 }} }}
+    let tg = with_mirror(
+        &primary,
+        &mirror,
+        "  - { name: api, upstream: primary, mirror: { upstream: shadow, max_in_flight: 4 } }
 ",
-        primary.addr, mirror.addr
-    );
-    let tg = Tollgate::start(&yaml).await;
+    )
+    .await;
     let c = client();
     // 40 requests from 8 clients at once: 4 copies go out and wait; every other copy finds
     // 4 on their way and is dropped, and no client waits for any of them.
@@ -368,16 +365,13 @@ routes:
 async fn a_sampled_share_is_copied_within_tolerance() {
     let (primary, _) = recording(200, "primary", Duration::ZERO).await;
     let (mirror, mirror_log) = recording(200, "mirror", Duration::ZERO).await;
-    let yaml = format!(
-        "upstreams:
-  primary: {{ url: \"http://{}\" }}
-  shadow: {{ url: \"http://{}\" }}
-routes:
-  - {{ name: api, upstream: primary, mirror: {{ upstream: shadow, sample: 25%, max_in_flight: 10000 }} }}
+    let tg = with_mirror(
+        &primary,
+        &mirror,
+        "  - { name: api, upstream: primary, mirror: { upstream: shadow, sample: 25%, max_in_flight: 10000 } }
 ",
-        primary.addr, mirror.addr
-    );
-    let tg = Tollgate::start(&yaml).await;
+    )
+    .await;
     let c = client();
     const N: usize = 2000;
     let mut tasks = Vec::new();
@@ -403,17 +397,9 @@ routes:
 async fn status_differences_are_counted_and_compare_can_be_off() {
     let (primary, _) = recording(200, "primary", Duration::ZERO).await;
     let (mirror, mirror_log) = recording(200, "mirror", Duration::ZERO).await;
-    let yaml = format!(
-        "upstreams:
-  primary: {{ url: \"http://{}\" }}
-  shadow: {{ url: \"http://{}\" }}
-routes:
-  - {{ name: on, match: {{ path_prefix: /on }}, strip_prefix: true, upstream: primary, mirror: {{ upstream: shadow }} }}
-  - {{ name: off, match: {{ path_prefix: /off }}, strip_prefix: true, upstream: primary, mirror: {{ upstream: shadow, compare: false, header: x-shadow }} }}
-",
-        primary.addr, mirror.addr
-    );
-    let tg = Tollgate::start(&yaml).await;
+    let tg = with_mirror(&primary, &mirror, "  - { name: on, match: { path_prefix: /on }, strip_prefix: true, upstream: primary, mirror: { upstream: shadow } }
+  - { name: off, match: { path_prefix: /off }, strip_prefix: true, upstream: primary, mirror: { upstream: shadow, compare: false, header: x-shadow } }
+").await;
     let c = client();
     for i in 0..10 {
         // The mirror answers `/status/503` with 503, the primary with 200.
