@@ -208,8 +208,9 @@ async fn until(mut cond: impl FnMut() -> bool) {
     panic!("condition never held");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hundred_concurrent_misses_on_a_cold_key_make_one_upstream_request() {
+/// An upstream that counts its requests and holds each answer (`max-age=60`, `body`) until
+/// `release` is notified.
+async fn held(body: &'static str) -> (Upstream, Arc<AtomicUsize>, Arc<tokio::sync::Notify>) {
     let count = Arc::new(AtomicUsize::new(0));
     let release = Arc::new(tokio::sync::Notify::new());
     let (seen, gate) = (count.clone(), release.clone());
@@ -217,12 +218,18 @@ async fn a_hundred_concurrent_misses_on_a_cold_key_make_one_upstream_request() {
         seen.fetch_add(1, Ordering::SeqCst);
         let gate = gate.clone();
         async move {
-            // Held until every client is in: they all miss while this one is in flight.
             gate.notified().await;
-            Response::builder().header("cache-control", "max-age=60").body(full("cold")).unwrap()
+            Response::builder().header("cache-control", "max-age=60").body(full(body)).unwrap()
         }
     })
     .await;
+    (up, count, release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_misses_on_a_cold_key_make_one_upstream_request() {
+    // Held until every client is in: they all miss while this one is in flight.
+    let (up, count, release) = held("cold").await;
     let tg = Tollgate::start(&cached_route(up.addr, "{ coalesce_wait: 60s }")).await;
     let mut clients = Vec::new();
     for _ in 0..100 {
@@ -483,18 +490,7 @@ async fn the_admin_listener_purges_a_url_or_a_prefix_with_the_token_and_counts_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_whose_hits_spend_limits_are_served_once_the_limits_admit_them() {
-    let count = Arc::new(AtomicUsize::new(0));
-    let release = Arc::new(tokio::sync::Notify::new());
-    let (seen, gate) = (count.clone(), release.clone());
-    let up = Upstream::start(move |_req| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        let gate = gate.clone();
-        async move {
-            gate.notified().await;
-            Response::builder().header("cache-control", "max-age=60").body(full("metered")).unwrap()
-        }
-    })
-    .await;
+    let (up, count, release) = held("metered").await;
     let yaml = proxy_yaml(
         up.addr,
         "",
